@@ -1,0 +1,48 @@
+# Two commands a new user needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.eospack-installed
+
+.PHONY: install demo test test-unit lint bench bench-deps bench-quick services clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --progress-bar off --upgrade pip
+	@# compat mode puts the project folder on sys.path, so Spark's Python workers
+	@# and its pyspark_* data-source lookup see the same code as the driver.
+	$(PY) -m pip install --progress-bar off -e '.[dev]' --config-settings editable_mode=compat
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/eospack demo $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not chaos" $(ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# Spark's own JDBC writer (a baseline) needs the PostgreSQL JDBC driver from Debian.
+JDBC_JAR := /usr/share/java/postgresql.jar
+bench-deps:
+	@test -f $(JDBC_JAR) || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java; } \
+		|| echo "note: $(JDBC_JAR) missing; Spark's JDBC writer baseline will be skipped"
+
+bench: $(STAMP) bench-deps
+	$(PY) -m benchmarks $(ARGS)
+
+bench-quick: $(STAMP) bench-deps
+	$(PY) -m benchmarks --quick $(ARGS)
+
+services: $(STAMP)
+	$(VENV)/bin/eospack services up
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

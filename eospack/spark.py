@@ -1,0 +1,86 @@
+"""A local SparkSession set up the way eospack's tests, demo and benchmarks need it.
+
+Why a helper: a plain ``SparkSession.builder.getOrCreate()`` on a fresh machine starts
+Python workers with the system interpreter (no pyarrow there), keeps 200 shuffle
+partitions (slow for small local batches) and fails with a JVM stack trace when Java is
+missing or too new. ``local_session`` fixes all three and fails early with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+SUPPORTED_JAVA_MAJORS = (17, 21)
+
+
+class JavaNotFoundError(RuntimeError):
+    """Java 17 or 21 is required by Spark 4.3 and was not found or has another version."""
+
+
+def java_major_version(java_home: str | None = None) -> int:
+    """Return the major version of the Java that Spark will start, or raise JavaNotFoundError."""
+    java_home = java_home if java_home is not None else os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise JavaNotFoundError(
+            "Java was not found: install Java 17 or 21"
+            " (e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME to one"
+        )
+    output = subprocess.run(
+        [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+    ).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if not match:
+        raise JavaNotFoundError(f"Could not read the version of {java}: install Java 17 or 21")
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major
+
+
+def check_java(java_home: str | None = None) -> int:
+    """Raise JavaNotFoundError unless the Java Spark will use is 17 or 21."""
+    major = java_major_version(java_home)
+    if major not in SUPPORTED_JAVA_MAJORS:
+        raise JavaNotFoundError(
+            f"Spark 4.3 needs Java 17 or 21 but found Java {major}: install one of them"
+            " and point JAVA_HOME at it"
+        )
+    return major
+
+
+def local_session(
+    app_name: str = "eospack",
+    master: str = "local[2]",
+    shuffle_partitions: int = 2,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Start (or return the running) local SparkSession for eospack.
+
+    Guarantees: Python workers run the current interpreter, the UI is off, shuffles use
+    ``shuffle_partitions`` partitions, and Java is checked before the JVM starts.
+    """
+    check_java()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

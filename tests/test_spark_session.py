@@ -1,0 +1,46 @@
+"""The Spark helper: interpreter, Java check and automatic registration of the formats."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from eospack.spark import JavaNotFoundError, check_java
+
+
+def test_session_runs_python_workers_with_this_interpreter(spark):
+    executables = spark.sparkContext.parallelize([0], 1).map(lambda _: sys.executable).collect()
+    assert executables == [sys.executable]
+
+
+def test_formats_are_registered_without_a_register_call(spark):
+    from pyspark.sql.datasource import DataSource
+
+    import pyspark_2pc_jdbc
+    import pyspark_2pc_s3
+    import pyspark_replayable_kafka
+
+    names = {
+        module.DefaultSource.name()
+        for module in (pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3)
+        if issubclass(module.DefaultSource, DataSource)
+    }
+    assert names == {"replayable-kafka", "2pc-jdbc", "2pc-s3"}
+    registered = spark._jsparkSession.sessionState().dataSourceManager()
+    for name in names:
+        assert registered.dataSourceExists(name), name
+
+
+def test_missing_java_is_reported_with_the_versions_needed(tmp_path):
+    with pytest.raises(JavaNotFoundError, match="Java was not found: install Java 17 or 21"):
+        check_java(java_home=str(tmp_path))
+
+
+def test_wrong_java_version_is_reported(tmp_path):
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text("#!/bin/sh\necho 'openjdk version \"25.0.1\" 2025-10-21' >&2\n")
+    java.chmod(0o755)
+    with pytest.raises(JavaNotFoundError, match="needs Java 17 or 21 but found Java 25"):
+        check_java(java_home=str(tmp_path))
