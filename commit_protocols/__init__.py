@@ -1,0 +1,55 @@
+"""Two-phase commit for Spark streaming sinks, written once; sinks plug a resource in.
+
+- ``PreparedPiece``: what a task prepared (its ``write()`` commit message).
+- ``TransactionalResource``: the storage side a sink implements.
+- ``TwoPhaseCommitCoordinator``: commit/abort/recover on the driver, in a fixed order
+  with named fault points (``commit_protocols.fault_points``) for crash tests.
+- ``current_task`` / ``derive_sink_id``: transaction ids derived from sink, batch,
+  partition and attempt, so a restarted query finds its own prepared work.
+"""
+
+from commit_protocols.coordinator import (
+    CommitProtocolError,
+    TwoPhaseCommitCoordinator,
+    prepared_pieces_of,
+)
+from commit_protocols.fault_points import AFTER_PREPARE, ALL_FAULT_POINTS, fault_point
+from commit_protocols.identity import (
+    SinkIdentityError,
+    TaskIdentity,
+    current_task,
+    derive_sink_id,
+    query_id_from_checkpoint,
+    validate_sink_id,
+)
+from commit_protocols.pieces import (
+    BatchDecision,
+    PreparedPiece,
+    parse_transaction_id,
+    sink_prefix,
+    transaction_id,
+)
+from commit_protocols.resource import TransactionalResource
+from commit_protocols.stream_writer import TwoPhaseCommitStreamWriter
+
+__all__ = [
+    "AFTER_PREPARE",
+    "ALL_FAULT_POINTS",
+    "BatchDecision",
+    "CommitProtocolError",
+    "PreparedPiece",
+    "SinkIdentityError",
+    "TaskIdentity",
+    "TransactionalResource",
+    "TwoPhaseCommitCoordinator",
+    "TwoPhaseCommitStreamWriter",
+    "current_task",
+    "derive_sink_id",
+    "fault_point",
+    "parse_transaction_id",
+    "prepared_pieces_of",
+    "query_id_from_checkpoint",
+    "sink_prefix",
+    "transaction_id",
+    "validate_sink_id",
+]

@@ -1,0 +1,96 @@
+"""What crosses from executors to the driver: prepared pieces and the batch decision."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+TRANSACTION_ID_PREFIX = "eospack"
+
+
+def transaction_id(sink_id: str, batch_id: int, partition_id: int, attempt: str) -> str:
+    """Derived, not random at its root: a restarted query finds its own work by sink id."""
+    return f"{TRANSACTION_ID_PREFIX}-{sink_id}-{batch_id}-{partition_id}-{attempt}"
+
+
+def sink_prefix(sink_id: str) -> str:
+    """The prefix shared by every transaction id of one sink (for recovery listings)."""
+    return f"{TRANSACTION_ID_PREFIX}-{sink_id}-"
+
+
+def parse_transaction_id(value: str) -> tuple[str, int, int, str] | None:
+    """(sink id, batch id, partition id, attempt) of an eospack transaction id, else None."""
+    parts = value.split("-")
+    if len(parts) != 5 or parts[0] != TRANSACTION_ID_PREFIX:
+        return None
+    try:
+        return parts[1], int(parts[2]), int(parts[3]), parts[4]
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class PreparedPiece(WriterCommitMessage):
+    """One task's prepared, not yet visible, output: the commit message of ``write()``.
+
+    ``handle`` holds what the resource needs to commit or roll the piece back later
+    (a prepared transaction's gid, a staging tag, multipart upload ids); it must be
+    JSON-serialisable because decisions store it durably for roll-forward.
+    """
+
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    attempt: str
+    rows: int
+    handle: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def transaction_id(self) -> str:
+        return transaction_id(self.sink_id, self.batch_id, self.partition_id, self.attempt)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sink_id": self.sink_id,
+            "batch_id": self.batch_id,
+            "partition_id": self.partition_id,
+            "attempt": self.attempt,
+            "rows": self.rows,
+            "handle": dict(self.handle),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> PreparedPiece:
+        return cls(
+            sink_id=str(value["sink_id"]),
+            batch_id=int(value["batch_id"]),
+            partition_id=int(value["partition_id"]),
+            attempt=str(value["attempt"]),
+            rows=int(value["rows"]),
+            handle=dict(value.get("handle") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """The coordinator's durable "commit batch N with exactly these pieces" record."""
+
+    sink_id: str
+    batch_id: int
+    pieces: tuple[PreparedPiece, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(piece.rows for piece in self.pieces)
+
+    def pieces_json(self) -> str:
+        return json.dumps([piece.to_json() for piece in self.pieces], separators=(",", ":"))
+
+    @classmethod
+    def from_pieces_json(cls, sink_id: str, batch_id: int, pieces_json: str) -> BatchDecision:
+        pieces = tuple(PreparedPiece.from_json(value) for value in json.loads(pieces_json))
+        return cls(sink_id, batch_id, pieces)
