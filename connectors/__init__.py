@@ -1,0 +1,1 @@
+"""Sources and sinks: replayable-kafka, 2pc-jdbc and 2pc-s3."""

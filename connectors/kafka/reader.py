@@ -1,0 +1,258 @@
+"""Executor side of replayable-kafka: read one OffsetRange into Arrow record batches.
+
+A range ``[start, end)`` is read by *position*: assign the partition, seek to ``start``,
+poll until the consumer's position reaches ``end``, and drop records at or beyond ``end``.
+Offsets without a record (transaction markers, compacted records) are skipped by the
+position moving past them, never by counting records, so reading a range again returns
+exactly the same rows. Offsets below the partition's earliest offset or beyond its end are
+data loss: failOnDataLoss=true fails the task naming topic-partition and offsets; false
+logs a warning with the number of skipped offsets and reads what is still there. One
+consumer per consumer configuration is kept per Python worker process and reused by the
+next task (tasks in a worker run one at a time); a consumer that failed is closed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from connectors.kafka.errors import KafkaReadTimeoutError
+from connectors.kafka.options import KafkaSourceOptions
+from connectors.kafka.planning import OffsetRange, report_data_loss
+
+log = logging.getLogger(__name__)
+
+HEADER_TYPE = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+_BASE_FIELDS = [
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("timestampType", IntegerType()),
+]
+SCHEMA = StructType(_BASE_FIELDS)
+SCHEMA_WITH_HEADERS = StructType([*_BASE_FIELDS, StructField("headers", ArrayType(HEADER_TYPE))])
+_ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
+_ARROW_SCHEMA_WITH_HEADERS = to_arrow_schema(SCHEMA_WITH_HEADERS, timezone="UTC")
+_ARROW_HEADER_TYPE = _ARROW_SCHEMA_WITH_HEADERS.field("headers").type
+
+# Without progress for this long, ask the broker whether offsets were lost.
+_STALL_CHECK_MS = 2_000
+_MAX_POLL_WAIT_MS = 500
+
+_idle_consumers: dict[tuple[tuple[str, Any], ...], KafkaConsumer] = {}
+
+
+def output_schema(include_headers: bool) -> StructType:
+    return SCHEMA_WITH_HEADERS if include_headers else SCHEMA
+
+
+def _acquire(options: KafkaSourceOptions) -> tuple[tuple[tuple[str, Any], ...], KafkaConsumer]:
+    key = options.consumer_cache_key()
+    consumer = _idle_consumers.pop(key, None)
+    if consumer is None:
+        consumer = KafkaConsumer(**options.consumer_config())
+    return key, consumer
+
+
+def _release(key: tuple[tuple[str, Any], ...], consumer: KafkaConsumer) -> None:
+    consumer.unsubscribe()
+    previous = _idle_consumers.pop(key, None)
+    if previous is not None:
+        previous.close()
+    _idle_consumers[key] = consumer
+
+
+def close_idle_consumers() -> None:
+    """Close the consumers this process keeps for reuse (tests, benchmarks)."""
+    while _idle_consumers:
+        _, consumer = _idle_consumers.popitem()
+        consumer.close()
+
+
+def read_range(options: KafkaSourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``offset_range`` as Arrow record batches in offset order."""
+    if offset_range.size == 0:
+        return
+    key, consumer = _acquire(options)
+    healthy = False
+    try:
+        yield from _RangeReader(options, consumer, offset_range).batches()
+        healthy = True
+    finally:
+        if healthy:
+            _release(key, consumer)
+        else:
+            consumer.close()
+
+
+class _RangeReader:
+    def __init__(
+        self, options: KafkaSourceOptions, consumer: KafkaConsumer, offset_range: OffsetRange
+    ) -> None:
+        self.options = options
+        self.consumer = consumer
+        self.range = offset_range
+        self.tp = TopicPartition(offset_range.topic, offset_range.partition)
+        self.position = offset_range.start
+        self.checked_earliest = False
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        consumer, tp, end = self.consumer, self.tp, self.range.end
+        consumer.assign([tp])
+        consumer.seek(tp, self.position)
+        last_progress = time.monotonic()
+        last_check = last_progress
+        while self.position < end:
+            try:
+                polled = consumer.poll(timeout_ms=_MAX_POLL_WAIT_MS)
+            except OffsetOutOfRangeError:
+                if not self._check_lost_offsets(force=True, seek=True):
+                    raise
+                last_progress = time.monotonic()
+                continue
+            records = polled.get(tp)
+            if records:
+                if records[0].offset > self.position and not self.checked_earliest:
+                    self._check_lost_offsets(force=False, seek=False)
+                records = _within(records, self.position, end)
+                if records:
+                    yield _to_arrow(records, self.range, self.options.include_headers)
+            position = consumer.position(tp)
+            now = time.monotonic()
+            if position > self.position:
+                self.position = position
+                last_progress = last_check = now
+                continue
+            if (now - last_check) * 1000 >= _STALL_CHECK_MS:
+                last_check = now
+                if self._check_lost_offsets(force=True, seek=True):
+                    last_progress = now
+                    continue
+            if (now - last_progress) * 1000 >= self.options.poll_timeout_ms:
+                raise KafkaReadTimeoutError(
+                    f"Could not read {self.range.describe()}: stuck at offset {self.position}"
+                    f" for {self.options.poll_timeout_ms} ms; check the brokers, or raise"
+                    " kafkaConsumer.pollTimeoutMs"
+                )
+
+    def _check_lost_offsets(self, force: bool, seek: bool) -> bool:
+        """Report offsets of the range that the broker no longer has; True if we moved on.
+
+        ``force`` also checks for a partition that now ends before the range does; ``seek``
+        moves the consumer past lost offsets (not wanted while polled records are in hand).
+        """
+        self.checked_earliest = True
+        try:
+            timeout = self.options.metadata_timeout_ms
+            earliest = self.consumer.beginning_offsets([self.tp], timeout_ms=timeout)[self.tp]
+            latest = self.consumer.end_offsets([self.tp], timeout_ms=timeout)[self.tp]
+        except KafkaTimeoutError:
+            if self.tp.partition in (self.consumer.partitions_for_topic(self.tp.topic) or ()):
+                return False
+            report_data_loss(
+                self.options.fail_on_data_loss,
+                f"Cannot read {self.range.describe()}: {self.tp.topic}-{self.tp.partition}"
+                f" no longer exists, offsets from {self.position} to {self.range.end} are lost",
+                skipped=self.range.end - self.position,
+            )
+            self.position = self.range.end
+            return True
+        if earliest > self.position:
+            upto = min(earliest, self.range.end)
+            report_data_loss(
+                self.options.fail_on_data_loss,
+                f"Cannot read {self.range.describe()}: offsets from {self.position} to {upto}"
+                f" of {self.tp.topic}-{self.tp.partition} are gone (earliest available is"
+                f" {earliest})",
+                skipped=upto - self.position,
+            )
+            self.position = upto
+            if seek and upto < self.range.end:
+                self.consumer.seek(self.tp, upto)
+            return True
+        if force and latest < self.range.end and self.position >= latest:
+            report_data_loss(
+                self.options.fail_on_data_loss,
+                f"Cannot read {self.range.describe()}: {self.tp.topic}-{self.tp.partition}"
+                f" ends at offset {latest} now, offsets from {self.position} to"
+                f" {self.range.end} are lost",
+                skipped=self.range.end - self.position,
+            )
+            self.position = self.range.end
+            return True
+        return False
+
+
+def _within(records: list, start: int, end: int) -> list:
+    """The records with start <= offset < end (records are in offset order)."""
+    if records[0].offset >= start and records[-1].offset < end:
+        return records
+    offsets = [r.offset for r in records]
+    return records[bisect.bisect_left(offsets, start) : bisect.bisect_left(offsets, end)]
+
+
+def _to_arrow(records: list, offset_range: OffsetRange, include_headers: bool) -> pa.RecordBatch:
+    """Columns straight from kafka-python's record tuples: one transpose, no per-row objects."""
+    columns = list(zip(*records, strict=True))
+    count = len(records)
+    # ConsumerRecord fields: topic, partition, leader_epoch, offset, timestamp,
+    # timestamp_type, key, value, headers, ...
+    millis = pa.array(columns[4], pa.int64())
+    arrays = [
+        pa.array(columns[6], pa.binary()),
+        pa.array(columns[7], pa.binary()),
+        pa.array([offset_range.topic] * count, pa.string()),
+        pa.array([offset_range.partition] * count, pa.int32()),
+        pa.array(columns[3], pa.int64()),
+        pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(columns[5], pa.int32()),
+    ]
+    if include_headers:
+        arrays.append(_headers(columns[8]))
+        return pa.RecordBatch.from_arrays(arrays, schema=_ARROW_SCHEMA_WITH_HEADERS)
+    return pa.RecordBatch.from_arrays(arrays, schema=_ARROW_SCHEMA)
+
+
+def _headers(per_record: tuple) -> pa.Array:
+    """headers array<struct<key, value>>; null for a record without headers, as in Spark."""
+    offsets = [0]
+    keys: list[str] = []
+    values: list[bytes | None] = []
+    valid = []
+    for headers in per_record:
+        if headers:
+            for key, value in headers:
+                keys.append(key)
+                values.append(value)
+        offsets.append(len(keys))
+        valid.append(bool(headers))
+    items = pa.StructArray.from_arrays(
+        [pa.array(keys, pa.string()), pa.array(values, pa.binary())],
+        fields=list(_ARROW_HEADER_TYPE.value_type),
+    )
+    mask = pa.array([not v for v in valid], pa.bool_())
+    return pa.ListArray.from_arrays(
+        pa.array(offsets, pa.int32()), items, type=_ARROW_HEADER_TYPE, mask=mask
+    )

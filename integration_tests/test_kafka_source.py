@@ -1,0 +1,571 @@
+"""replayable-kafka against the embedded broker: schema, batch and streaming reads, admission
+control, AvailableNow, offset gaps, data loss, errors, and exactly-once across a restart.
+
+Test data is always produced with ``produce_sealed`` (the embedded broker reports exact end
+offsets only when a partition's last record batch holds one record).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient, KafkaProducer
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamReader, StreamingQuery
+
+from connectors.kafka import reader as kafka_reader
+from connectors.kafka.options import parse_options
+from connectors.kafka.planning import OffsetRange
+from eospack.services.kafka_tools import (
+    Record,
+    create_topic,
+    end_offsets,
+    produce_sealed,
+)
+from eospack.testing import await_query, wait_until
+
+pytestmark = pytest.mark.integration
+
+FORMAT = "replayable-kafka"
+# A hung read fails in seconds instead of Spark's 120 s default.
+FAST_FAIL = {"kafkaConsumer.pollTimeoutMs": "15000"}
+
+
+def servers_of(kafka: Any) -> str:
+    return kafka.endpoint.bootstrap_servers
+
+
+def make_records(partitions: int, per_partition: int, tag: str = "v") -> list[Record]:
+    return [
+        Record(p, f"k{p}-{i}".encode(), f"{tag}{p}-{i}".encode())
+        for i in range(per_partition)
+        for p in range(partitions)
+    ]
+
+
+def read_batch(spark: SparkSession, servers: str, **options: str) -> DataFrame:
+    reader = spark.read.format(FORMAT).option("kafka.bootstrap.servers", servers)
+    return reader.options(**FAST_FAIL).options(**options).load()
+
+
+def read_stream(spark: SparkSession, servers: str, **options: str) -> DataStreamReader:
+    reader = spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", servers)
+    return reader.options(**FAST_FAIL).options(**options)
+
+
+def keyed_rows(df: DataFrame) -> list[tuple[str, int, int, bytes]]:
+    return sorted(
+        (r.topic, r.partition, r.offset, bytes(r.value))
+        for r in df.select("topic", "partition", "offset", "value").collect()
+    )
+
+
+def expected_rows(topic: str, records: list[Record]) -> list[tuple[str, int, int, bytes]]:
+    next_offset: dict[int, int] = {}
+    rows = []
+    for record in records:
+        offset = next_offset.get(record.partition, 0)
+        next_offset[record.partition] = offset + 1
+        assert record.value is not None
+        rows.append((topic, record.partition, offset, record.value))
+    return sorted(rows)
+
+
+def run_available_now(
+    stream: DataStreamReader,
+    checkpoint: Path,
+    on_batch: Callable[[DataFrame, int], None],
+    timeout: float = 90,
+) -> StreamingQuery:
+    query = (
+        stream.load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, timeout)
+    return query
+
+
+class BatchRecorder:
+    """foreachBatch target keyed by batch id: a replayed batch is compared, not appended."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[tuple[str, int, int, bytes]]] = {}
+        self.replays: dict[int, bool] = {}
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        rows = keyed_rows(df)
+        if batch_id in self.batches:
+            self.replays[batch_id] = self.batches[batch_id] == rows
+        self.batches[batch_id] = rows
+
+    def all_rows(self) -> list[tuple[str, int, int, bytes]]:
+        return sorted(row for rows in self.batches.values() for row in rows)
+
+    def sizes(self) -> list[int]:
+        return [len(self.batches[b]) for b in sorted(self.batches)]
+
+
+def test_batch_read_schema_headers_and_ending_offsets(spark, kafka, unique_name):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    records = [
+        Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), headers=[("n", b"%d" % i)] * (i % 2))
+        for i in range(40)
+    ]
+    produce_sealed(servers, unique_name, records)
+
+    df = read_batch(
+        spark,
+        servers,
+        subscribe=unique_name,
+        includeHeaders="true",
+        startingOffsets=json.dumps({unique_name: {"0": 5, "1": -2}}),
+        endingOffsets=json.dumps({unique_name: {"0": 15, "1": -1}}),
+    )
+
+    assert df.schema.simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
+    )
+    rows = df.collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(0, o) for o in range(5, 15)] + [
+        (1, o) for o in range(20)
+    ]
+    by_value = {bytes(r.value): r for r in rows}
+    assert by_value[b"v10"].key == b"k10" and by_value[b"v10"].headers is None
+    assert [(h.key, bytes(h.value)) for h in by_value[b"v11"].headers] == [("n", b"11")]
+    assert {r.timestampType for r in rows} == {0}
+    assert all(abs(time.time() - r.timestamp.timestamp()) < 600 for r in rows)
+
+
+def test_batch_read_min_partitions_splits_ranges_without_loss_or_overlap(spark, kafka, unique_name):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=1)
+    records = make_records(1, 1000)
+    produce_sealed(servers, unique_name, records)
+
+    df = read_batch(spark, servers, subscribe=unique_name, minPartitions="4")
+
+    assert df.rdd.getNumPartitions() == 4
+    assert keyed_rows(df) == expected_rows(unique_name, records)
+
+
+def test_streaming_reads_several_topics_and_partitions(spark, kafka, unique_name, tmp_path):
+    servers = servers_of(kafka)
+    first, second = f"{unique_name}_a", f"{unique_name}_b"
+    create_topic(servers, first, partitions=3)
+    create_topic(servers, second, partitions=2)
+    records_first = make_records(3, 30, "a")
+    records_second = make_records(2, 25, "b")
+    produce_sealed(servers, first, records_first)
+    produce_sealed(servers, second, records_second)
+    recorder = BatchRecorder()
+
+    stream = read_stream(spark, servers, subscribe=f"{first},{second}", startingOffsets="earliest")
+    run_available_now(stream, tmp_path / "checkpoint", recorder)
+
+    assert recorder.all_rows() == sorted(
+        expected_rows(first, records_first) + expected_rows(second, records_second)
+    )
+
+
+def test_max_offsets_per_trigger_sizes_batches_and_reports_lag(spark, kafka, unique_name, tmp_path):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    records = make_records(2, 50)
+    produce_sealed(servers, unique_name, records)
+    recorder = BatchRecorder()
+
+    stream = read_stream(
+        spark,
+        servers,
+        subscribe=unique_name,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="30",
+    )
+    query = run_available_now(stream, tmp_path / "checkpoint", recorder)
+
+    assert recorder.sizes() == [30, 30, 30, 10]
+    assert recorder.all_rows() == expected_rows(unique_name, records)
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    assert [json.loads(p["sources"][0]["endOffset"]) for p in progress] == [
+        {unique_name: {"0": 15, "1": 15}},
+        {unique_name: {"0": 30, "1": 30}},
+        {unique_name: {"0": 45, "1": 45}},
+        {unique_name: {"0": 50, "1": 50}},
+    ]
+    assert json.loads(progress[0]["sources"][0]["latestOffset"]) == {
+        unique_name: {"0": 50, "1": 50}
+    }
+
+
+def test_available_now_stops_at_the_offsets_present_at_start(spark, kafka, unique_name, tmp_path):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    records = make_records(2, 20)
+    produce_sealed(servers, unique_name, records)
+    recorder = BatchRecorder()
+
+    def produce_more_during_first_batch(df: DataFrame, batch_id: int) -> None:
+        if batch_id == 0:
+            produce_sealed(servers, unique_name, make_records(2, 5, "late"))
+        recorder(df, batch_id)
+
+    stream = read_stream(
+        spark,
+        servers,
+        subscribe=unique_name,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="10",
+        # AvailableNow ignores the minimum: it must finish, not wait for 1000 offsets.
+        minOffsetsPerTrigger="5",
+    )
+    run_available_now(stream, tmp_path / "checkpoint", produce_more_during_first_batch)
+
+    assert recorder.sizes() == [10, 10, 10, 10]
+    assert recorder.all_rows() == expected_rows(unique_name, records)
+    assert end_offsets(servers, unique_name) == {0: 25, 1: 25}
+
+
+def test_min_offsets_per_trigger_alone_is_accepted_by_available_now(
+    spark, kafka, unique_name, tmp_path
+):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=1)
+    produce_sealed(servers, unique_name, make_records(1, 10))
+    recorder = BatchRecorder()
+
+    stream = read_stream(
+        spark,
+        servers,
+        subscribe=unique_name,
+        startingOffsets="earliest",
+        minOffsetsPerTrigger="1000",
+    )
+    run_available_now(stream, tmp_path / "checkpoint", recorder)
+
+    assert recorder.sizes() == [10]
+
+
+@pytest.mark.timeout(150)
+def test_pattern_subscription_picks_up_a_new_topic_from_its_earliest_offset(
+    spark, kafka, unique_name
+):
+    servers = servers_of(kafka)
+    old_topic, new_topic = f"{unique_name}_old", f"{unique_name}_new"
+    create_topic(servers, old_topic, partitions=1)
+    produce_sealed(servers, old_topic, make_records(1, 5, "before"))
+    table = f"pattern_{unique_name}"
+    query = (
+        read_stream(spark, servers, subscribePattern=f"{unique_name}_.*")  # startingOffsets=latest
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        # The first (empty) trigger has resolved the starting offsets to latest.
+        wait_until(lambda: query.lastProgress, 60, "the first trigger")
+        produce_sealed(servers, old_topic, make_records(1, 3, "after"))
+        create_topic(servers, new_topic, partitions=2)
+        new_records = make_records(2, 4, "new")
+        produce_sealed(servers, new_topic, new_records)
+        expected = sorted(
+            [(old_topic, 0, 5 + i, b"after0-%d" % i) for i in range(3)]
+            + expected_rows(new_topic, new_records)
+        )
+        wait_until(
+            lambda: len(spark.table(table).collect()) >= len(expected),
+            60,
+            "rows of the new topic",
+        )
+        assert query.exception() is None
+        assert keyed_rows(spark.table(table)) == expected
+    finally:
+        query.stop()
+
+
+def produce_transactions(servers: str, topic: str, transactions: int, tag: str) -> list[bytes]:
+    """Committed transactions of two records each: every commit marker takes an offset."""
+    producer = KafkaProducer(bootstrap_servers=servers, transactional_id=f"{topic}-{tag}")
+    values = []
+    try:
+        producer.init_transactions()
+        for t in range(transactions):
+            producer.begin_transaction()
+            for i in range(2):
+                value = f"{tag}-{t}-{i}".encode()
+                producer.send(topic, value=value, partition=0).get(timeout=30)
+                values.append(value)
+            producer.commit_transaction()
+    finally:
+        producer.close()
+    return values
+
+
+def test_offset_gaps_from_transaction_markers_read_the_same_rows_again(
+    spark, kafka, unique_name, tmp_path
+):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=1)
+    values = produce_transactions(servers, unique_name, 6, "tx")
+    # Two records and one commit marker per transaction: offsets 2, 5, 8, ... hold no record.
+    assert end_offsets(servers, unique_name) == {0: 18}
+    record_offsets = [o for o in range(18) if o % 3 != 2]
+    recorder = BatchRecorder()
+
+    stream = read_stream(
+        spark, servers, subscribe=unique_name, startingOffsets="earliest", maxOffsetsPerTrigger="4"
+    )
+    run_available_now(stream, tmp_path / "checkpoint", recorder)
+
+    all_rows = recorder.all_rows()
+    assert [(o, v) for _, _, o, v in all_rows] == list(zip(record_offsets, values, strict=True))
+    # Batches end on markers and mid-transaction alike; each is [start, end) by position.
+    assert recorder.sizes() == [3, 3, 2, 3, 1]
+    # Reading each batch's range again returns exactly its rows, including a range that
+    # holds only a marker ([2, 3)) and one that ends on a marker.
+    for start, end in [(0, 4), (4, 8), (2, 3), (9, 18)]:
+        again = read_batch(
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets=json.dumps({unique_name: {"0": start}}),
+            endingOffsets=json.dumps({unique_name: {"0": end}}),
+        )
+        assert keyed_rows(again) == [r for r in all_rows if start <= r[2] < end]
+
+
+def test_a_consumer_is_reused_between_ranges_in_one_worker(kafka, unique_name):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    produce_sealed(servers, unique_name, make_records(2, 10))
+    options = parse_options({"kafka.bootstrap.servers": servers, "subscribe": unique_name})
+    kafka_reader.close_idle_consumers()
+    try:
+        first = list(kafka_reader.read_range(options, OffsetRange(unique_name, 0, 2, 7)))
+        (consumer,) = kafka_reader._idle_consumers.values()
+        second = list(kafka_reader.read_range(options, OffsetRange(unique_name, 1, 0, 10)))
+        assert list(kafka_reader._idle_consumers.values()) == [consumer]
+    finally:
+        kafka_reader.close_idle_consumers()
+    assert [o for b in first for o in b.column("offset").to_pylist()] == [2, 3, 4, 5, 6]
+    assert [o for b in second for o in b.column("offset").to_pylist()] == list(range(10))
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_starting_offset_beyond_the_end_is_data_loss(
+    spark, kafka, unique_name, tmp_path, fail_on_data_loss
+):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=1)
+    records = make_records(1, 10)
+    produce_sealed(servers, unique_name, records)
+    recorder = BatchRecorder()
+    stream = read_stream(
+        spark,
+        servers,
+        subscribe=unique_name,
+        startingOffsets=json.dumps({unique_name: {"0": 50}}),
+        failOnDataLoss=str(fail_on_data_loss).lower(),
+    )
+
+    if fail_on_data_loss:
+        with pytest.raises(Exception) as raised:
+            run_available_now(stream, tmp_path / "checkpoint", recorder)
+        message = str(raised.value)
+        assert f"asks for offset 50 of {unique_name}-0" in message
+        assert "outside the available offsets [0, 10]" in message
+        assert "failOnDataLoss=false" in message
+        assert recorder.batches == {}
+    else:
+        run_available_now(stream, tmp_path / "checkpoint", recorder)
+        assert recorder.all_rows() == expected_rows(unique_name, records)
+
+
+def recreate_topic(servers: str, topic: str) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000)
+    try:
+        admin.delete_topics([topic])
+    finally:
+        admin.close()
+    create_topic(servers, topic, partitions=1)
+    wait_until(lambda: end_offsets(servers, topic) == {0: 0}, 20, "the re-created empty topic")
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_recreated_topic_is_data_loss(spark, kafka, unique_name, tmp_path, fail_on_data_loss):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=1)
+    old_records = make_records(1, 10, "old")
+    produce_sealed(servers, unique_name, old_records)
+    recorder = BatchRecorder()
+    checkpoint = tmp_path / "checkpoint"
+
+    def stream() -> DataStreamReader:
+        return read_stream(
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets="earliest",
+            failOnDataLoss=str(fail_on_data_loss).lower(),
+        )
+
+    run_available_now(stream(), checkpoint, recorder)
+    assert recorder.all_rows() == expected_rows(unique_name, old_records)
+    recreate_topic(servers, unique_name)
+    new_records = make_records(1, 3, "new")
+    produce_sealed(servers, unique_name, new_records)
+
+    if fail_on_data_loss:
+        with pytest.raises(Exception) as raised:
+            run_available_now(stream(), checkpoint, recorder)
+        message = str(raised.value)
+        assert f"Topic-partition {unique_name}-0 went back from offset 10 to 3" in message
+        assert "failOnDataLoss=false" in message
+        assert len(recorder.batches) == 1
+    else:
+        run_available_now(stream(), checkpoint, recorder)
+        assert recorder.all_rows() == sorted(
+            expected_rows(unique_name, old_records) + expected_rows(unique_name, new_records)
+        )
+
+
+def latest_log_entry(log_dir: Path) -> int:
+    return max(int(p.name) for p in log_dir.iterdir() if p.name.isdigit())
+
+
+def forget_log_entry(log_dir: Path, batch_id: int) -> None:
+    for name in (str(batch_id), f".{batch_id}.crc"):
+        (log_dir / name).unlink(missing_ok=True)
+
+
+def forget_last_commit(checkpoint: Path) -> int:
+    """Make the checkpoint look like a crash between a batch's sink write and its commit."""
+    last_commit = latest_log_entry(checkpoint / "commits")
+    last_planned = latest_log_entry(checkpoint / "offsets")
+    if last_planned > last_commit:
+        forget_log_entry(checkpoint / "offsets", last_planned)
+    forget_log_entry(checkpoint / "commits", last_commit)
+    return last_commit
+
+
+@pytest.mark.timeout(200)
+def test_restart_from_checkpoint_delivers_every_record_exactly_once(
+    spark, kafka, unique_name, tmp_path
+):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=3)
+    records = make_records(3, 100)
+    produce_sealed(servers, unique_name, records)
+    checkpoint = tmp_path / "checkpoint"
+    recorder = BatchRecorder()
+
+    def stream() -> DataStreamReader:
+        return read_stream(
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger="30",
+        )
+
+    first_run = (
+        stream()
+        .load()
+        .writeStream.foreachBatch(recorder)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(recorder.batches) >= 3, 90, "three batches of the first run")
+    finally:
+        first_run.stop()
+    assert first_run.exception() is None
+    stopped_at = len(recorder.batches)
+    assert stopped_at < 10, "the first run must stop mid-stream"
+    # Forget the last commit (and a batch planned after it), as if the driver died after the
+    # sink ran but before Spark recorded the commit: the restart must replay that batch.
+    last_commit = forget_last_commit(checkpoint)
+
+    run_available_now(stream(), checkpoint, recorder)
+
+    assert recorder.replays.get(last_commit) is True
+    assert all(recorder.replays.values()), recorder.replays
+    assert all(size <= 30 for size in recorder.sizes())
+    delivered = recorder.all_rows()
+    assert len(delivered) == len(set(delivered)) == 300
+    assert delivered == expected_rows(unique_name, records)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_broker_fails_within_the_request_timeout(spark, tmp_path):
+    servers = f"127.0.0.1:{free_port()}"
+    stream = read_stream(
+        spark, servers, subscribe="anything", **{"kafka.request.timeout.ms": "3000"}
+    )
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        run_available_now(stream, tmp_path / "checkpoint", BatchRecorder(), timeout=60)
+    assert time.monotonic() - started < 45
+    assert (
+        f"Kafka at {servers} (option kafka.bootstrap.servers) did not answer within 3000 ms"
+        in str(raised.value)
+    )
+
+
+def test_unknown_topic_in_assign_is_an_option_error(spark, kafka, unique_name):
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=1)
+    df = read_batch(spark, servers, assign=json.dumps({unique_name: [0, 1], "no_such_topic": [0]}))
+    with pytest.raises(Exception) as raised:
+        df.collect()
+    assert (
+        f"Option assign names no_such_topic-0, {unique_name}-1, which do not exist on {servers}:"
+        " create them or fix assign"
+    ) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"subscribe": "t", "maxOffsetsPerTrigger": "-1"},
+            "Option maxOffsetsPerTrigger is '-1': use a positive integer",
+        ),
+        (
+            {"subscribe": "t", "assign": '{"t":[0]}'},
+            "Set exactly one of the options subscribe, subscribePattern or assign"
+            " (found subscribe and assign)",
+        ),
+    ],
+)
+def test_bad_options_fail_when_the_stream_is_defined(spark, kafka, options, message):
+    with pytest.raises(Exception) as raised:
+        read_stream(spark, servers_of(kafka), **options).load()
+    assert message in str(raised.value)
+
+
+def test_ending_offsets_are_refused_for_streaming(spark, kafka, tmp_path):
+    stream = read_stream(spark, servers_of(kafka), subscribe="t", endingOffsets="latest")
+    with pytest.raises(Exception) as raised:
+        run_available_now(stream, tmp_path / "checkpoint", BatchRecorder())
+    assert "Option endingOffsets is for batch queries only: remove it from readStream" in str(
+        raised.value
+    )
