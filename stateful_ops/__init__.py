@@ -1,0 +1,44 @@
+"""Keyed stateful operators on applyInPandasWithState, snapshotted at batch barriers.
+
+Spark commits every operator's state at the end of each micro-batch, after all its tasks
+finished; after a crash and restart, state equals the state of the last committed batch and
+the replayed batch produces the same output. See README.md for the per-key contracts.
+"""
+
+from stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from stateful_ops.errors import (
+    OperatorDefinitionError,
+    StatefulOpsError,
+    StateSchemaMismatchError,
+)
+from stateful_ops.operators import (
+    Deduplicate,
+    RunningAggregate,
+    RunningCount,
+    Sessionize,
+    deduplicate,
+    running_aggregate,
+    running_count,
+    sessionize,
+)
+from stateful_ops.state_reader import read_state
+from stateful_ops.state_store import configure_state_store
+
+__all__ = [
+    "DEFAULT_KEY_GROUPS",
+    "Clock",
+    "Deduplicate",
+    "OperatorDefinitionError",
+    "RunningAggregate",
+    "RunningCount",
+    "Sessionize",
+    "StateSchemaMismatchError",
+    "StatefulOperator",
+    "StatefulOpsError",
+    "configure_state_store",
+    "deduplicate",
+    "read_state",
+    "running_aggregate",
+    "running_count",
+    "sessionize",
+]

@@ -1,0 +1,297 @@
+"""StatefulOperator: keyed state on applyInPandasWithState, grouped into Flink-style key groups.
+
+Why key groups: a one-call-per-key ``applyInPandasWithState`` pays a Python call, a pandas
+frame and a state row per key per batch, which runs at about a tenth of Spark's built-in
+count. Here each row is assigned to one of ``key_groups`` buckets by
+``pmod(xxhash64(key), key_groups)``; Spark groups by the bucket, and the bucket's keys share
+ONE state row holding a typed Arrow table with one row per key (see ``state_codec``). An
+operator sees all rows and all stored keys of a bucket at once and updates them with
+vectorised pandas. The per-key contract is kept: output rows, versions and expiry are per key.
+
+Guarantees: Spark commits the group state rows at the end of every micro-batch (the batch
+barrier), so after a restart every key's state equals the state at the last committed batch,
+and a replayed batch (same batch id, same offsets, same batch timestamp and watermark)
+produces the same output, provided the operator's ``update`` is deterministic.
+Limits: ``key_groups`` is part of the checkpoint (changing it would move keys between state
+rows, so it is stored with the state and a restart with another value is refused);
+each batch rewrites the whole state row of every bucket that received rows, so snapshot size
+grows with keys per bucket (see README for figures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from stateful_ops import state_codec
+from stateful_ops.errors import OperatorDefinitionError
+from stateful_ops.validation import INTEGRAL_TYPES, key_columns
+
+DEFAULT_KEY_GROUPS = 8
+KEY_GROUP_COLUMN = "__so_key_group"
+
+_TIMEOUTS = {
+    "none": GroupStateTimeout.NoTimeout,
+    "processing": GroupStateTimeout.ProcessingTimeTimeout,
+    "event": GroupStateTimeout.EventTimeTimeout,
+}
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Time as seen by one call: constant for a batch and identical when the batch replays."""
+
+    processing_time_ms: int
+    watermark_ms: int | None
+
+
+def arrow_field(field: StructField) -> pa.Field:
+    """Arrow type used to store a Spark column in state (timestamps kept tz-naive, as pandas)."""
+    arrow_type = to_arrow_type(field.dataType, timezone="UTC")
+    if pa.types.is_timestamp(arrow_type):
+        arrow_type = pa.timestamp("us")
+    return pa.field(field.name, arrow_type, nullable=True)
+
+
+def canonical(frame: pd.DataFrame, fields: Sequence[StructField]) -> pd.DataFrame:
+    """Give columns one pandas dtype whatever their nulls, so stored and new keys compare equal.
+
+    Spark hands an integer column with nulls to pandas as float64 and without nulls as int64;
+    both become nullable Int64 here (and booleans nullable boolean), which also keeps sums
+    of integers exact. Timestamps read back from Arrow state (microseconds) become
+    datetime64[ns] like Spark's input.
+    """
+    changes: dict[str, pd.Series] = {}
+    for field in fields:
+        column = frame[field.name]
+        if isinstance(field.dataType, INTEGRAL_TYPES):
+            if column.dtype != "Int64":
+                changes[field.name] = column.astype("Int64")
+        elif isinstance(field.dataType, BooleanType):
+            if column.dtype != "boolean":
+                changes[field.name] = column.astype("boolean")
+        elif isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+            if column.dtype != "datetime64[ns]":
+                changes[field.name] = column.astype("datetime64[ns]")
+        elif isinstance(field.dataType, StringType) and column.hasnans:
+            column = column.astype(object)
+            changes[field.name] = column.where(column.notna(), None)
+    return frame.assign(**changes) if changes else frame
+
+
+class StatefulOperator:
+    """Base of keyed stateful operators, vectorised over the keys of a key group.
+
+    A subclass declares ``name``, ``state_fields`` (DDL of the per-key state after the key
+    columns), ``output_fields`` (DDL of the output after the key columns), ``output_mode``
+    and ``timeout`` ("none", "processing" or "event"), and implements
+
+    - ``update(rows, state, clock) -> (new_state, output)``: ``rows`` holds this batch's rows
+      of the bucket (all frames of the iterator, folded through ``pre_aggregate``), ``state``
+      one row per stored key (key columns plus ``state_fields``). Return the full new state
+      table (keys absent from it are forgotten) and the rows to emit.
+    - ``on_timeout(state, clock) -> (new_state, output)``: called when the bucket's timeout
+      fired and it received no rows; default keeps the state and emits nothing.
+    - ``wake_up_ms(state, clock) -> int | None``: the earliest time (processing time, or
+      event time compared with the watermark) at which some key must be looked at again.
+
+    The base class owns key-group assignment, GroupState timeouts, schema strings, the state
+    encoding and pandas conversion. Rows reaching ``update`` keep their key and value columns
+    (integers as nullable Int64, booleans as nullable boolean).
+    """
+
+    name: ClassVar[str] = "stateful_operator"
+    state_fields: ClassVar[str | StructType] = ""
+    output_fields: ClassVar[str | StructType] = ""
+    output_mode: str = "update"
+    timeout: str = "none"
+
+    def __init__(
+        self,
+        key: str | Sequence[str],
+        key_groups: int = DEFAULT_KEY_GROUPS,
+        output_mode: str | None = None,
+    ) -> None:
+        if output_mode is not None:
+            if output_mode not in ("update", "append"):
+                raise OperatorDefinitionError(
+                    f"{self.name}: output_mode={output_mode!r}; use 'update' or 'append'"
+                )
+            self.output_mode = output_mode
+        if not isinstance(key_groups, int) or key_groups <= 0:
+            raise OperatorDefinitionError(
+                f"{self.name}: key_groups={key_groups!r} must be a positive integer"
+            )
+        if self.timeout not in _TIMEOUTS:
+            raise OperatorDefinitionError(
+                f"{self.name}: timeout={self.timeout!r}; use one of {', '.join(_TIMEOUTS)}"
+            )
+        self.key = key
+        self.key_groups = key_groups
+        self.keys: tuple[str, ...] = ()
+        self.key_schema = StructType()
+        self.input_schema = StructType()
+        self.state_schema = StructType()
+        self.out_schema = StructType()
+        self.arrow_state_schema = pa.schema([])
+
+    # Hooks a subclass may override -------------------------------------------------------
+
+    def validate(self, df: DataFrame) -> None:
+        """Check operator-specific arguments against ``df``; raise OperatorDefinitionError."""
+
+    def prepare(self, df: DataFrame) -> DataFrame:
+        """Columns sent to Python: by default the key columns and nothing else."""
+        return df.select(*self.keys)
+
+    def finish(self, df: DataFrame) -> DataFrame:
+        """Projection applied to the operator's output (e.g. to restore timestamps)."""
+        return df
+
+    def state_schema_for(self, input_schema: StructType) -> StructType:
+        return StructType(list(self.key_schema.fields) + _ddl(self.state_fields).fields)
+
+    def output_schema_for(self, input_schema: StructType) -> StructType:
+        return StructType(list(self.key_schema.fields) + _ddl(self.output_fields).fields)
+
+    def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """Fold one input frame before frames are concatenated (default: keep the rows)."""
+        return rows
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        raise NotImplementedError
+
+    def on_timeout(self, state: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return state, self.empty_output()
+
+    def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
+        return None
+
+    # Helpers for subclasses ----------------------------------------------------------------
+
+    def empty_output(self) -> pd.DataFrame:
+        return pd.DataFrame({name: pd.Series(dtype=object) for name in self.out_schema.names})
+
+    def empty_state(self) -> pd.DataFrame:
+        return canonical(self.arrow_state_schema.empty_table().to_pandas(), self.state_schema)
+
+    # Driver side ---------------------------------------------------------------------------
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        """Validate against ``df`` (before any query starts) and return the output DataFrame."""
+        keys = key_columns(self.name, df, self.key)
+        self.keys = keys
+        self.validate(df)
+        prepared = self.prepare(df)
+        self.bind(keys, prepared.schema)
+        bucketed = prepared.withColumn(KEY_GROUP_COLUMN, self.key_group_column())
+        result = bucketed.groupBy(KEY_GROUP_COLUMN).applyInPandasWithState(
+            self._call,
+            self.out_schema,
+            state_codec.GROUP_STATE_DDL,
+            self.output_mode,
+            _TIMEOUTS[self.timeout],
+        )
+        return self.finish(result)
+
+    def bind(self, keys: Sequence[str], input_schema: StructType) -> None:
+        """Fix key, input, state and output schemas (pure: no Spark session needed)."""
+        self.keys = tuple(keys)
+        self.input_schema = input_schema
+        self.key_schema = StructType([input_schema[name] for name in self.keys])
+        self.state_schema = self.state_schema_for(input_schema)
+        self.out_schema = self.output_schema_for(input_schema)
+        self.arrow_state_schema = pa.schema(
+            [arrow_field(f) for f in self.state_schema.fields],
+            metadata={"key_groups": str(self.key_groups)},
+        )
+
+    def key_group_column(self) -> Column:
+        hashed = F.xxhash64(*[F.col(name) for name in self.keys])
+        return F.pmod(hashed, F.lit(self.key_groups)).cast("int")
+
+    # Executor side -------------------------------------------------------------------------
+
+    def _call(
+        self, _bucket: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        clock = Clock(
+            processing_time_ms=state.getCurrentProcessingTimeMs(),
+            watermark_ms=state.getCurrentWatermarkMs() if self.timeout == "event" else None,
+        )
+        stored = self.load(state)
+        if state.hasTimedOut:
+            for _ in frames:
+                pass
+            new_state, output = self.on_timeout(stored, clock)
+        else:
+            rows = self.fold(frames)
+            new_state, output = self.update(rows, stored, clock)
+        self.save(state, new_state, clock)
+        if len(output):
+            yield output[list(self.out_schema.names)]
+
+    def fold(self, frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
+        columns = [n for n in self.input_schema.names]
+        parts = [
+            self.pre_aggregate(canonical(frame[columns], self.input_schema.fields))
+            for frame in frames
+            if len(frame)
+        ]
+        if not parts:
+            empty = pd.DataFrame({n: pd.Series(dtype=object) for n in columns})
+            return self.pre_aggregate(canonical(empty, self.input_schema.fields))
+        return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+
+    def load(self, state: GroupState) -> pd.DataFrame:
+        return self.load_value(state.get) if state.exists else self.empty_state()
+
+    def load_value(self, value: tuple[Any, ...]) -> pd.DataFrame:
+        """Decode a stored group state row into the per-key state table."""
+        table = state_codec.decode(self.name, value, self.arrow_state_schema)
+        return canonical(table, self.state_schema.fields)
+
+    def save(self, state: GroupState, new_state: pd.DataFrame, clock: Clock) -> None:
+        if not len(new_state):
+            state.remove()
+            return
+        blob = state_codec.encode(new_state[list(self.state_schema.names)], self.arrow_state_schema)
+        state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
+        wake_up = self.wake_up_ms(new_state, clock)
+        if wake_up is None:
+            return
+        if self.timeout == "processing":
+            state.setTimeoutDuration(max(1, wake_up - clock.processing_time_ms))
+        elif self.timeout == "event":
+            # Spark fires when watermark > timestamp; we want watermark >= wake_up.
+            watermark = clock.watermark_ms if clock.watermark_ms is not None else 0
+            state.setTimeoutTimestamp(max(wake_up - 1, watermark, 1))
+
+
+def _ddl(ddl: str | StructType) -> StructType:
+    if isinstance(ddl, StructType):
+        return ddl
+    if not ddl:
+        return StructType()
+    parsed: DataType = StructType.fromDDL(ddl)
+    assert isinstance(parsed, StructType)
+    return parsed

@@ -1,0 +1,488 @@
+"""The ready operators: running_count, running_aggregate, deduplicate and sessionize.
+
+Each is a StatefulOperator (key groups, one state row per group, vectorised pandas).
+Per-key contracts:
+
+- running_count / running_aggregate (output mode update): one output row per key that
+  received rows in the batch; ``version`` is the number of batches in which the key received
+  rows, so it grows by exactly one each time the key's count changes.
+- deduplicate (append): the first row of a key is emitted; later rows of the key are dropped
+  while the key is remembered. Processing time: remembered until ``ttl`` after the batch
+  that emitted it. Event time: remembered until the watermark reaches the emitted row's
+  event time + ``ttl``. Expired keys are removed from state (GroupState timeouts wake idle
+  groups up).
+- sessionize (append): per key, events closer than ``gap`` form a session
+  ``[first event, last event + gap)``; a session is emitted once the watermark reaches its
+  end, and then removed from state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import ClassVar
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    LongType,
+    MapType,
+    StructField,
+    StructType,
+)
+
+from stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from stateful_ops.errors import OperatorDefinitionError
+from stateful_ops.validation import (
+    INTEGRAL_TYPES,
+    NUMERIC_TYPES,
+    duration_ms,
+    require_column,
+    require_event_time,
+)
+
+SUPPORTED_AGGREGATES = ("sum", "count", "min", "max", "mean")
+EVENT_US = "__so_event_us"
+PARTIAL_COUNT = "__so_partial_count"
+NESTED_TYPES = (ArrayType, MapType, StructType)
+_NEW_ROWS = "__so_new_rows"
+
+
+def _long(name: str) -> StructField:
+    return StructField(name, LongType(), True)
+
+
+def _refuse_name_clash(operator: str, keys: Sequence[str], outputs: Sequence[str]) -> None:
+    clash = sorted(set(keys) & set(outputs))
+    if clash:
+        raise OperatorDefinitionError(
+            f"{operator}: key column(s) {', '.join(clash)} clash with output columns;"
+            " rename them with withColumnRenamed first"
+        )
+
+
+class RunningCount(StatefulOperator):
+    """Running count per key with a version that grows once per batch the key appears in."""
+
+    name: ClassVar[str] = "running_count"
+    state_fields: ClassVar[StructType] = StructType([_long("count"), _long("version")])
+    output_fields: ClassVar[StructType] = state_fields
+    output_mode = "update"
+
+    def validate(self, df: DataFrame) -> None:
+        _refuse_name_clash(self.name, self.keys, ["count", "version"])
+
+    def prepare(self, df: DataFrame) -> DataFrame:
+        """Count rows per key within each input partition first (Spark's partial count).
+
+        The stateless ``mapInArrow`` step shrinks what is shuffled, sorted and handed to
+        pandas from one row per input row to one row per key and partition. Nested key types
+        (which Arrow cannot group by) skip it.
+        """
+        keys = df.select(*self.keys)
+        if any(isinstance(f.dataType, NESTED_TYPES) for f in keys.schema.fields):
+            return keys
+        schema = StructType([*keys.schema.fields, StructField(PARTIAL_COUNT, LongType(), False)])
+        return keys.mapInArrow(partial_counts(list(self.keys)), schema)
+
+    def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
+        grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
+        counts = grouped[PARTIAL_COUNT].sum() if PARTIAL_COUNT in rows else grouped.size()
+        return counts.rename(_NEW_ROWS).reset_index()
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        keys = list(self.keys)
+        incoming = rows.assign(count=0, version=0)
+        stored = state.assign(**{_NEW_ROWS: 0})
+        both = pd.concat([stored, incoming], ignore_index=True)
+        merged = both.groupby(keys, dropna=False, sort=False, as_index=False)[
+            ["count", "version", _NEW_ROWS]
+        ].sum()
+        changed = merged[_NEW_ROWS] > 0
+        merged["count"] = merged["count"] + merged[_NEW_ROWS]
+        merged["version"] = merged["version"] + changed.astype("int64")
+        new_state = merged[[*keys, "count", "version"]]
+        return new_state, new_state[changed.to_numpy()]
+
+
+def partial_counts(
+    keys: list[str],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A mapInArrow function: rows per key (nulls are a key) in one partition's batches."""
+
+    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        partials = []
+        for batch in batches:
+            if batch.num_rows:
+                table = pa.Table.from_batches([batch])
+                partials.append(
+                    table.group_by(keys, use_threads=False).aggregate([([], "count_all")])
+                )
+        if not partials:
+            return
+        combined = pa.concat_tables(partials)
+        if len(partials) > 1:
+            combined = combined.group_by(keys, use_threads=False).aggregate([("count_all", "sum")])
+            combined = combined.rename_columns(
+                ["count_all" if name == "count_all_sum" else name for name in combined.column_names]
+            )
+        columns = {key: combined[key] for key in keys}
+        columns[PARTIAL_COUNT] = combined["count_all"].cast(pa.int64())
+        yield from pa.table(columns).to_batches()
+
+    return count
+
+
+class RunningAggregate(StatefulOperator):
+    """Running sum/count/min/max/mean per key and column, versioned like RunningCount.
+
+    Output columns are named ``<column>_<aggregate>``. SQL semantics: nulls are ignored,
+    ``count`` counts non-null values, sum/min/max/mean of no non-null value is null.
+    """
+
+    name: ClassVar[str] = "running_aggregate"
+    output_mode = "update"
+
+    def __init__(
+        self,
+        key: str | Sequence[str],
+        aggs: Mapping[str, str | Sequence[str]],
+        key_groups: int = DEFAULT_KEY_GROUPS,
+        output_mode: str | None = None,
+    ) -> None:
+        super().__init__(key, key_groups, output_mode)
+        if not isinstance(aggs, Mapping) or not aggs:
+            raise OperatorDefinitionError(
+                f'{self.name}: aggs={aggs!r}; pass a mapping like {{"amount": ["sum", "max"]}}'
+            )
+        self.aggs: dict[str, tuple[str, ...]] = {}
+        for column, functions in aggs.items():
+            names = (functions,) if isinstance(functions, str) else tuple(functions)
+            for fn in names:
+                if fn not in SUPPORTED_AGGREGATES:
+                    raise OperatorDefinitionError(
+                        f"{self.name}: aggregate {fn!r} for column {column!r} is not"
+                        f" supported; use one of {', '.join(SUPPORTED_AGGREGATES)}"
+                    )
+            if not names:
+                raise OperatorDefinitionError(f"{self.name}: no aggregate for column {column!r}")
+            self.aggs[column] = tuple(dict.fromkeys(names))
+
+    def validate(self, df: DataFrame) -> None:
+        for column, functions in self.aggs.items():
+            data_type = require_column(self.name, df, column, role="aggregate")
+            if column in self.keys:
+                raise OperatorDefinitionError(
+                    f"{self.name}: column {column!r} is a key; aggregate another column"
+                )
+            numeric_only = set(functions) - {"count"}
+            if numeric_only and not isinstance(data_type, NUMERIC_TYPES):
+                raise OperatorDefinitionError(
+                    f"{self.name}: {', '.join(sorted(numeric_only))} of column {column!r}"
+                    f" needs a numeric column (integer or floating point), not"
+                    f" {data_type.simpleString()}; only count works on it"
+                )
+        _refuse_name_clash(self.name, self.keys, self.output_names())
+
+    def output_names(self) -> list[str]:
+        return [f"{c}_{fn}" for c, fns in self.aggs.items() for fn in fns] + ["version"]
+
+    def prepare(self, df: DataFrame) -> DataFrame:
+        return df.select(*self.keys, *self.aggs)
+
+    def _needs_sum(self, column: str) -> bool:
+        return bool({"sum", "mean"} & set(self.aggs[column]))
+
+    def state_schema_for(self, input_schema: StructType) -> StructType:
+        fields = [*self.key_schema.fields, _long("rows")]
+        for column, functions in self.aggs.items():
+            data_type = input_schema[column].dataType
+            fields.append(_long(f"n__{column}"))
+            if self._needs_sum(column):
+                sum_type = LongType() if isinstance(data_type, INTEGRAL_TYPES) else DoubleType()
+                fields.append(StructField(f"sum__{column}", sum_type, True))
+            for extreme in ("min", "max"):
+                if extreme in functions:
+                    fields.append(StructField(f"{extreme}__{column}", data_type, True))
+        return StructType([*fields, _long("version")])
+
+    def output_schema_for(self, input_schema: StructType) -> StructType:
+        fields = list(self.key_schema.fields)
+        for column, functions in self.aggs.items():
+            data_type = input_schema[column].dataType
+            sum_type = LongType() if isinstance(data_type, INTEGRAL_TYPES) else DoubleType()
+            result_types = {
+                "sum": sum_type,
+                "count": LongType(),
+                "min": data_type,
+                "max": data_type,
+                "mean": DoubleType(),
+            }
+            fields += [StructField(f"{column}_{fn}", result_types[fn], True) for fn in functions]
+        return StructType([*fields, _long("version")])
+
+    def _combine_spec(self) -> dict[str, tuple[str, str]]:
+        spec = {"rows": ("rows", "sum")}
+        for column, functions in self.aggs.items():
+            spec[f"n__{column}"] = (f"n__{column}", "sum")
+            if self._needs_sum(column):
+                spec[f"sum__{column}"] = (f"sum__{column}", "sum")
+            for extreme in ("min", "max"):
+                if extreme in functions:
+                    spec[f"{extreme}__{column}"] = (f"{extreme}__{column}", extreme)
+        return spec
+
+    def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
+        first = next(iter(self.aggs))
+        spec: dict[str, tuple[str, str]] = {"rows": (first, "size")}
+        for column, functions in self.aggs.items():
+            spec[f"n__{column}"] = (column, "count")
+            if self._needs_sum(column):
+                spec[f"sum__{column}"] = (column, "sum")
+            for extreme in ("min", "max"):
+                if extreme in functions:
+                    spec[f"{extreme}__{column}"] = (column, extreme)
+        grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
+        return grouped.agg(**spec).reset_index()
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        keys = list(self.keys)
+        incoming = rows.assign(version=0, **{_NEW_ROWS: rows["rows"]})
+        stored = state.assign(**{_NEW_ROWS: 0})
+        both = pd.concat([stored, incoming], ignore_index=True)
+        spec = {**self._combine_spec(), "version": ("version", "sum")}
+        spec[_NEW_ROWS] = (_NEW_ROWS, "sum")
+        merged = both.groupby(keys, dropna=False, sort=False, as_index=False).agg(**spec)
+        changed = (merged[_NEW_ROWS] > 0).to_numpy()
+        merged["version"] = merged["version"] + changed.astype("int64")
+        new_state = merged[list(self.state_schema.names)]
+        out = merged[changed]
+        output = out[keys].copy()
+        for column, functions in self.aggs.items():
+            n = out[f"n__{column}"]
+            for fn in functions:
+                name = f"{column}_{fn}"
+                if fn == "count":
+                    output[name] = n
+                elif fn == "sum":
+                    output[name] = out[f"sum__{column}"].mask(n == 0)
+                elif fn == "mean":
+                    output[name] = (out[f"sum__{column}"].astype("float64") / n).mask(n == 0)
+                else:
+                    output[name] = out[f"{fn}__{column}"]
+        output["version"] = out["version"]
+        return new_state, output
+
+
+class Deduplicate(StatefulOperator):
+    """Emit the first row of each key; drop its repeats while the key is remembered."""
+
+    name: ClassVar[str] = "deduplicate"
+    output_mode = "append"
+
+    def __init__(
+        self,
+        key: str | Sequence[str],
+        ttl: object,
+        event_time: str | None = None,
+        key_groups: int = DEFAULT_KEY_GROUPS,
+    ) -> None:
+        super().__init__(key, key_groups)
+        self.ttl_us = duration_ms(self.name, "ttl", ttl) * 1000
+        self.event_time = event_time
+        self.timeout = "event" if event_time is not None else "processing"
+        self.columns: list[str] = []
+
+    def validate(self, df: DataFrame) -> None:
+        if self.event_time is not None:
+            require_event_time(self.name, df, self.event_time)
+        self.columns = list(df.columns)
+
+    def prepare(self, df: DataFrame) -> DataFrame:
+        if self.event_time is None:
+            return df
+        return df.withColumn(EVENT_US, F.unix_micros(F.col(self.event_time)))
+
+    def state_schema_for(self, input_schema: StructType) -> StructType:
+        return StructType([*self.key_schema.fields, _long("expires_at_us")])
+
+    def output_schema_for(self, input_schema: StructType) -> StructType:
+        return StructType([f for f in input_schema.fields if f.name != EVENT_US])
+
+    def _now_us(self, clock: Clock) -> int | None:
+        if self.event_time is None:
+            return clock.processing_time_ms * 1000
+        return None if clock.watermark_ms is None else clock.watermark_ms * 1000
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        keys = list(self.keys)
+        now_us = self._now_us(clock)
+        live = state if now_us is None else state[state["expires_at_us"] > now_us]
+        if not len(rows):
+            return live, self.empty_output()
+        seen = pd.MultiIndex.from_frame(rows[keys]).isin(pd.MultiIndex.from_frame(live[keys]))
+        fresh = rows[~seen]
+        if self.event_time is not None:
+            fresh = fresh.sort_values(EVENT_US, kind="stable")
+            expires = fresh[EVENT_US] + self.ttl_us
+        else:
+            expires = pd.Series(clock.processing_time_ms * 1000 + self.ttl_us, index=fresh.index)
+        first = ~fresh.duplicated(subset=keys, keep="first")
+        emitted = fresh[first.to_numpy()]
+        remembered = emitted[keys].assign(expires_at_us=expires[first.to_numpy()].astype("int64"))
+        new_state = pd.concat([live, remembered], ignore_index=True)
+        return new_state, emitted[list(self.out_schema.names)]
+
+    def on_timeout(self, state: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return self.update(self.fold(iter([])), state, clock)
+
+    def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
+        return -(-int(state["expires_at_us"].min()) // 1000)
+
+
+class Sessionize(StatefulOperator):
+    """Event-time session windows per key, emitted when the watermark closes them."""
+
+    name: ClassVar[str] = "sessionize"
+    output_mode = "append"
+    timeout = "event"
+    state_fields: ClassVar[StructType] = StructType(
+        [_long("session_start_us"), _long("session_end_us"), _long("count")]
+    )
+    output_fields: ClassVar[StructType] = state_fields
+
+    def __init__(
+        self,
+        key: str | Sequence[str],
+        event_time: str,
+        gap: object,
+        key_groups: int = DEFAULT_KEY_GROUPS,
+    ) -> None:
+        super().__init__(key, key_groups)
+        self.gap_us = duration_ms(self.name, "gap", gap) * 1000
+        self.event_time = event_time
+
+    def validate(self, df: DataFrame) -> None:
+        require_event_time(self.name, df, self.event_time)
+        _refuse_name_clash(self.name, self.keys, ["session_start", "session_end", "count"])
+
+    def prepare(self, df: DataFrame) -> DataFrame:
+        # Spark refuses event-time timeouts unless the watermarked column reaches the operator.
+        event_time = F.col(self.event_time)
+        return df.select(*self.keys, event_time, F.unix_micros(event_time).alias(EVENT_US))
+
+    def finish(self, df: DataFrame) -> DataFrame:
+        return df.select(
+            *self.keys,
+            F.timestamp_micros("session_start_us").alias("session_start"),
+            F.timestamp_micros("session_end_us").alias("session_end"),
+            "count",
+        )
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        keys = list(self.keys)
+        events = rows[EVENT_US].astype("int64")
+        intervals = rows[keys].assign(
+            session_start_us=events, session_end_us=events + self.gap_us, count=1
+        )
+        sessions = merge_sessions(pd.concat([state, intervals], ignore_index=True), keys)
+        if clock.watermark_ms is None:
+            return sessions, self.empty_output()
+        closed = (sessions["session_end_us"] <= clock.watermark_ms * 1000).to_numpy()
+        return sessions[~closed], sessions[closed]
+
+    def on_timeout(self, state: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return self.update(self.fold(iter([])), state, clock)
+
+    def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
+        return -(-int(state["session_end_us"].min()) // 1000)
+
+
+def merge_sessions(intervals: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Merge half-open intervals [session_start_us, session_end_us) that overlap, per key."""
+    columns = [*keys, "session_start_us", "session_end_us", "count"]
+    if not len(intervals):
+        return intervals[columns]
+    key_id = intervals.groupby(keys, dropna=False, sort=False).ngroup().rename("__so_kid")
+    ordered = intervals.assign(__so_kid=key_id).sort_values(
+        ["__so_kid", "session_start_us"], kind="stable"
+    )
+    reach = ordered.groupby("__so_kid")["session_end_us"].cummax()
+    previous_reach = reach.groupby(ordered["__so_kid"]).shift()
+    starts = previous_reach.isna() | (ordered["session_start_us"] >= previous_reach)
+    session_id = starts.cumsum().to_numpy()
+    spec = {k: (k, "first") for k in keys}
+    spec.update(
+        session_start_us=("session_start_us", "min"),
+        session_end_us=("session_end_us", "max"),
+        count=("count", "sum"),
+    )
+    merged = ordered.groupby(session_id, sort=True).agg(**spec).reset_index(drop=True)
+    return merged[columns]
+
+
+def running_count(
+    df: DataFrame,
+    key: str | Sequence[str],
+    *,
+    key_groups: int = DEFAULT_KEY_GROUPS,
+    output_mode: str = "update",
+) -> DataFrame:
+    """Key column(s), ``count`` and ``version`` per key changed in the batch.
+
+    ``output_mode`` must match the query's: ``"update"`` (default) for Spark's own sinks,
+    ``"append"`` for Python data source sinks such as 2pc-jdbc and 2pc-s3, which Spark
+    runs in Append mode only. The emitted rows are the same in both: each is one
+    (key, count, version) fact that is never retracted.
+    """
+    return RunningCount(key, key_groups=key_groups, output_mode=output_mode).apply(df)
+
+
+def running_aggregate(
+    df: DataFrame,
+    key: str | Sequence[str],
+    aggs: Mapping[str, str | Sequence[str]],
+    *,
+    key_groups: int = DEFAULT_KEY_GROUPS,
+    output_mode: str = "update",
+) -> DataFrame:
+    """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
+
+    ``output_mode``: as for ``running_count`` (``"append"`` for the 2PC sinks).
+    """
+    return RunningAggregate(key, aggs, key_groups=key_groups, output_mode=output_mode).apply(df)
+
+
+def deduplicate(
+    df: DataFrame,
+    key: str | Sequence[str],
+    ttl: object,
+    event_time: str | None = None,
+    *,
+    key_groups: int = DEFAULT_KEY_GROUPS,
+) -> DataFrame:
+    """First row per key within ``ttl`` (processing time, or event time with a watermark)."""
+    return Deduplicate(key, ttl, event_time, key_groups=key_groups).apply(df)
+
+
+def sessionize(
+    df: DataFrame,
+    key: str | Sequence[str],
+    event_time: str,
+    gap: object,
+    *,
+    key_groups: int = DEFAULT_KEY_GROUPS,
+) -> DataFrame:
+    """Closed sessions per key: key column(s), ``session_start``, ``session_end``, ``count``."""
+    return Sessionize(key, event_time, gap, key_groups=key_groups).apply(df)

@@ -1,0 +1,88 @@
+"""Encoding of one key group's state table into one GroupState row, and back.
+
+A key group keeps the state of all its keys in a single state row
+``(format_version int, operator string, table binary)``; ``table`` is an Arrow IPC stream
+holding one row per key (key columns plus the operator's typed state fields), with the
+operator's fixed settings (``key_groups``) in the schema metadata. Arrow keeps
+every key type exact (nulls, composite keys, timestamps) and carries its own schema, so a
+row written by an incompatible operator is detected here and reported with what changed.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+from stateful_ops.errors import StateSchemaMismatchError
+
+STATE_FORMAT_VERSION = 1
+GROUP_STATE_DDL = "format_version int, operator string, table binary"
+
+
+def encode(table: pd.DataFrame, schema: pa.Schema) -> bytes:
+    """Serialize ``table`` (columns named as in ``schema``) to Arrow IPC stream bytes."""
+    arrow_table = pa.Table.from_pandas(
+        table, schema=schema, preserve_index=False, safe=False, nthreads=1
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(arrow_table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
+    """Decode a stored state row; raise StateSchemaMismatchError saying what changed."""
+    if len(row) != 3:
+        raise StateSchemaMismatchError(
+            f"{operator}: stored state row has {len(row)} fields, expected 3"
+            f" ({GROUP_STATE_DDL}); restart from a new checkpoint location"
+        )
+    format_version, stored_operator, blob = row
+    if format_version != STATE_FORMAT_VERSION:
+        raise StateSchemaMismatchError(
+            f"{operator}: stored state has format version {format_version}, this code reads"
+            f" version {STATE_FORMAT_VERSION}; restart from a new checkpoint location"
+        )
+    if stored_operator != operator:
+        raise StateSchemaMismatchError(
+            f"{operator}: stored state was written by operator {stored_operator!r};"
+            " restart from a new checkpoint location"
+        )
+    arrow_table = pa.ipc.open_stream(bytes(blob)).read_all()
+    stored_settings = arrow_table.schema.metadata or {}
+    for name, value in (schema.metadata or {}).items():
+        if stored_settings.get(name) != value:
+            stored = stored_settings.get(name, b"?").decode()
+            raise StateSchemaMismatchError(
+                f"{operator}: stored state was written with {name.decode()}={stored}, this"
+                f" query declares {name.decode()}={value.decode()}; keep {name.decode()}={stored}"
+                " for this checkpoint or restart from a new checkpoint location"
+            )
+    if not arrow_table.schema.equals(schema):
+        raise StateSchemaMismatchError(
+            f"{operator}: stored state schema changed:"
+            f" {describe_change(arrow_table.schema, schema)};"
+            " restart from a new checkpoint location"
+        )
+    return arrow_table.to_pandas()
+
+
+def describe_change(stored: pa.Schema, declared: pa.Schema) -> str:
+    """One line listing removed, added and retyped state columns."""
+    stored_types = {f.name: f.type for f in stored}
+    declared_types = {f.name: f.type for f in declared}
+    parts = []
+    removed = [n for n in stored_types if n not in declared_types]
+    added = [n for n in declared_types if n not in stored_types]
+    retyped = [
+        f"{n} {stored_types[n]} -> {declared_types[n]}"
+        for n in declared_types
+        if n in stored_types and stored_types[n] != declared_types[n]
+    ]
+    if removed:
+        parts.append(f"stored columns no longer declared: {', '.join(removed)}")
+    if added:
+        parts.append(f"declared columns missing from stored state: {', '.join(added)}")
+    if retyped:
+        parts.append(f"retyped: {', '.join(retyped)}")
+    return "; ".join(parts) or "column order differs"

@@ -1,0 +1,431 @@
+"""Pure pandas logic of stateful_ops: update functions, key groups' state rows, timeouts.
+
+The operators run through ``StatefulOperator._call`` with a real ``GroupState`` object, the
+way Spark's Python worker calls them, but without Spark: frames are built the way Spark
+hands them to pandas (integers with nulls as float64, strings as object with None).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.types import (
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from stateful_ops import (
+    Deduplicate,
+    OperatorDefinitionError,
+    RunningAggregate,
+    RunningCount,
+    Sessionize,
+    StatefulOperator,
+    StateSchemaMismatchError,
+    state_codec,
+)
+from stateful_ops.operators import EVENT_US, PARTIAL_COUNT, merge_sessions, partial_counts
+from stateful_ops.state_store import configure_state_store, state_store_conf
+from stateful_ops.validation import duration_ms
+
+GROUP_STATE_SCHEMA = StructType(
+    [
+        StructField("format_version", IntegerType()),
+        StructField("operator", StringType()),
+        StructField("table", BinaryType()),
+    ]
+)
+KEYED = StructType(
+    [
+        StructField("k", StringType()),
+        StructField("n", IntegerType()),
+        StructField("v", DoubleType()),
+    ]
+)
+TIMEOUT_CONF = {
+    "none": GroupStateTimeout.NoTimeout,
+    "processing": GroupStateTimeout.ProcessingTimeTimeout,
+    "event": GroupStateTimeout.EventTimeTimeout,
+}
+
+
+class Group:
+    """One key group's state across calls, as Spark would keep it between batches."""
+
+    def __init__(self, operator: StatefulOperator) -> None:
+        self.operator = operator
+        self.value: tuple[Any, ...] | None = None
+        self.timeout_ms = -1
+
+    def call(
+        self,
+        frames: Sequence[pd.DataFrame],
+        now_ms: int = 1_000_000,
+        watermark_ms: int = -1,
+        timed_out: bool = False,
+    ) -> pd.DataFrame:
+        state = GroupState(
+            optionalValue=self.value,
+            batchProcessingTimeMs=now_ms,
+            eventTimeWatermarkMs=watermark_ms,
+            timeoutConf=TIMEOUT_CONF[self.operator.timeout],
+            hasTimedOut=timed_out,
+            watermarkPresent=watermark_ms >= 0,
+            defined=self.value is not None,
+            updated=False,
+            removed=False,
+            timeoutTimestamp=-1,
+            keyAsUnsafe=b"",
+            valueSchema=GROUP_STATE_SCHEMA,
+        )
+        outputs = list(self.operator._call((0,), iter(frames), state))
+        self.value = tuple(state._value) if state.exists else None
+        self.timeout_ms = state._timeout_timestamp
+        if not outputs:
+            return pd.DataFrame(columns=self.operator.out_schema.names)
+        return pd.concat(outputs, ignore_index=True)
+
+    def keys_in_state(self) -> int:
+        return len(self.operator.load_value(self.value)) if self.value else 0
+
+
+def rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Rows as plain Python tuples with None for nulls, sorted."""
+    plain = frame.astype(object).where(frame.notna(), None)
+    return sorted(map(tuple, plain.itertuples(index=False)), key=repr)
+
+
+def spark_frame(data: dict[str, list[Any]]) -> pd.DataFrame:
+    """A frame as Spark's Arrow conversion builds it (nullable ints become float64)."""
+    return pd.DataFrame(data)
+
+
+def bound(operator: StatefulOperator, keys: Sequence[str], schema: StructType) -> Any:
+    operator.bind(keys, schema)
+    return operator
+
+
+# running_count ---------------------------------------------------------------------------
+
+
+def test_running_count_folds_several_frames_and_versions_per_key() -> None:
+    group = Group(bound(RunningCount(["k", "n"]), ["k", "n"], KEYED))
+    first = group.call(
+        [
+            spark_frame({"k": ["a", None, "a"], "n": [1.0, np.nan, 1.0], "v": [0.0] * 3}),
+            spark_frame({"k": ["a", "b"], "n": [1, 2], "v": [0.0] * 2}),
+        ]
+    )
+    assert rows(first) == [("a", 1, 3, 1), ("b", 2, 1, 1), (None, None, 1, 1)]
+    second = group.call([spark_frame({"k": [None, "c"], "n": [np.nan, 3.0], "v": [0.0, 0.0]})])
+    assert rows(second) == [("c", 3, 1, 1), (None, None, 2, 2)]
+    third = group.call([spark_frame({"k": ["a"], "n": [1], "v": [0.0]})])
+    assert rows(third) == [("a", 1, 4, 2)]
+
+
+def test_partial_counts_combine_batches_with_null_and_composite_keys() -> None:
+    count = partial_counts(["k", "n"])
+    first = pa.record_batch({"k": ["a", None, "a", None], "n": [1, None, 1, 2]})
+    second = pa.record_batch({"k": ["a", None], "n": [1, None]})
+    out = pa.Table.from_batches(list(count(iter([first, second.slice(0, 0), second]))))
+    assert out.column_names == ["k", "n", PARTIAL_COUNT]
+    assert sorted(out.to_pylist(), key=repr) == sorted(
+        [
+            {"k": "a", "n": 1, PARTIAL_COUNT: 3},
+            {"k": None, "n": None, PARTIAL_COUNT: 2},
+            {"k": None, "n": 2, PARTIAL_COUNT: 1},
+        ],
+        key=repr,
+    )
+    assert list(count(iter([]))) == []
+
+
+def test_running_count_sums_partial_counts() -> None:
+    schema = StructType([KEYED["k"], StructField(PARTIAL_COUNT, LongType())])
+    group = Group(bound(RunningCount("k"), ["k"], schema))
+    frames = [spark_frame({"k": ["a", None], PARTIAL_COUNT: [3, 2]})]
+    assert rows(group.call(frames)) == [("a", 3, 1), (None, 2, 1)]
+    frames = [
+        spark_frame({"k": ["a"], PARTIAL_COUNT: [4]}),
+        spark_frame({"k": ["a"], PARTIAL_COUNT: [1]}),
+    ]
+    assert rows(group.call(frames)) == [("a", 8, 2)]
+
+
+def test_empty_batch_keeps_state_and_emits_nothing() -> None:
+    group = Group(bound(RunningCount("k"), ["k"], KEYED))
+    group.call([spark_frame({"k": ["a"], "n": [1], "v": [1.0]})])
+    stored = group.value
+    assert len(group.call([spark_frame({"k": [], "n": [], "v": []})])) == 0
+    assert group.value == stored
+
+
+def test_group_state_row_is_versioned_arrow() -> None:
+    group = Group(bound(RunningCount("k"), ["k"], KEYED))
+    group.call([spark_frame({"k": ["a", "b"], "n": [1, 1], "v": [1.0, 1.0]})])
+    assert group.value is not None
+    format_version, operator, _ = group.value
+    assert (format_version, operator) == (state_codec.STATE_FORMAT_VERSION, "running_count")
+    table = state_codec.decode("running_count", group.value, group.operator.arrow_state_schema)
+    assert rows(table) == [("a", 1, 1), ("b", 1, 1)]
+
+
+# running_aggregate -----------------------------------------------------------------------
+
+
+def test_running_aggregate_sql_null_semantics_across_batches() -> None:
+    operator = RunningAggregate("k", {"v": ["sum", "mean", "min", "max", "count"], "n": "sum"})
+    group = Group(bound(operator, ["k"], KEYED))
+    first = group.call(
+        [spark_frame({"k": ["a", "a", "b"], "n": [1.0, np.nan, np.nan], "v": [1.0, 3.0, None]})]
+    )
+    assert rows(first) == [
+        ("a", 4.0, 2.0, 1.0, 3.0, 2, 1, 1),
+        ("b", None, None, None, None, 0, None, 1),
+    ]
+    second = group.call([spark_frame({"k": ["a", "b"], "n": [5, 2], "v": [-2.0, 7.0]})])
+    assert rows(second) == [
+        ("a", 2.0, 2 / 3, -2.0, 3.0, 3, 6, 2),
+        ("b", 7.0, 7.0, 7.0, 7.0, 1, 2, 2),
+    ]
+
+
+def test_running_aggregate_rejects_unknown_aggregate() -> None:
+    with pytest.raises(OperatorDefinitionError, match="aggregate 'p99' for column 'v'"):
+        RunningAggregate("k", {"v": "p99"})
+
+
+# deduplicate -----------------------------------------------------------------------------
+
+
+def test_deduplicate_processing_time_expires_per_key_inside_the_group() -> None:
+    operator = bound(Deduplicate("k", "10 seconds"), ["k"], KEYED)
+    group = Group(operator)
+    frame = spark_frame({"k": ["a", "b", "a"], "n": [1, 2, 3], "v": [0.0] * 3})
+    assert rows(group.call([frame], now_ms=1_000_000)) == [("a", 1, 0.0), ("b", 2, 0.0)]
+    assert group.timeout_ms == 1_010_000
+    later = spark_frame({"k": ["a", "c"], "n": [4, 5], "v": [0.0, 0.0]})
+    assert rows(group.call([later], now_ms=1_005_000)) == [("c", 5, 0.0)]
+    assert group.timeout_ms == 1_010_000
+    # a and b expire at 1_010_000; c (emitted at 1_005_000) is still remembered.
+    assert len(group.call([], now_ms=1_010_000, timed_out=True)) == 0
+    assert group.keys_in_state() == 1
+    assert group.timeout_ms == 1_015_000
+    group.call([], now_ms=1_015_000, timed_out=True)
+    assert group.value is None  # nothing left: the state row is removed
+
+
+def test_deduplicate_event_time_keeps_key_until_watermark_passes() -> None:
+    schema = StructType([*KEYED.fields, StructField("ts", TimestampType()), _long(EVENT_US)])
+    operator = bound(Deduplicate("k", "10 seconds", event_time="ts"), ["k"], schema)
+    group = Group(operator)
+    ts = pd.Timestamp("2024-01-01")
+
+    def frame(keys: list[str], seconds: list[int]) -> pd.DataFrame:
+        times = [ts + pd.Timedelta(seconds=s) for s in seconds]
+        return spark_frame(
+            {
+                "k": keys,
+                "n": list(range(len(keys))),
+                "v": [0.0] * len(keys),
+                "ts": times,
+                EVENT_US: [int(t.timestamp() * 1_000_000) for t in times],
+            }
+        )
+
+    base_ms = int(ts.timestamp() * 1000)
+    # Out of order within the batch: the earliest event of a key is the one emitted.
+    out = group.call([frame(["a", "a"], [5, 2])], watermark_ms=base_ms)
+    assert [(k, t) for k, _, _, t in rows(out)] == [("a", ts + pd.Timedelta(seconds=2))]
+    assert group.timeout_ms == base_ms + 12_000 - 1
+    assert len(group.call([frame(["a"], [11])], watermark_ms=base_ms + 11_999)) == 0
+    again = group.call([frame(["a"], [20])], watermark_ms=base_ms + 12_000)
+    assert len(again) == 1
+
+
+# sessionize ------------------------------------------------------------------------------
+
+
+def _long(name: str) -> StructField:
+    return StructField(name, LongType())
+
+
+def test_merge_sessions_handles_out_of_order_and_null_keys() -> None:
+    gap = 10
+    starts = [0, 25, 5, 100, 3, 12]
+    intervals = pd.DataFrame(
+        {
+            "k": ["a", "a", "a", "a", None, None],
+            "session_start_us": starts,
+            "session_end_us": [s + gap for s in starts],
+            "count": [1, 1, 1, 1, 1, 1],
+        }
+    )
+    merged = merge_sessions(intervals, ["k"])
+    expected = [("a", 0, 15, 2), ("a", 25, 35, 1), ("a", 100, 110, 1), (None, 3, 22, 2)]
+    assert rows(merged) == sorted(expected, key=repr)
+
+
+def test_sessionize_closes_sessions_when_watermark_reaches_end() -> None:
+    schema = StructType([KEYED["k"], StructField("ts", TimestampType()), _long(EVENT_US)])
+    operator = bound(Sessionize("k", "ts", "10 seconds"), ["k"], schema)
+    group = Group(operator)
+    second = 1_000_000
+
+    def frame(keys: list[str], seconds: list[int]) -> pd.DataFrame:
+        return spark_frame(
+            {"k": keys, "ts": [pd.NaT] * len(keys), EVENT_US: [s * second for s in seconds]}
+        )
+
+    assert len(group.call([frame(["a", "a", "b"], [0, 8, 1])], watermark_ms=0)) == 0
+    assert group.timeout_ms == 11_000 - 1  # wakes up once the watermark reaches b's end
+    # a's session is extended across batches by an event within the gap.
+    out = group.call([frame(["a"], [15])], watermark_ms=11_000)
+    assert rows(out) == [("b", 1 * second, 11 * second, 1)]
+    assert len(group.call([], watermark_ms=24_999, timed_out=True)) == 0
+    closed = group.call([], watermark_ms=25_000, timed_out=True)
+    assert rows(closed) == [("a", 0, 25 * second, 3)]
+    assert group.value is None
+
+
+# state encoding and schema evolution -----------------------------------------------------
+
+
+def test_state_codec_round_trips_composite_null_and_timestamp_keys() -> None:
+    schema = StructType(
+        [
+            StructField("k", StringType()),
+            StructField("n", LongType()),
+            StructField("ts", TimestampType()),
+        ]
+    )
+    operator = bound(RunningCount(["k", "n", "ts"]), ["k", "n", "ts"], schema)
+    group = Group(operator)
+    stamp = datetime.datetime(2024, 5, 1, 12, 30, 15, 123456)
+    frame = spark_frame(
+        {"k": ["x", None, None], "n": [2**62, np.nan, np.nan], "ts": [stamp, pd.NaT, pd.NaT]}
+    )
+    group.call([frame])
+    out = group.call([spark_frame({"k": [None], "n": [np.nan], "ts": [pd.NaT]})])
+    assert rows(out) == [(None, None, None, 3, 2)]
+    first = group.call([spark_frame({"k": ["x"], "n": [2**62], "ts": [stamp]})])
+    assert rows(first) == [("x", 2**62, pd.Timestamp(stamp), 2, 2)]
+
+
+def test_state_written_by_another_operator_or_schema_is_refused() -> None:
+    counted = bound(RunningCount("k"), ["k"], KEYED)
+    group = Group(counted)
+    group.call([spark_frame({"k": ["a"], "n": [1], "v": [1.0]})])
+    assert group.value is not None
+
+    aggregated = bound(RunningAggregate("k", {"v": "sum"}), ["k"], KEYED)
+    with pytest.raises(StateSchemaMismatchError) as error:
+        aggregated.load_value(group.value)
+    assert str(error.value) == (
+        "running_aggregate: stored state was written by operator 'running_count';"
+        " restart from a new checkpoint location"
+    )
+    retyped = bound(RunningCount("v"), ["v"], KEYED)
+    with pytest.raises(StateSchemaMismatchError) as error:
+        retyped.load_value(group.value)
+    assert str(error.value) == (
+        "running_count: stored state schema changed: stored columns no longer declared: k;"
+        " declared columns missing from stored state: v; restart from a new checkpoint location"
+    )
+    regrouped = bound(RunningCount("k", key_groups=3), ["k"], KEYED)
+    with pytest.raises(StateSchemaMismatchError) as error:
+        regrouped.load_value(group.value)
+    assert str(error.value) == (
+        "running_count: stored state was written with key_groups=8, this query declares"
+        " key_groups=3; keep key_groups=8 for this checkpoint or restart from a new"
+        " checkpoint location"
+    )
+    with pytest.raises(StateSchemaMismatchError, match="format version 7"):
+        counted.load_value((7, *group.value[1:]))
+
+
+# argument parsing ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("10 seconds", 10_000),
+        ("500 ms", 500),
+        ("1 minute", 60_000),
+        ("2 hours", 7_200_000),
+        (datetime.timedelta(milliseconds=1), 1),
+    ],
+)
+def test_duration_parsing(value: object, expected: int) -> None:
+    assert duration_ms("op", "ttl", value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0 seconds", "op: ttl='0 seconds' must be positive (at least 1 ms)"),
+        (datetime.timedelta(0), "op: ttl=datetime.timedelta(0) must be positive (at least 1 ms)"),
+        ("10 fortnights", "op: ttl='10 fortnights' has unknown unit 'fortnights';"),
+        (10, "op: ttl=10 is not a duration;"),
+    ],
+)
+def test_bad_durations(value: object, message: str) -> None:
+    with pytest.raises(OperatorDefinitionError) as error:
+        duration_ms("op", "ttl", value)
+    assert str(error.value).startswith(message)
+
+
+def test_key_groups_must_be_positive() -> None:
+    with pytest.raises(OperatorDefinitionError, match="key_groups=0 must be a positive integer"):
+        RunningCount("k", key_groups=0)
+
+
+def test_state_store_conf() -> None:
+    assert state_store_conf() == {
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    }
+    with pytest.raises(OperatorDefinitionError, match="changelog checkpointing needs"):
+        state_store_conf("hdfs", changelog=True)
+
+
+def test_configure_state_store_on_a_builder() -> None:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.Builder()
+    assert configure_state_store(builder, "hdfs", changelog=False) is builder
+    assert builder._options["spark.sql.streaming.stateStore.providerClass"].endswith(
+        "HDFSBackedStateStoreProvider"
+    )
+    assert (
+        builder._options["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"]
+        == "false"
+    )
+
+
+def test_output_mode_is_checked_and_append_is_accepted():
+    from stateful_ops import OperatorDefinitionError, RunningCount
+
+    assert RunningCount("k", output_mode="append").output_mode == "append"
+    assert RunningCount("k").output_mode == "update"
+    with pytest.raises(
+        OperatorDefinitionError,
+        match=r"^running_count: output_mode='complete'; use 'update' or 'append'$",
+    ):
+        RunningCount("k", output_mode="complete")
