@@ -1,0 +1,184 @@
+"""Driver-side checks at query start, before any data moves, and the chosen protocol.
+
+``plan_sink`` connects once, resolves ``protocol=auto``, creates or checks the target
+table, the staging table and the ledger, and raises one clear error naming the option
+at fault. Results are cached per process: Spark calls ``streamWriter`` before every
+micro-batch and again for every commit, and the checks need to run once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from connectors.jdbc import postgres
+from connectors.jdbc import sqlite as sqlite_db
+from connectors.jdbc.dialect import (
+    PIECE_COLUMN,
+    TableName,
+    check_columns,
+    column_type,
+    create_table_sql,
+    quote,
+    stage_table,
+)
+from connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
+from connectors.jdbc.options import JdbcSinkOptions
+
+logger = logging.getLogger("eospack.jdbc")
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    protocol: str
+    """``prepared`` or ``staging`` (exactly-once), or ``direct`` (at-least-once)."""
+    columns: tuple[str, ...]
+    stage: TableName
+
+
+_PLANS: dict[tuple[JdbcSinkOptions, str, bool], SinkPlan] = {}
+
+
+def plan_sink(options: JdbcSinkOptions, schema: StructType, check_tables: bool) -> SinkPlan:
+    """The checked plan; ``check_tables=False`` only resolves the protocol (no DDL, no
+    locks: used while a batch's pieces are prepared and hold their locks)."""
+    key = (options, schema.json(), check_tables)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(options, schema, check_tables)
+        _PLANS[key] = plan
+    return plan
+
+
+def _plan(options: JdbcSinkOptions, schema: StructType, check_tables: bool) -> SinkPlan:
+    check_columns(schema)
+    dialect = options.url.dialect
+    for field in schema.fields:
+        column_type(dialect, field)
+    columns = tuple(schema.fieldNames())
+    for option, names in (
+        ("upsertKeys", options.upsert_keys),
+        ("versionColumn", (options.version_column,) if options.version_column else ()),
+    ):
+        for name in names:
+            if name not in columns:
+                raise JdbcSinkOptionError(
+                    f"{option} names {name!r}, which is not a column of the DataFrame:"
+                    f" use one of {', '.join(columns)}"
+                )
+    stage = stage_table(options.table)
+    if dialect == "postgresql":
+        connection = postgres.connect(options, autocommit=True)
+        try:
+            protocol = _postgres_protocol(options, connection)
+            if check_tables:
+                with postgres.ddl_transaction(connection):
+                    _prepare_tables(options, schema, protocol, stage, connection)
+        finally:
+            connection.close()
+    else:
+        protocol = "staging" if options.exactly_once else "direct"
+        if not check_tables:
+            return SinkPlan(protocol, columns, stage)
+        connection = sqlite_db.connect(options)
+        try:
+            with sqlite_db.transaction(connection):
+                _prepare_tables(options, schema, protocol, stage, connection)
+        finally:
+            connection.close()
+    return SinkPlan(protocol, columns, stage)
+
+
+def _postgres_protocol(options: JdbcSinkOptions, connection: Any) -> str:
+    if not options.exactly_once:
+        return "direct"
+    limit = postgres.max_prepared_transactions(connection)
+    if options.protocol == "prepared" and limit == 0:
+        raise JdbcSinkOptionError(
+            f"protocol=prepared needs max_prepared_transactions > 0 on {options.url.display()}"
+            " (it is 0): set it in postgresql.conf and restart the server, or use"
+            " protocol=staging"
+        )
+    if options.protocol != "auto":
+        return options.protocol
+    chosen = "prepared" if limit > 0 else "staging"
+    logger.info(
+        "2pc-jdbc %s: protocol=auto uses %s (max_prepared_transactions=%d)",
+        options.describe(), chosen, limit,
+    )  # fmt: skip
+    return chosen
+
+
+def _prepare_tables(
+    options: JdbcSinkOptions, schema: StructType, protocol: str, stage: TableName, connection: Any
+) -> None:
+    db = postgres if options.url.dialect == "postgresql" else sqlite_db
+    dialect = options.url.dialect
+    table = options.table
+    existing = db.table_columns(connection, table)
+    if existing is None:
+        if not options.create_table:
+            raise JdbcSchemaError(
+                f"dbtable {str(table)!r} does not exist in {options.url.display()}: create it"
+                " or set createTableIfNotExists=true"
+            )
+        connection.execute(create_table_sql(dialect, table, schema, options.upsert_keys))
+        existing = db.table_columns(connection, table) or {}
+    _check_table_columns(options, schema, existing)
+    if options.upsert_keys and frozenset(options.upsert_keys) not in db.unique_key_sets(
+        connection, table
+    ):
+        keys = ", ".join(quote(key) for key in options.upsert_keys)
+        raise JdbcSchemaError(
+            f"upsertKeys ({', '.join(options.upsert_keys)}) match no primary key or unique index"
+            f" of dbtable {str(table)!r}: create one (CREATE UNIQUE INDEX ON {table.sql()}"
+            f" ({keys})) or fix upsertKeys"
+        )
+    if protocol == "staging" or options.write_mode == "upsert":
+        _ensure_stage(options, schema, stage, connection)
+    if options.exactly_once and db.table_columns(connection, options.ledger_table) is None:
+        for statement in db.ledger_ddl(options.ledger_table):
+            connection.execute(statement)
+
+
+def _check_table_columns(
+    options: JdbcSinkOptions, schema: StructType, existing: dict[str, tuple[str, bool]]
+) -> None:
+    table = str(options.table)
+    missing = [name for name in schema.fieldNames() if name not in existing]
+    if missing:
+        raise JdbcSchemaError(
+            f"dbtable {table!r} has no column {', '.join(repr(m) for m in missing)} that the"
+            f" DataFrame writes (table columns: {', '.join(existing)}): add it to the table"
+            " or select only the table's columns"
+        )
+    required = [
+        name for name, (_, needed) in existing.items() if needed and name not in schema.names
+    ]
+    if required:
+        raise JdbcSchemaError(
+            f"dbtable {table!r} column {required[0]!r} is NOT NULL without a default and the"
+            " DataFrame has no such column: add it to the DataFrame or give it a default"
+        )
+
+
+def _ensure_stage(
+    options: JdbcSinkOptions, schema: StructType, stage: TableName, connection: Any
+) -> None:
+    db = postgres if options.url.dialect == "postgresql" else sqlite_db
+    wanted = {PIECE_COLUMN, *schema.fieldNames()}
+    existing = db.table_columns(connection, stage)
+    if existing is not None and set(existing) != wanted:
+        if connection.execute(f"SELECT 1 FROM {stage.sql()} LIMIT 1").fetchone() is not None:
+            raise JdbcSchemaError(
+                f"staging table {str(stage)!r} still holds rows of a query with other columns:"
+                " finish that query first (restart it from its checkpoint) or drop the table"
+            )
+        connection.execute(f"DROP TABLE {stage.sql()}")
+    elif existing is not None:
+        return
+    for statement in db.create_stage_sql(stage, options.table, list(schema.fieldNames())):
+        connection.execute(statement)

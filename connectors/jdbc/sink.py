@@ -1,0 +1,186 @@
+"""``format("2pc-jdbc")``: an exactly-once streaming sink into PostgreSQL or SQLite.
+
+Guarantee: with ``deliveryGuarantee=exactly-once`` (default) every row of every
+micro-batch takes effect in ``dbtable`` exactly once, across crashes of the driver, of
+executors and of database connections, provided the query restarts from its checkpoint
+and nothing else writes the sink's ledger rows. Tasks prepare (a PostgreSQL prepared
+transaction, or tagged rows in a staging table), the driver records the batch in the
+ledger and commits (``commit_protocols``). Limits: ``prepared`` keeps a batch's row locks
+until the driver commits, so two tasks of one batch upserting the same key wait for
+each other until ``lock_timeout`` (120 s) fails the batch: repartition by ``upsertKeys``
+or use ``protocol=staging``. ``complete`` output mode is not supported.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import sys
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from commit_protocols import (
+    TaskIdentity,
+    TransactionalResource,
+    TwoPhaseCommitCoordinator,
+    TwoPhaseCommitStreamWriter,
+    derive_sink_id,
+    query_id_from_checkpoint,
+)
+from commit_protocols.pieces import PreparedPiece
+from connectors.jdbc.errors import JdbcSinkOptionError, JdbcWriteError
+from connectors.jdbc.options import JdbcSinkOptions, parse_options
+from connectors.jdbc.planning import SinkPlan, plan_sink
+from connectors.jdbc.resource import DATABASE_CONNECTION_ERRORS, open_resource
+from connectors.jdbc.writer import TaskWriter
+
+logger = logging.getLogger("eospack.jdbc")
+SINK_NAME = "2pc-jdbc"
+LOCK_NOT_AVAILABLE = "55P03"
+OUT_OF_MEMORY = "53200"
+"""PostgreSQL's SQLSTATE for "maximum number of prepared transactions reached"."""
+SERVER_SHUTDOWN = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _make_logs_visible() -> None:
+    """Spark's Python workers configure no logging: show eospack's INFO lines on stderr."""
+    root = logging.getLogger("eospack")
+    if root.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+class TwoPhaseJdbcDataSource(DataSource):
+    """``df.writeStream.format("2pc-jdbc")``: see the module docstring for the guarantee."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> JdbcStreamWriter:
+        _make_logs_visible()
+        options = parse_options(self.options)
+        if overwrite:
+            raise JdbcSinkOptionError(
+                "outputMode complete is not supported by 2pc-jdbc: use append or update"
+                " (with writeMode=upsert)"
+            )
+        planning = _planning_a_batch()
+        plan = plan_sink(options, schema, check_tables=planning)
+        writer = JdbcStreamWriter(options, plan)
+        if options.exactly_once and planning:
+            writer.recover_before_batch()
+        return writer
+
+
+def _planning_a_batch() -> bool:
+    """True when Spark calls ``streamWriter`` to plan a micro-batch, before its tasks run.
+
+    Spark also calls it in the worker that runs ``commit``/``abort``, while the batch's
+    pieces are prepared: recovery that rolls back every prepared piece of the sink is
+    only safe in the first case, told apart by the Spark worker module on the stack.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("write_into_data_source.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class JdbcStreamWriter(TwoPhaseCommitStreamWriter):
+    """Prepares on executors (``writer.TaskWriter``), commits on the driver (``resource``)."""
+
+    sink_name = SINK_NAME
+
+    def __init__(self, options: JdbcSinkOptions, plan: SinkPlan) -> None:
+        super().__init__(options.sink_id, options.target, options.exactly_once)
+        self.options = options
+        self.plan = plan
+
+    def __repr__(self) -> str:
+        return f"JdbcStreamWriter({self.options.describe()}, protocol={self.plan.protocol})"
+
+    def _task_writer(self) -> TaskWriter:
+        return TaskWriter(self.options, self.plan.columns, self.plan.stage)
+
+    def prepare(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> PreparedPiece:
+        with self._failing_clearly(f"task {task.partition_id} of batch {task.batch_id}"):
+            return self._task_writer().prepare(self.plan.protocol, task, batches)
+
+    def write_directly(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> int:
+        with self._failing_clearly(f"task {task.partition_id} of batch {task.batch_id}"):
+            return self._task_writer().write_directly(task, batches)
+
+    def open_resource(self) -> TransactionalResource:
+        return open_resource(self.options, self.plan.protocol, self.plan.columns, self.plan.stage)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        with self._failing_clearly(f"the commit of batch {batchId}"):
+            super().commit(messages, batchId)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        with self._failing_clearly(f"the abort of batch {batchId}"):
+            super().abort(messages, batchId)
+
+    def recover_before_batch(self) -> None:
+        """Finish decided batches and roll back every piece left by a crashed run."""
+        options = self.options
+        sink_id = options.sink_id
+        if sink_id is None:
+            query_id = query_id_from_checkpoint(options.checkpoint_location)
+            if query_id is None:
+                return  # no readable checkpoint: the commit of the next batch recovers
+            sink_id = derive_sink_id(query_id, options.target)
+        with self._failing_clearly("recovery before a batch"):
+            resource = self.open_resource()
+            try:
+                TwoPhaseCommitCoordinator(resource, SINK_NAME).recover(sink_id)
+            finally:
+                resource.close()
+
+    def _failing_clearly(self, what: str) -> _ConnectionErrors:
+        return _ConnectionErrors(f"{SINK_NAME} lost {self.options.describe()} during {what}")
+
+
+class _ConnectionErrors:
+    """Turns a dropped or refused database connection into one clear JdbcWriteError."""
+
+    def __init__(self, context: str) -> None:
+        self.context = context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if not isinstance(error, DATABASE_CONNECTION_ERRORS):
+            return
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if isinstance(error, sqlite3.Error):
+            raise JdbcWriteError(
+                f"{self.context}: SQLite error ({detail}); restart the query from its checkpoint"
+                " once the file is writable: exactly-once holds"
+            ) from error
+        sqlstate = getattr(error, "sqlstate", None)
+        if sqlstate == LOCK_NOT_AVAILABLE:
+            raise JdbcWriteError(
+                f"{self.context}: waited longer than lock_timeout for a row lock ({detail}):"
+                " two tasks of one batch write the same key (repartition by upsertKeys or use"
+                " protocol=staging) or another writer holds it"
+            ) from error
+        if sqlstate == OUT_OF_MEMORY and "prepared transactions" in detail:
+            raise JdbcWriteError(
+                f"{self.context}: {detail}: raise max_prepared_transactions on the server above"
+                " the tasks of one batch, coalesce the DataFrame, or use protocol=staging"
+            ) from error
+        if sqlstate is None or sqlstate.startswith("08") or sqlstate in SERVER_SHUTDOWN:
+            raise JdbcWriteError(
+                f"{self.context}: connection error ({detail}); once the database is back,"
+                " restart the query from its checkpoint: exactly-once holds"
+            ) from error

@@ -1,0 +1,180 @@
+"""Executor-side I/O of 2pc-jdbc: one task's Arrow batches into the database.
+
+- ``prepared``: COPY inside a two-phase transaction, then ``PREPARE TRANSACTION <piece
+  id>``: durable, holding its locks, invisible until the driver's ``COMMIT PREPARED``.
+- ``staging``: COPY into the staging table tagged with the piece id, committed at once;
+  invisible in the target until the driver moves the batch.
+- at-least-once: COPY and commit straight into the target (a retried task or a replayed
+  batch writes its rows again).
+
+Upserts first COPY into the staging table and merge from there in the same
+transaction (``INSERT ... ON CONFLICT``): PostgreSQL cannot prepare a transaction that
+used a temporary table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from commit_protocols import PreparedPiece, TaskIdentity, transaction_id
+from connectors.jdbc import postgres
+from connectors.jdbc import sqlite as sqlite_db
+from connectors.jdbc.dialect import (
+    TableName,
+    delete_from_stage_sql,
+    move_from_stage_sql,
+    pieces_params,
+)
+from connectors.jdbc.options import JdbcSinkOptions
+
+logger = logging.getLogger("eospack.jdbc")
+
+LOCK_TIMEOUT = "120s"
+"""A task waiting longer than this for a row lock fails instead of hanging (see README)."""
+
+
+def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
+    """The batches, or None when there is no row at all (nothing to prepare)."""
+    iterator = iter(batches)
+    for batch in iterator:
+        if batch.num_rows:
+            return itertools.chain([batch], iterator)
+    return None
+
+
+class TaskWriter:
+    """Writes one task's rows; the same object is used for every protocol."""
+
+    def __init__(
+        self, options: JdbcSinkOptions, columns: tuple[str, ...], stage: TableName
+    ) -> None:
+        self.options = options
+        self.columns = list(columns)
+        self.stage = stage
+
+    def prepare(
+        self, protocol: str, task: TaskIdentity, batches: Iterable[pa.RecordBatch]
+    ) -> PreparedPiece:
+        """Prepare the task's rows, or nothing when the batch is already in the ledger.
+
+        A restarted query replays its last batch; if that batch was decided before the
+        crash, recovery has committed it and the replay must add nothing (with a primary
+        key on the target, writing it again would even fail the task).
+        """
+        piece_id = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
+        empty = PreparedPiece(task.sink_id, task.batch_id, task.partition_id, task.attempt, 0)
+        rows_iterator = _non_empty(batches)
+        if rows_iterator is None:
+            return empty
+        if self.options.url.dialect == "sqlite":
+            connection = sqlite_db.connect(self.options)
+            try:
+                if self._decided(connection, "?", task):
+                    return empty
+                with sqlite_db.transaction(connection):
+                    rows = sqlite_db.insert_batches(
+                        connection, self.stage, self.columns, rows_iterator,
+                        self.options.batchsize, piece_id,
+                    )  # fmt: skip
+            finally:
+                connection.close()
+            return replace(empty, rows=rows, handle={"piece": piece_id})
+        connection = postgres.connect(self.options)
+        try:
+            decided = self._decided(connection, "%s", task)
+            connection.commit()
+            if decided:
+                return empty
+            if protocol == "prepared":
+                connection.tpc_begin(piece_id)
+                with connection.cursor() as cursor:
+                    rows = self._write_postgres(cursor, piece_id, rows_iterator)
+                connection.tpc_prepare()
+                handle = {"gid": piece_id}
+            else:
+                with connection.transaction(), connection.cursor() as cursor:
+                    postgres.set_piece(cursor, piece_id)
+                    rows = postgres.copy_batches(
+                        cursor, self.stage, self.columns, rows_iterator, self.options.batchsize
+                    )
+                handle = {"piece": piece_id}
+        finally:
+            connection.close()  # after PREPARE the transaction lives on without us
+        return replace(empty, rows=rows, handle=handle)
+
+    def _decided(self, connection: Any, placeholder: str, task: TaskIdentity) -> bool:
+        row = connection.execute(
+            f"SELECT 1 FROM {self.options.ledger_table.sql()}"
+            f" WHERE sink_id = {placeholder} AND batch_id = {placeholder}",
+            (task.sink_id, task.batch_id),
+        ).fetchone()
+        if row is not None:
+            logger.info(
+                "2pc-jdbc batch %d of sink %s is already committed: its replay writes nothing",
+                task.batch_id, task.sink_id,
+            )  # fmt: skip
+        return row is not None
+
+    def write_directly(self, task: TaskIdentity, batches: Iterable[pa.RecordBatch]) -> int:
+        piece_id = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
+        rows_iterator = _non_empty(batches)
+        if rows_iterator is None:
+            return 0
+        if self.options.url.dialect == "sqlite":
+            connection = sqlite_db.connect(self.options)
+            try:
+                with sqlite_db.transaction(connection):
+                    return self._write_sqlite(connection, piece_id, rows_iterator)
+            finally:
+                connection.close()
+        connection = postgres.connect(self.options)
+        try:
+            with connection.transaction(), connection.cursor() as cursor:
+                return self._write_postgres(cursor, piece_id, rows_iterator)
+        finally:
+            connection.close()
+
+    def _write_postgres(self, cursor: Any, piece_id: str, batches: Iterator[pa.RecordBatch]) -> int:
+        """Append by COPY into the target, or upsert through the staging table."""
+        options = self.options
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        if options.write_mode == "append":
+            return postgres.copy_batches(
+                cursor, options.table, self.columns, batches, options.batchsize
+            )
+        postgres.set_piece(cursor, piece_id)
+        rows = postgres.copy_batches(cursor, self.stage, self.columns, batches, options.batchsize)
+        self._merge(cursor, "postgresql", piece_id)
+        return rows
+
+    def _write_sqlite(
+        self, connection: Any, piece_id: str, batches: Iterator[pa.RecordBatch]
+    ) -> int:
+        options = self.options
+        if options.write_mode == "append":
+            return sqlite_db.insert_batches(
+                connection, options.table, self.columns, batches, options.batchsize
+            )
+        rows = sqlite_db.insert_batches(
+            connection, self.stage, self.columns, batches, options.batchsize, piece_id
+        )
+        self._merge(connection, "sqlite", piece_id)
+        return rows
+
+    def _merge(self, executor: Any, dialect: Any, piece_id: str) -> None:
+        options = self.options
+        params = pieces_params(dialect, [piece_id])
+        executor.execute(
+            move_from_stage_sql(
+                dialect, options.table, self.stage, self.columns,
+                options.upsert_keys, options.version_column, 1,
+            ),
+            params,
+        )  # fmt: skip
+        executor.execute(delete_from_stage_sql(dialect, self.stage, 1), params)

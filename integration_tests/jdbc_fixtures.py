@@ -1,0 +1,84 @@
+"""Shared by the 2pc-jdbc integration and crash tests: input files and database checks."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from commit_protocols import sink_prefix
+from connectors.jdbc.dialect import TableName, stage_table
+
+INPUT_SCHEMA_DDL = "id BIGINT, name STRING, version BIGINT"
+ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("version", pa.int64())])
+
+
+def write_input_files(directory: Path, batches: list[list[tuple[int, str, int]]]) -> None:
+    """One parquet file per micro-batch (read with maxFilesPerTrigger=1), in order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    start = len(list(directory.glob("*.parquet")))
+    for offset, rows in enumerate(batches):
+        index = start + offset
+        path = directory / f"part-{index:04d}.parquet"
+        columns = list(zip(*rows, strict=True)) if rows else [[], [], []]
+        pq.write_table(pa.table([list(c) for c in columns], schema=ARROW_SCHEMA), path)
+        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+
+
+def stream_input(spark: Any, directory: Path, partitions: int | None = None) -> Any:
+    frame = (
+        spark.readStream.schema(INPUT_SCHEMA_DDL)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(directory))
+    )
+    return frame.repartition(partitions, "id") if partitions else frame
+
+
+def pg_rows(url: str, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as connection:
+        return connection.execute(f'SELECT id, name, version FROM "{table}" ORDER BY id').fetchall()
+
+
+def pg_leftovers(url: str, table: str) -> tuple[int, int]:
+    """(prepared xacts of any eospack sink, rows in the table's staging table)."""
+    stage = stage_table(TableName(None, table))
+    with psycopg.connect(url) as connection:
+        prepared = connection.execute(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, 'eospack-')"
+        ).fetchone()
+        staged = connection.execute(
+            "SELECT CASE WHEN to_regclass(%s) IS NULL THEN 0 ELSE 1 END", (stage.sql(),)
+        ).fetchone()
+        staged_rows = 0
+        if staged and staged[0]:
+            row = connection.execute(f"SELECT count(*) FROM {stage.sql()}").fetchone()
+            staged_rows = int(row[0]) if row else 0
+    return int(prepared[0]) if prepared else 0, staged_rows
+
+
+def pg_ledger(url: str, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as connection:
+        return connection.execute(
+            "SELECT sink_id, batch_id, rows, protocol, status FROM eospack_commits"
+            " WHERE target = %s ORDER BY sink_id, batch_id",
+            (table,),
+        ).fetchall()
+
+
+def sink_prepared(url: str, sink_id: str) -> int:
+    with psycopg.connect(url) as connection:
+        row = connection.execute(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s)",
+            (sink_prefix(sink_id),),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def sqlite_rows(path: Path, table: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f'SELECT id, name, version FROM "{table}" ORDER BY id').fetchall()

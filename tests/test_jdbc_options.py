@@ -1,0 +1,299 @@
+"""2pc-jdbc without Spark or a database: option parsing, every option error (exact
+messages), identifier quoting, type mapping and the SQL the sink generates."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+import pytest
+from pyspark.sql import types as T
+
+from connectors.jdbc.dialect import (
+    TableName,
+    column_type,
+    create_table_sql,
+    move_from_stage_sql,
+    quote,
+    stage_table,
+)
+from connectors.jdbc.errors import (
+    JdbcIdentifierError,
+    JdbcSchemaError,
+    JdbcSinkOptionError,
+    JdbcWriteError,
+)
+from connectors.jdbc.options import JdbcSinkOptions, parse_options
+from connectors.jdbc.sink import _ConnectionErrors
+
+BASE = {"url": "jdbc:postgresql://db.example:5433/shop", "dbtable": "sales.orders"}
+PASSWORD = "s3cret-value"
+
+
+def parse(**extra: str) -> JdbcSinkOptions:
+    # Spark hands options over with lower-cased keys.
+    return parse_options({k.lower(): v for k, v in {**BASE, **extra}.items()})
+
+
+def error_of(**extra: str) -> str:
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse(**extra)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_defaults() -> None:
+    options = parse()
+    assert options.url.dialect == "postgresql"
+    assert (options.url.host, options.url.port, options.url.database) == (
+        "db.example", 5433, "shop",
+    )  # fmt: skip
+    assert options.table == TableName("sales", "orders")
+    assert options.batchsize == 10_000
+    assert options.write_mode == "append" and options.upsert_keys == ()
+    assert options.exactly_once and options.protocol == "auto"
+    assert options.create_table is False
+    assert options.ledger_table == TableName(None, "eospack_commits")
+    assert options.sink_id is None
+
+
+def test_every_option_parsed_case_insensitively() -> None:
+    options = parse_options(
+        {
+            "URL": "postgresql://alice@db.example/shop?sslmode=require",
+            "DbTable": "orders",
+            "password": PASSWORD,
+            "BATCHSIZE": "500",
+            "writemode": "UPSERT",
+            "upsertkeys": "id, region",
+            "versioncolumn": "version",
+            "deliveryguarantee": "at-least-once",
+            "protocol": "staging",
+            "createtableifnotexists": "TRUE",
+            "ledgertable": "audit.commits",
+            "sinkid": "orders_v2",
+            "checkpointlocation": "/tmp/cp",
+        }
+    )
+    assert options.user == "alice" and options.url.port == 5432
+    assert options.url.parameters == (("sslmode", "require"),)
+    assert options.batchsize == 500
+    assert options.write_mode == "upsert" and options.upsert_keys == ("id", "region")
+    assert options.version_column == "version"
+    assert not options.exactly_once and options.protocol == "staging"
+    assert options.create_table
+    assert options.ledger_table == TableName("audit", "commits")
+    assert options.sink_id == "orders_v2" and options.checkpoint_location == "/tmp/cp"
+    assert options.psycopg_kwargs()["password"] == PASSWORD
+
+
+def test_password_never_in_repr_or_description() -> None:
+    options = parse(password=PASSWORD, user="bob")
+    assert PASSWORD not in repr(options)
+    assert PASSWORD not in options.describe()
+    assert options.describe() == "postgresql://db.example:5433/shop table sales.orders"
+
+
+def test_sqlite_url_is_made_absolute() -> None:
+    options = parse(url="jdbc:sqlite:data/sink.db")
+    assert options.url.dialect == "sqlite"
+    assert options.url.path == os.path.abspath("data/sink.db")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"url": "mysql://u:topsecret@h/db"},
+            "url scheme 'mysql' is not supported: use jdbc:postgresql://host:port/database,"
+            " postgresql://host:port/database or jdbc:sqlite:PATH",
+        ),
+        (
+            {"url": "jdbc:postgresql://alice:topsecret@h/db"},
+            "url contains a password: remove it from url and set the password option instead"
+            " (the url is shown in query plans)",
+        ),
+        (
+            {"url": "jdbc:postgresql://h/db?user=a&password=topsecret"},
+            "url contains a password: remove it from url and set the password option instead"
+            " (the url is shown in query plans)",
+        ),
+        (
+            {"url": "jdbc:postgresql://h/db?ssl=true"},
+            "url parameter 'ssl' is not supported: use only application_name, connect_timeout,"
+            " gssencmode, options, sslcert, sslkey, sslmode, sslrootcert, target_session_attrs,"
+            " user",
+        ),
+        (
+            {"url": "jdbc:postgresql://h:port/db"},
+            "url has an invalid port: use jdbc:postgresql://host:port/database,"
+            " postgresql://host:port/database or jdbc:sqlite:PATH with a numeric port",
+        ),
+        (
+            {"url": "jdbc:postgresql://h:5432/"},
+            "url needs a host and a database name: use jdbc:postgresql://host:port/database,"
+            " postgresql://host:port/database or jdbc:sqlite:PATH",
+        ),
+        (
+            {"url": "jdbc:sqlite::memory:"},
+            "url jdbc:sqlite: needs a database file that the driver and every task share:"
+            " set url=jdbc:sqlite:/path/to/file.db",
+        ),
+        (
+            {"url": "jdbc:sqlite:/tmp/x.db", "protocol": "prepared"},
+            "protocol=prepared needs PostgreSQL (SQLite has no prepared transactions):"
+            " use protocol=staging or auto",
+        ),
+        ({"batchsize": "0"}, "batchsize '0' is not a positive integer: set e.g. batchsize=10000"),
+        (
+            {"batchsize": "ten"},
+            "batchsize 'ten' is not a positive integer: set e.g. batchsize=10000",
+        ),
+        ({"writeMode": "merge"}, "writeMode 'merge' is not supported: use one of append, upsert"),
+        (
+            {"writeMode": "upsert"},
+            "writeMode=upsert needs upsertKeys: set upsertKeys=<column>[,<column>...]",
+        ),
+        (
+            {"upsertKeys": "id"},
+            "upsertKeys only applies to writeMode=upsert: set writeMode=upsert or remove"
+            " upsertKeys",
+        ),
+        (
+            {"versionColumn": "v"},
+            "versionColumn only applies to writeMode=upsert: set writeMode=upsert or remove"
+            " versionColumn",
+        ),
+        (
+            {"writeMode": "upsert", "upsertKeys": "id", "versionColumn": "id"},
+            "versionColumn 'id' is one of the upsertKeys: use a separate column that grows with"
+            " each update",
+        ),
+        (
+            {"deliveryGuarantee": "exactly_once"},
+            "deliveryGuarantee 'exactly_once' is not supported: use one of exactly-once,"
+            " at-least-once",
+        ),
+        ({"protocol": "xa"}, "protocol 'xa' is not supported: use one of auto, prepared, staging"),
+        (
+            {"createTableIfNotExists": "yes"},
+            "createTableIfNotExists 'yes' is not a boolean: use true or false",
+        ),
+        (
+            {"sinkId": "my-sink"},
+            "sinkId 'my-sink' is not usable: use 1 to 64 letters, digits or underscores",
+        ),
+        (
+            {"dbtable": "a.b.c"},
+            "dbtable 'a.b.c' has more than one dot: use <table> or <schema>.<table>",
+        ),
+        (
+            {"ledgerTable": "bad\tname"},
+            "ledgerTable part 'bad\\tname' contains a double quote or a control character, so it"
+            " cannot be quoted safely as an SQL identifier: rename it (letters, digits,"
+            " underscores)",
+        ),
+    ],
+)
+def test_bad_options_fail_with_one_line_naming_the_option(extra, message) -> None:
+    text = error_of(**extra)
+    assert text == message
+    assert "topsecret" not in text
+
+
+def test_missing_url_and_dbtable() -> None:
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse_options({"dbtable": "t"})
+    assert str(caught.value) == (
+        "option url is required: set url to jdbc:postgresql://host:port/database,"
+        " postgresql://host:port/database or jdbc:sqlite:PATH"
+    )
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse_options({"url": BASE["url"]})
+    assert str(caught.value) == (
+        "option dbtable is required: set dbtable=<table> or dbtable=<schema>.<table>"
+    )
+
+
+@pytest.mark.parametrize("name", ["", " padded", "x" * 64, 'a"b', "nul\x00", "line\nbreak"])
+def test_names_that_cannot_be_quoted_safely_are_refused(name: str) -> None:
+    with pytest.raises(JdbcIdentifierError):
+        quote(name)
+
+
+def test_names_are_quoted_and_case_kept() -> None:
+    assert quote("Order Lines") == '"Order Lines"'
+    assert TableName.parse("Sales.Orders", "dbtable").sql() == '"Sales"."Orders"'
+    stage = stage_table(TableName("sales", "orders"))
+    assert stage.schema == "sales" and stage.name.startswith("orders_eospack_stage_")
+    assert len(stage.name.encode()) <= 63
+
+
+def test_type_mapping_and_refusals() -> None:
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("amount", T.DecimalType(12, 2)),
+            T.StructField("at", T.TimestampType()),
+            T.StructField("flag", T.BooleanType()),
+        ]
+    )
+    assert create_table_sql("postgresql", TableName(None, "t"), schema, ("id",)) == (
+        'CREATE TABLE IF NOT EXISTS "t" ("id" bigint, "amount" numeric(12,2),'
+        ' "at" timestamp with time zone, "flag" boolean, PRIMARY KEY ("id"))'
+    )
+    with pytest.raises(JdbcSchemaError) as caught:
+        column_type("postgresql", T.StructField("tags", T.ArrayType(T.StringType())))
+    assert str(caught.value) == (
+        "column 'tags' has type array<string>, which 2pc-jdbc cannot store: cast it to a"
+        " supported type first (e.g. to_json(col) for arrays, maps, structs)"
+    )
+
+
+def test_upsert_sql_never_moves_a_version_backwards() -> None:
+    statement = move_from_stage_sql(
+        "postgresql", TableName(None, "t"), TableName(None, "s"), ["id", "v", "name"],
+        ("id",), "v", 2,
+    )  # fmt: skip
+    assert statement == (
+        'INSERT INTO "t" AS eospack_target ("id", "v", "name") SELECT DISTINCT ON ("id")'
+        ' "id", "v", "name" FROM "s" WHERE "eospack_piece" = ANY(%s) ORDER BY "id",'
+        ' "v" DESC NULLS LAST ON CONFLICT ("id") DO UPDATE SET "v" = excluded."v",'
+        ' "name" = excluded."name" WHERE eospack_target."v" IS NULL'
+        ' OR eospack_target."v" < excluded."v"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+            "2pc-jdbc lost db during commit: connection error (terminating connection due to"
+            " administrator command); once the database is back, restart the query from its"
+            " checkpoint: exactly-once holds",
+        ),
+        (
+            psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
+            "2pc-jdbc lost db during commit: waited longer than lock_timeout for a row lock"
+            " (canceling statement due to lock timeout): two tasks of one batch write the same"
+            " key (repartition by upsertKeys or use protocol=staging) or another writer holds it",
+        ),
+        (
+            psycopg.errors.OutOfMemory("maximum number of prepared transactions reached"),
+            "2pc-jdbc lost db during commit: maximum number of prepared transactions reached:"
+            " raise max_prepared_transactions on the server above the tasks of one batch,"
+            " coalesce the DataFrame, or use protocol=staging",
+        ),
+    ],
+)
+def test_database_errors_are_classified_by_sqlstate(error: Exception, message: str) -> None:
+    with (
+        pytest.raises(JdbcWriteError) as caught,
+        _ConnectionErrors("2pc-jdbc lost db during commit"),
+    ):
+        raise error
+    assert str(caught.value) == message
+    with pytest.raises(psycopg.errors.UniqueViolation), _ConnectionErrors("context"):
+        raise psycopg.errors.UniqueViolation("duplicate key")
