@@ -1,0 +1,268 @@
+"""Options of ``format("2pc-s3")`` (sink and reader), parsed once into frozen, typed objects.
+
+Spark hands options over lower-cased, so every lookup is case-insensitive. Credentials
+(``accessKeyId``, ``secretAccessKey``, ``sessionToken``) are kept out of reprs, errors and
+logs; without them the client uses boto3's default chain (environment, profile, role).
+Every error is one line naming the option and the fix, raised before any data moves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+from commit_protocols import SinkIdentityError, validate_sink_id
+
+FileFormat = Literal["parquet", "jsonl"]
+
+FILE_FORMATS: tuple[FileFormat, ...] = ("parquet", "jsonl")
+DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
+MIN_TARGET_FILE_SIZE = 1024 * 1024
+EOSPACK_DIRECTORY = "_eospack"
+
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BYTE_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$")
+_BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
+
+
+class S3OptionError(ValueError):
+    """An option is missing, malformed or inconsistent; raised before any data moves."""
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """``s3://bucket/prefix``: where a sink writes and a reader reads (prefix without slashes
+    at either end)."""
+
+    bucket: str
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}"
+
+    @property
+    def manifests_prefix(self) -> str:
+        """Every manifest of every sink writing under this prefix lives below this key."""
+        return self.key(f"{EOSPACK_DIRECTORY}/manifests/")
+
+
+@dataclass(frozen=True)
+class S3Connection:
+    """How to reach S3; credentials None means boto3's default credential chain."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        """For errors and logs: where, never who."""
+        return self.endpoint_url or f"AWS S3 ({self.region or 'default region'})"
+
+
+@dataclass(frozen=True)
+class S3SinkOptions:
+    location: S3Location
+    connection: S3Connection = field(default_factory=S3Connection)
+    file_format: FileFormat = "parquet"
+    partition_by: tuple[str, ...] = ()
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    exactly_once: bool = True
+    sink_id: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What the sink id is derived from together with the query id."""
+        return self.location.url
+
+    @property
+    def extension(self) -> str:
+        return "parquet" if self.file_format == "parquet" else "jsonl"
+
+    def describe(self) -> str:
+        return f"{self.location.url} ({self.file_format})"
+
+
+@dataclass(frozen=True)
+class S3ReaderOptions:
+    location: S3Location
+    connection: S3Connection = field(default_factory=S3Connection)
+
+
+def parse_sink_options(options: Mapping[str, str]) -> S3SinkOptions:
+    """Parse and validate the options of ``df.writeStream.format("2pc-s3")``."""
+    values = _lower_keys(options)
+    sink_id = values.get("sinkid")
+    if sink_id is not None:
+        try:
+            sink_id = validate_sink_id(sink_id.strip())
+        except SinkIdentityError as error:
+            raise S3OptionError(str(error)) from None
+    return S3SinkOptions(
+        location=parse_location(values.get("path")),
+        connection=_parse_connection(values),
+        file_format=_parse_file_format(values.get("fileformat")),
+        partition_by=_parse_partition_by(values.get("partitionby")),
+        target_file_size=_parse_target_file_size(values.get("targetfilesize")),
+        exactly_once=_parse_delivery_guarantee(values.get("deliveryguarantee")),
+        sink_id=sink_id,
+    )
+
+
+def parse_reader_options(options: Mapping[str, str]) -> S3ReaderOptions:
+    """Parse and validate the options of ``spark.read.format("2pc-s3")``."""
+    values = _lower_keys(options)
+    return S3ReaderOptions(parse_location(values.get("path")), _parse_connection(values))
+
+
+def parse_location(path: str | None) -> S3Location:
+    """``s3://bucket/prefix`` (``s3a://`` accepted) into bucket and prefix."""
+    if path is None or not path.strip():
+        raise S3OptionError(
+            "path is required: pass .option('path', 's3://bucket/prefix') or"
+            " .start('s3://bucket/prefix')"
+        )
+    path = path.strip()
+    parts = urlsplit(path)
+    if parts.scheme not in ("s3", "s3a") or parts.query or parts.fragment:
+        raise S3OptionError(f"path {path!r} is not an S3 location: use s3://bucket/prefix")
+    bucket = parts.netloc
+    if not _BUCKET_NAME.match(bucket) or ".." in bucket:
+        raise S3OptionError(
+            f"path {path!r} names no valid bucket: use s3://bucket/prefix with a bucket of"
+            " 3 to 63 lower-case letters, digits, dots or hyphens"
+        )
+    prefix = parts.path.strip("/")
+    if not prefix:
+        raise S3OptionError(
+            f"path {path!r} has no prefix: use s3://{bucket}/prefix (the sink keeps its"
+            f" files and {EOSPACK_DIRECTORY}/ manifests below the prefix)"
+        )
+    segments = prefix.split("/")
+    if any(segment in ("", ".", "..") for segment in segments):
+        raise S3OptionError(
+            f"path {path!r} has an empty, '.' or '..' segment: use s3://bucket/prefix"
+            " with plain segments"
+        )
+    if EOSPACK_DIRECTORY in segments:
+        raise S3OptionError(
+            f"path {path!r} points inside the sink's own {EOSPACK_DIRECTORY}/ directory:"
+            " use the prefix the sink writes to"
+        )
+    return S3Location(bucket, prefix)
+
+
+def parse_byte_size(option: str, value: str) -> int:
+    """Spark-style byte sizes: ``134217728``, ``128m``, ``128mb``, ``1g`` (powers of 1024)."""
+    match = _BYTE_SIZE.match(value.strip().lower())
+    if not match:
+        raise S3OptionError(
+            f"{option} {value!r} is not a size: use bytes or a number with k, m or g (e.g. 128m)"
+        )
+    return int(match.group(1)) * _BYTE_UNITS[match.group(2)]
+
+
+def _lower_keys(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(key).lower(): str(value) for key, value in options.items() if value is not None}
+
+
+def _parse_connection(values: Mapping[str, str]) -> S3Connection:
+    endpoint_url = _blank_to_none(values.get("endpointurl"))
+    if endpoint_url is not None:
+        parts = urlsplit(endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise S3OptionError(
+                f"endpointUrl {endpoint_url!r} is not an HTTP URL: use e.g."
+                " http://localhost:9000 or https://s3.eu-west-1.amazonaws.com"
+            )
+        endpoint_url = endpoint_url.rstrip("/")
+    access_key_id = _blank_to_none(values.get("accesskeyid"))
+    secret_access_key = _blank_to_none(values.get("secretaccesskey"))
+    session_token = _blank_to_none(values.get("sessiontoken"))
+    if (access_key_id is None) != (secret_access_key is None):
+        given, missing = (
+            ("accessKeyId", "secretAccessKey")
+            if access_key_id is not None
+            else ("secretAccessKey", "accessKeyId")
+        )
+        raise S3OptionError(
+            f"{given} is set but {missing} is not: set both, or neither to use boto3's"
+            " default credential chain"
+        )
+    if session_token is not None and access_key_id is None:
+        raise S3OptionError(
+            "sessionToken is set without accessKeyId and secretAccessKey: set all three,"
+            " or none to use boto3's default credential chain"
+        )
+    return S3Connection(
+        endpoint_url=endpoint_url,
+        region=_blank_to_none(values.get("region")),
+        access_key_id=access_key_id,
+        secret_access_key=secret_access_key,
+        session_token=session_token,
+    )
+
+
+def _parse_file_format(value: str | None) -> FileFormat:
+    if value is None:
+        return "parquet"
+    normalized = value.strip().lower()
+    if normalized == "parquet":
+        return "parquet"
+    if normalized == "jsonl":
+        return "jsonl"
+    raise S3OptionError(f"fileFormat {value!r} is not supported: use parquet or jsonl")
+
+
+def _parse_partition_by(value: str | None) -> tuple[str, ...]:
+    if value is None or not value.strip():
+        return ()
+    columns = tuple(column.strip() for column in value.split(","))
+    if any(not column for column in columns):
+        raise S3OptionError(
+            f"partitionBy {value!r} has an empty column name: use comma-separated names"
+        )
+    if len(set(columns)) != len(columns):
+        raise S3OptionError(f"partitionBy {value!r} names a column twice: name each once")
+    for column in columns:
+        if "/" in column or "=" in column:
+            raise S3OptionError(
+                f"partitionBy column {column!r} contains '/' or '=': rename the column"
+                " (it becomes a directory name column=value)"
+            )
+    return columns
+
+
+def _parse_target_file_size(value: str | None) -> int:
+    if value is None:
+        return DEFAULT_TARGET_FILE_SIZE
+    size = parse_byte_size("targetFileSize", value)
+    if size < MIN_TARGET_FILE_SIZE:
+        raise S3OptionError(f"targetFileSize {value!r} is below 1m: use at least 1m (default 128m)")
+    return size
+
+
+def _parse_delivery_guarantee(value: str | None) -> bool:
+    if value is None:
+        return True
+    normalized = value.strip().lower()
+    if normalized not in _DELIVERY_GUARANTEES:
+        raise S3OptionError(
+            f"deliveryGuarantee {value!r} is not supported: use exactly-once or at-least-once"
+        )
+    return normalized == "exactly-once"
+
+
+def _blank_to_none(value: str | None) -> str | None:
+    if value is None or not value.strip():
+        return None
+    return value.strip()

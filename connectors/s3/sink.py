@@ -1,0 +1,162 @@
+"""``format("2pc-s3")``: exactly-once Parquet / JSON Lines files in S3, and their reader.
+
+Guarantee: with ``deliveryGuarantee=exactly-once`` (default) each micro-batch's rows land
+in S3 exactly once, and a reader of this format sees each batch's files entirely or not
+at all, across crashes of the driver or executors, provided the query restarts from its
+checkpoint. Tasks upload their files as multipart uploads without completing them; the
+driver writes the batch's manifest with a conditional put (the decision) and then
+completes the uploads; recovery completes decided uploads and aborts the rest
+(``connectors.s3.resource``). Limits: the manifests are the truth: only
+``spark.read.format("2pc-s3")`` is guaranteed to see whole batches (a plain file listing
+may catch a batch between its first and last completion); a query that never restarts
+leaves its last prepared uploads to the bucket's lifecycle rule; ``complete`` output mode
+is not supported. ``at-least-once`` completes files in each task and may duplicate them
+when tasks or batches are retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from commit_protocols import TaskIdentity, TransactionalResource, TwoPhaseCommitStreamWriter
+from commit_protocols.pieces import PreparedPiece
+from connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
+from connectors.s3.options import (
+    S3OptionError,
+    S3SinkOptions,
+    parse_reader_options,
+    parse_sink_options,
+)
+from connectors.s3.reader import (
+    PARTITION_COLUMN_TYPES,
+    CommittedDataReader,
+    S3ReadError,
+    plan_read,
+)
+from connectors.s3.resource import S3Resource, complete_file, write_task_manifest
+from connectors.s3.writer import TaskWriter
+
+SINK_NAME = "2pc-s3"
+
+_checked: set[tuple[object, ...]] = set()
+_checked_lock = threading.Lock()
+
+
+def _make_logs_visible() -> None:
+    """Spark's Python workers configure no logging: show eospack's INFO lines on stderr."""
+    root = logging.getLogger("eospack")
+    if root.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+class TwoPhaseS3DataSource(DataSource):
+    """``writeStream.format("2pc-s3")`` and ``read.format("2pc-s3")``: see the module doc."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> S3StreamWriter:
+        _make_logs_visible()
+        options = parse_sink_options(self.options)
+        if overwrite:
+            raise S3OptionError("outputMode complete is not supported by 2pc-s3: use append")
+        check_schema(options, schema)
+        _check_access_once(options)
+        return S3StreamWriter(options, schema.json())
+
+    def schema(self) -> StructType:
+        plan = self._plan()
+        if plan.schema is None:
+            options = parse_reader_options(self.options)
+            raise S3ReadError(
+                f"no committed 2pc-s3 data under {options.location.url}: check path, or pass"
+                " .schema(...) to read an empty table"
+            )
+        return plan.schema
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return CommittedDataReader(parse_reader_options(self.options), schema, self._plan())
+
+    def _plan(self):  # type: ignore[no-untyped-def]
+        plan = getattr(self, "_read_plan", None)
+        if plan is None:
+            plan = plan_read(parse_reader_options(self.options))
+            self._read_plan = plan
+        return plan
+
+
+def check_schema(options: S3SinkOptions, schema: StructType) -> None:
+    """partitionBy columns must exist, be of a directory-friendly type, and leave data."""
+    fields = {field.name: field for field in schema.fields}
+    for column in options.partition_by:
+        field = fields.get(column)
+        if field is None:
+            raise S3OptionError(
+                f"partitionBy column {column!r} is not in the DataFrame: use one of"
+                f" {', '.join(schema.fieldNames())}"
+            )
+        if not isinstance(field.dataType, PARTITION_COLUMN_TYPES):
+            raise S3OptionError(
+                f"partitionBy column {column!r} has type {field.dataType.simpleString()}:"
+                " use string, integer, boolean or date columns (cast it first)"
+            )
+    if len(options.partition_by) == len(schema.fields):
+        raise S3OptionError(
+            "partitionBy names every column: leave at least one column out to be written"
+            " into the files"
+        )
+
+
+def _check_access_once(options: S3SinkOptions) -> None:
+    """Bucket exists and is usable: checked at query start, once per Python process."""
+    connection = options.connection
+    key = (connection, connection.access_key_id, connection.secret_access_key,
+           options.location)  # fmt: skip
+    with _checked_lock:
+        if key in _checked:
+            return
+    check_access(connection, options.location, CREDENTIALS_HINT)
+    with _checked_lock:
+        _checked.add(key)
+
+
+class S3StreamWriter(TwoPhaseCommitStreamWriter):
+    """Prepares on executors (``writer.TaskWriter``), commits on the driver (``S3Resource``)."""
+
+    sink_name = SINK_NAME
+
+    def __init__(self, options: S3SinkOptions, schema_json: str) -> None:
+        super().__init__(options.sink_id, options.target, options.exactly_once)
+        self.options = options
+        self.schema_json = schema_json
+
+    def __repr__(self) -> str:
+        return f"S3StreamWriter({self.options.describe()})"
+
+    def prepare(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> PreparedPiece:
+        client = s3_client(self.options.connection)
+        return TaskWriter(self.options, client).prepare(task, batches)
+
+    def write_directly(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> int:
+        client = s3_client(self.options.connection)
+        piece = TaskWriter(self.options, client).prepare(task, batches)
+        for file in piece.handle["files"]:
+            complete_file(client, self.options.location.bucket, file)
+        if piece.handle["files"]:
+            write_task_manifest(client, self.options, self.schema_json, piece)
+        return piece.rows
+
+    def open_resource(self) -> TransactionalResource:
+        return S3Resource(self.options, self.schema_json, s3_client(self.options.connection))
