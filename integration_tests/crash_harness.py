@@ -29,6 +29,20 @@ class DriverRun:
     def succeeded(self) -> bool:
         return self.returncode == 0
 
+    def explain(self, tail: int = 3000) -> str:
+        """The output's causes (Java ``Caused by``, serialization stacks) and its last lines.
+
+        Spark's stack traces are long; a plain tail cuts off the line that says why.
+        """
+        causes = [
+            line.strip()
+            for line in self.output.splitlines()
+            if line.lstrip().startswith(("Caused by", "- object not serializable", "- field"))
+            or "Error:" in line
+        ]
+        summary = [f"exit code {self.returncode}", *causes[:40], "--- last output ---"]
+        return "\n".join([*summary, self.output[-tail:]])
+
 
 def run_driver(
     script: Path | str,

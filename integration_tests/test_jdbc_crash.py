@@ -78,11 +78,11 @@ def test_kill_at_every_fault_point_then_restart_applies_each_row_exactly_once(
 
     for fault_point in plan:
         run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point)
-        assert run.was_killed, f"{fault_point} was not reached:\n{run.output[-3000:]}"
+        assert run.was_killed, f"{fault_point} was not reached:\n{run.explain()}"
         assert_no_duplicates_so_far(url, unique_name, expected)
 
     final = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT)
-    assert final.succeeded, final.output[-3000:]
+    assert final.succeeded, final.explain()
     assert pg_rows(url, unique_name) == expected
     assert pg_leftovers(url, unique_name) == (0, 0)
     ledger = pg_ledger(url, unique_name)

@@ -1,0 +1,364 @@
+"""The demo's orchestrator: services, two sources, two pipelines, SIGKILLs, verdict.
+
+Two sources write keyed events to one topic. count_1 and count_2 run the same
+pipeline (``eospack.demo.pipeline``) in separate driver processes; count_1 is
+SIGKILLed ``--crashes`` times at random moments (each after it committed some work
+since its last start) and restarted from its checkpoint; count_2 is left alone. When
+the sources stop, both drain with Trigger.AvailableNow and the verdict compares their
+tables with what was produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eospack.demo.verify import (
+    PipelineResult,
+    check_pipeline,
+    count_decreases,
+    verification_table,
+)
+from eospack.processes import DriverProcess
+
+if TYPE_CHECKING:
+    import psycopg
+
+PIPELINE_DEADLINE_SECONDS = 600.0
+CHUNKS_PER_SECOND = 4
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--events", type=int, default=20_000, help="events to produce (20000)")
+    parser.add_argument("--keys", type=int, default=50, help="distinct keys (50)")
+    parser.add_argument("--partitions", type=int, default=4, help="topic partitions (4)")
+    parser.add_argument("--crashes", type=int, default=3, help="SIGKILLs of count_1 (3)")
+    parser.add_argument("--seed", type=int, default=7, help="random seed (7)")
+    parser.add_argument(
+        "--produce-seconds",
+        type=float,
+        default=None,
+        help="spread production over this long (default: 12 s per crash, at least 20 s)",
+    )
+    parser.add_argument(
+        "--guarantee",
+        choices=["exactly-once", "at-least-once"],
+        default="exactly-once",
+        help="the sinks' deliveryGuarantee (exactly-once)",
+    )
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG of counts over time")
+    parser.add_argument("--bootstrap-servers", default=None, help="use this Kafka, not embedded")
+    parser.add_argument(
+        "--jdbc-url",
+        default=None,
+        help="use this PostgreSQL (jdbc:postgresql://host:port/db), not embedded;"
+        " user and password from --jdbc-user and EOSPACK_DEMO_JDBC_PASSWORD",
+    )
+    parser.add_argument("--jdbc-user", default=None)
+    parser.add_argument("--keep-workdir", action="store_true", help="keep logs and checkpoints")
+
+
+@dataclass
+class Timeline:
+    """Samples for the plot and the regression check, taken while the demo runs."""
+
+    started: float = field(default_factory=time.monotonic)
+    totals: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    crash_times: list[float] = field(default_factory=list)
+    regressions: Counter[str] = field(default_factory=Counter)
+    last_seen: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+
+class Producer(threading.Thread):
+    """Two sources interleaving keyed events, sealed chunk by chunk (see kafka_tools)."""
+
+    def __init__(self, bootstrap: str, topic: str, arguments: argparse.Namespace, seconds: float):
+        super().__init__(daemon=True, name="demo-producer")
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.arguments = arguments
+        self.seconds = seconds
+        self.produced: Counter[str] = Counter()
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from eospack.services.kafka_tools import Record, produce_sealed
+
+        try:
+            rng = random.Random(self.arguments.seed)
+            chunks = max(1, int(self.seconds * CHUNKS_PER_SECOND))
+            per_chunk = -(-self.arguments.events // chunks)
+            started = time.monotonic()
+            for chunk in range(chunks):
+                size = min(per_chunk, self.arguments.events - self.sent)
+                if size <= 0:
+                    break
+                source = f"source-{chunk % 2 + 1}"
+                records = []
+                for index in range(size):
+                    key = f"key-{rng.randrange(self.arguments.keys):04d}"
+                    value = f"{source}:{self.sent + index}".encode()
+                    partition = rng.randrange(self.arguments.partitions)
+                    records.append(Record(partition, key.encode(), value))
+                produce_sealed(self.bootstrap, self.topic, records)
+                self.produced.update(record.key.decode() for record in records if record.key)
+                self.sent += size
+                pause = started + (chunk + 1) / CHUNKS_PER_SECOND - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)  # pacing the sources, not synchronisation
+        except BaseException as error:
+            self.error = error
+
+
+def committed_batches(checkpoint_dir: Path) -> int:
+    """Batches the pipeline's two queries committed together (Spark's own commit logs)."""
+    return sum(
+        sum(1 for entry in commits.iterdir() if entry.name.isdigit())
+        for commits in (
+            checkpoint_dir / "current" / "commits",
+            checkpoint_dir / "history" / "commits",
+        )
+        if commits.is_dir()
+    )
+
+
+def run_demo(arguments: argparse.Namespace) -> int:
+    timeline = Timeline()
+
+    def say(message: str) -> None:
+        print(f"[{timeline.now():6.1f}s] {message}", flush=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="eospack-demo-"))
+    services: list = []
+    try:
+        return _run(arguments, timeline, say, workdir, services)
+    finally:
+        for service in reversed(services):
+            service.stop()
+        if arguments.keep_workdir:
+            say(f"logs and checkpoints kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(
+    arguments: argparse.Namespace,
+    timeline: Timeline,
+    say: Callable[[str], None],
+    workdir: Path,
+    services: list,
+) -> int:
+
+    from eospack.services import start_kafka, start_postgres
+    from eospack.services.kafka_tools import create_topic
+    from eospack.spark import check_java
+
+    check_java()
+    if arguments.bootstrap_servers:
+        bootstrap = arguments.bootstrap_servers
+    else:
+        say("starting the embedded Kafka broker")
+        services.append(start_kafka())
+        bootstrap = services[-1].endpoint.bootstrap_servers
+    if arguments.jdbc_url:
+        jdbc_url, jdbc_user = arguments.jdbc_url, arguments.jdbc_user
+    else:
+        say("starting the embedded PostgreSQL")
+        services.append(start_postgres())
+        jdbc_url = services[-1].endpoint.jdbc_url
+        jdbc_user = services[-1].endpoint.user
+    database_url = _libpq_url(jdbc_url, jdbc_user)
+
+    run_id = uuid.uuid4().hex[:6]
+    topic = f"demo_events_{run_id}"
+    create_topic(bootstrap, topic, arguments.partitions)
+    names = [f"demo_{run_id}_count_1", f"demo_{run_id}_count_2"]
+    done_file = workdir / "sources-finished"
+    seconds = arguments.produce_seconds or max(20.0, 12.0 * arguments.crashes)
+    say(
+        f"{arguments.events} events over {arguments.keys} keys into {topic}"
+        f" ({arguments.partitions} partitions) during ~{seconds:.0f} s;"
+        f" {arguments.crashes} crashes of count_1; sinks {arguments.guarantee}"
+    )
+
+    def start_pipeline(name: str) -> DriverProcess:
+        command = [
+            "-m", "eospack.demo.pipeline", "--name", name, "--bootstrap-servers", bootstrap,
+            "--topic", topic, "--jdbc-url", jdbc_url, "--checkpoint-dir", str(workdir / name),
+            "--done-file", str(done_file), "--guarantee", arguments.guarantee,
+        ]  # fmt: skip
+        if jdbc_user:
+            command += ["--jdbc-user", jdbc_user]
+        return DriverProcess(
+            command,
+            log_path=workdir / f"{name}.log",
+            environment={"PYTHONWARNINGS": "ignore::FutureWarning"},
+        )
+
+    producer = Producer(bootstrap, topic, arguments, seconds)
+    producer.start()
+    pipelines = {name: start_pipeline(name) for name in names}
+    crashed_name = names[0]
+    rng = random.Random(arguments.seed + 1)
+    crashes = 0
+    batches_at_start = 0
+    kill_at: float | None = None
+    last_report = 0.0
+    deadline = time.monotonic() + PIPELINE_DEADLINE_SECONDS
+    finished: dict[str, int] = {}
+
+    while len(finished) < len(names):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the pipelines did not finish within the demo's deadline")
+        if producer.error is not None:
+            raise RuntimeError(f"producing events failed: {producer.error}")
+        if not producer.is_alive() and not done_file.exists():
+            done_file.touch()
+            say(f"sources finished: {producer.sent} events; draining with AvailableNow")
+        _sample(database_url, names, timeline)
+
+        batches = committed_batches(workdir / crashed_name)
+        if crashes < arguments.crashes and crashed_name not in finished:
+            if kill_at is None and batches > batches_at_start:
+                kill_at = time.monotonic() + rng.uniform(0.0, 2.5)
+            if kill_at is not None and time.monotonic() >= kill_at:
+                pipelines[crashed_name].kill()
+                crashes += 1
+                timeline.crash_times.append(timeline.now())
+                say(f"SIGKILL count_1 (crash {crashes}/{arguments.crashes}); restarting")
+                pipelines[crashed_name] = start_pipeline(crashed_name)
+                batches_at_start = committed_batches(workdir / crashed_name)
+                kill_at = None
+
+        for name, driver in pipelines.items():
+            code = driver.poll()
+            if code is not None and name not in finished:
+                if code != 0:
+                    raise RuntimeError(
+                        f"pipeline {name} exited with {code}:\n{driver.output(3000)}"
+                    )
+                finished[name] = code
+        if timeline.now() - last_report >= 2.0:
+            last_report = timeline.now()
+            progress = " | ".join(
+                f"{_short(name)}: {committed_batches(workdir / name)} batches" for name in names
+            )
+            say(f"produced {producer.sent}/{arguments.events} | {progress} | crashes {crashes}")
+        time.sleep(0.25)  # polling cadence of the orchestrator
+
+    _sample(database_url, names, timeline)
+    results = [
+        _verify(database_url, name, producer.produced, timeline, crashes if i == 0 else 0)
+        for i, name in enumerate(names)
+    ]
+    for result in results:
+        object.__setattr__(result, "name", _short(result.name))
+    print()
+    print(verification_table(producer.sent, results), flush=True)
+    if arguments.plot:
+        from eospack.demo.plot import plot_timeline
+
+        plot_timeline(timeline, {name: _short(name) for name in names}, arguments.plot)
+        say(f"plot written to {arguments.plot}")
+    verified = all(result.verified for result in results)
+    counts_equal = results[0].counted == results[1].counted == producer.sent
+    ok = verified and counts_equal
+    say(
+        "VERIFIED: both counters equal what was produced, exactly once"
+        if ok
+        else "NOT VERIFIED: see the table above"
+    )
+    return 0 if ok else 1
+
+
+def _short(name: str) -> str:
+    return name.split("_", 2)[-1]
+
+
+def _libpq_url(jdbc_url: str, user: str | None) -> str:
+    import os
+
+    url = jdbc_url.removeprefix("jdbc:")
+    if user and "@" not in url:
+        password = os.environ.get("EOSPACK_DEMO_JDBC_PASSWORD", "")
+        credentials = f"{user}:{password}" if password else user
+        url = url.replace("postgresql://", f"postgresql://{credentials}@", 1)
+    return url
+
+
+def _read_current(connection: psycopg.Connection, name: str) -> dict[str, int]:
+    import psycopg
+
+    try:
+        rows = connection.execute(f'SELECT key, "count" FROM "{name}_current"').fetchall()
+    except psycopg.errors.UndefinedTable:  # the table appears with the first batch
+        connection.rollback()
+        return {}
+    return {key: int(count) for key, count in rows}
+
+
+def _sample(database_url: str, names: list[str], timeline: Timeline) -> None:
+    import psycopg
+
+    with psycopg.connect(database_url) as connection:
+        for name in names:
+            latest = _read_current(connection, name)
+            previous = timeline.last_seen.get(name, {})
+            timeline.regressions[name] += count_decreases(previous, latest)
+            timeline.last_seen[name] = latest
+            timeline.totals.setdefault(name, []).append((timeline.now(), sum(latest.values())))
+
+
+def _verify(
+    database_url: str, name: str, produced: Counter[str], timeline: Timeline, crashes: int
+) -> PipelineResult:
+    import psycopg
+
+    with psycopg.connect(database_url) as connection:
+        current = _read_current(connection, name)
+        history = [
+            (key, int(count), int(version))
+            for key, count, version in connection.execute(
+                f'SELECT key, "count", version FROM "{name}_history"'
+            ).fetchall()
+        ]
+        leftovers = sink_leftovers(connection)
+    return check_pipeline(
+        name, crashes, produced, current, history, timeline.regressions[name], leftovers
+    )
+
+
+def sink_leftovers(connection: psycopg.Connection) -> int:
+    """Prepared transactions, staged rows and unfinished decisions the sinks left behind."""
+    row = connection.execute(
+        "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE 'eospack-%'"
+    ).fetchone()
+    leftovers = int(row[0]) if row else 0
+    stages = connection.execute(
+        "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name)"
+        " FROM information_schema.tables WHERE table_name LIKE '%\\_eospack\\_stage\\_%'"
+    ).fetchall()
+    for (stage,) in stages:
+        staged = connection.execute(f"SELECT count(*) FROM {stage}").fetchone()
+        leftovers += int(staged[0]) if staged else 0
+    ledger = connection.execute("SELECT to_regclass('eospack_commits') IS NOT NULL").fetchone()
+    if ledger and ledger[0]:
+        undone = connection.execute(
+            "SELECT count(*) FROM eospack_commits WHERE status <> 'done'"
+        ).fetchone()
+        leftovers += int(undone[0]) if undone else 0
+    return leftovers
