@@ -1,0 +1,66 @@
+"""Benchmark inputs, made once per run and shared by the contenders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eospack.services.kafka_tools import Record, create_topic, produce_sealed
+
+VALUE_BYTES = 100
+ROWS_PER_FILE = 100_000
+
+
+def fill_topic(bootstrap: str, topic: str, records: int, partitions: int = 4) -> None:
+    """``records`` values of ~100 bytes, spread evenly, each partition sealed at its end."""
+    create_topic(bootstrap, topic, partitions)
+    value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    produce_sealed(
+        bootstrap,
+        topic,
+        (Record(index % partitions, None, value) for index in range(records)),
+        batch_size=512 * 1024,
+        linger_ms=20,
+        max_request_size=8 * 1024 * 1024,
+    )
+
+
+def table_rows(rows: int, offset: int = 0) -> pa.Table:
+    """bigint id, text name, double amount, timestamp at: a typical fact table row."""
+    ids = pa.array(range(offset, offset + rows), pa.int64())
+    names = pa.array([f"customer-{i % 100_000:06d}" for i in range(offset, offset + rows)])
+    amounts = pa.array([i * 0.25 for i in range(offset, offset + rows)], pa.float64())
+    stamps = pa.array(
+        [1_700_000_000_000_000 + i * 1000 for i in range(offset, offset + rows)],
+        pa.timestamp("us", tz="UTC"),
+    )
+    return pa.table({"id": ids, "name": names, "amount": amounts, "at": stamps})
+
+
+def parquet_directory(directory: Path, rows: int, rows_per_file: int = ROWS_PER_FILE) -> Path:
+    """A directory of Parquet files, one micro-batch each with ``maxFilesPerTrigger=1``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, offset in enumerate(range(0, rows, rows_per_file)):
+        size = min(rows_per_file, rows - offset)
+        pq.write_table(table_rows(size, offset), directory / f"part-{index:05d}.parquet")
+    return directory
+
+
+def keyed_parquet_directory(directory: Path, rows: int, keys: int, files: int) -> Path:
+    """``rows`` rows of (key string, value long) over ``keys`` keys in ``files`` files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    per_file = -(-rows // files)
+    for index in range(files):
+        start = index * per_file
+        size = min(per_file, rows - start)
+        table = pa.table(
+            {
+                "key": pa.array([f"k{(start + i) * 7919 % keys:06d}" for i in range(size)]),
+                "value": pa.array(range(start, start + size), pa.int64()),
+            }
+        )
+        pq.write_table(table, directory / f"part-{index:05d}.parquet")
+    return directory

@@ -1,0 +1,184 @@
+"""2. 2pc-jdbc into PostgreSQL versus Spark's own JDBC writer, and 3. its commit latency."""
+
+from __future__ import annotations
+
+import io
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from benchmarks.data import ROWS_PER_FILE, parquet_directory
+from benchmarks.harness import Comparison, Figure, Report, measure, say
+from eospack.testing import await_query
+
+TIMEOUT = 1200.0
+POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+SCHEMA = "id long, name string, amount double, at timestamp"
+TABLE_DDL = "(id bigint, name text, amount double precision, at timestamptz)"
+
+
+def reset_table(url: str, table: str) -> None:
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {table}")
+        connection.execute(f"CREATE TABLE {table} {TABLE_DDL}")
+
+
+def count_rows(url: str, table: str) -> int:
+    with psycopg.connect(url) as connection:
+        row = connection.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def source(spark, directory: Path):
+    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(directory))
+
+
+def write_with_eospack(spark, directory: Path, postgres, table: str, options: dict[str, str]):
+    endpoint = postgres.endpoint
+    query = (
+        source(spark, directory)
+        .writeStream.format("2pc-jdbc")
+        .option("url", endpoint.jdbc_url)
+        .option("user", endpoint.user)
+        .option("dbtable", table)
+        .options(**options)
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-jdbc-"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, TIMEOUT)
+    return query
+
+
+def write_with_spark_jdbc(spark, directory: Path, postgres, table: str) -> None:
+    endpoint = postgres.endpoint
+    properties = {"user": endpoint.user, "driver": "org.postgresql.Driver", "batchsize": "10000"}
+
+    def write_batch(frame, _batch_id: int) -> None:
+        frame.write.jdbc(endpoint.jdbc_url, table, mode="append", properties=properties)
+
+    query = (
+        source(spark, directory)
+        .writeStream.foreachBatch(write_batch)
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-spark-jdbc-"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, TIMEOUT)
+
+
+def copy_with_psycopg(directory: Path, url: str, table: str) -> None:
+    with psycopg.connect(url) as connection, connection.cursor() as cursor:
+        with cursor.copy(f"COPY {table} FROM STDIN (FORMAT csv)") as copy:
+            for path in sorted(directory.glob("*.parquet")):
+                buffer = io.BytesIO()
+                options = pacsv.WriteOptions(include_header=False)
+                pacsv.write_csv(pq.read_table(path), buffer, write_options=options)
+                copy.write(buffer.getbuffer())
+        connection.commit()
+
+
+def timed(
+    postgres: Any, table: str, rows: int, write: Callable[[], None], repetitions: int
+) -> tuple[float, ...]:
+    """Seconds per repetition of ``write`` into a fresh table, each checked for ``rows``."""
+
+    def write_and_check() -> None:
+        write()
+        written = count_rows(postgres.endpoint.url, table)
+        if written != rows:
+            raise AssertionError(f"{table}: {written} rows written, expected {rows}")
+
+    return measure(
+        write_and_check, repetitions, setup=lambda: reset_table(postgres.endpoint.url, table)
+    )
+
+
+CONTENDERS = {
+    "2pc-jdbc prepared": {"protocol": "prepared"},
+    "2pc-jdbc staging": {"protocol": "staging"},
+    "2pc-jdbc at-least-once": {"deliveryGuarantee": "at-least-once"},
+}
+
+
+def run(report: Report, spark, postgres, workdir: Path, sizes: list[int], repetitions: int) -> None:
+    for rows in sizes:
+        directory = parquet_directory(workdir / f"rows-{rows}", rows)
+        say(f"jdbc: {rows:,} rows in {-(-rows // ROWS_PER_FILE)} micro-batches into PostgreSQL")
+        _run_size(report, spark, postgres, directory, rows, repetitions)
+
+
+def _run_size(
+    report: Report, spark, postgres, directory: Path, rows: int, repetitions: int
+) -> None:
+    table = f"bench_jdbc_{rows}"
+    figures = {}
+    for label, options in CONTENDERS.items():
+        say(f"jdbc: {label}")
+
+        def write(options: dict[str, str] = options) -> None:
+            write_with_eospack(spark, directory, postgres, table, options)
+
+        figures[label] = Figure(label, timed(postgres, table, rows, write, repetitions), rows)
+    say("jdbc: one psycopg COPY (ceiling)")
+    ceiling = Figure(
+        "psycopg COPY, one process",
+        timed(
+            postgres, table, rows,
+            lambda: copy_with_psycopg(directory, postgres.endpoint.url, table), repetitions,
+        ),
+        rows,
+    )  # fmt: skip
+    size = f"{rows:,} rows"
+    if POSTGRES_JDBC_JAR.exists():
+        say("jdbc: Spark's JDBC writer in foreachBatch (batchsize 10000)")
+        spark_writer = Figure(
+            "Spark JDBC writer",
+            timed(
+                postgres, table, rows,
+                lambda: write_with_spark_jdbc(spark, directory, postgres, table), repetitions,
+            ),
+            rows,
+        )  # fmt: skip
+        for label in ("2pc-jdbc prepared", "2pc-jdbc staging"):
+            report.add(
+                Comparison("2. jdbc sink vs Spark writer", size, figures[label], spark_writer, 2.0)
+            )
+    else:
+        report.notes.append(
+            f"{POSTGRES_JDBC_JAR} missing (apt-get install libpostgresql-jdbc-java):"
+            " Spark's JDBC writer was not measured"
+        )
+    at_least_once = figures["2pc-jdbc at-least-once"]
+    for label in ("2pc-jdbc prepared", "2pc-jdbc staging"):
+        report.add(Comparison("2. exactly-once cost", size, figures[label], at_least_once, 0.85))
+        report.add(Comparison("2. jdbc sink vs ceiling", size, figures[label], ceiling))
+
+
+def commit_latency(report: Report, spark, postgres, workdir: Path, batches: int) -> None:
+    """Per-batch addBatch duration (prepare on executors to visible in the table)."""
+    directory = parquet_directory(workdir / f"small-{batches}", batches * 100, rows_per_file=100)
+    for label, options in (
+        ("prepared", {"protocol": "prepared"}),
+        ("staging", {"protocol": "staging"}),
+        ("at-least-once", {"deliveryGuarantee": "at-least-once"}),
+    ):
+        table = "bench_jdbc_latency"
+        reset_table(postgres.endpoint.url, table)
+        say(f"commit latency: {batches} batches of 100 rows, {label}")
+        query = write_with_eospack(spark, directory, postgres, table, options)
+        durations = sorted(
+            progress["durationMs"]["addBatch"] / 1000
+            for progress in query.recentProgress
+            if progress["numInputRows"] > 0
+        )
+        p50 = statistics.median(durations)
+        p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))]
+        report.add_figure("3. commit latency p50", Figure(f"{label} p50", (p50,), 1, "s"))
+        report.add_figure("3. commit latency p99", Figure(f"{label} p99", (p99,), 1, "s"))
