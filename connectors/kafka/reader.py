@@ -153,8 +153,8 @@ class _RangeReader:
             if (now - last_progress) * 1000 >= self.options.poll_timeout_ms:
                 raise KafkaReadTimeoutError(
                     f"Could not read {self.range.describe()}: stuck at offset {self.position}"
-                    f" for {self.options.poll_timeout_ms} ms; check the brokers, or raise"
-                    " kafkaConsumer.pollTimeoutMs"
+                    f" for {self.options.poll_timeout_ms} ms; check the brokers"
+                    f" ({self.options.bootstrap_servers}), or raise kafkaConsumer.pollTimeoutMs"
                 )
 
     def _check_lost_offsets(self, force: bool, seek: bool) -> bool:

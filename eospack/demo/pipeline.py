@@ -30,6 +30,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--done-file", required=True, type=Path)
     parser.add_argument("--guarantee", default="exactly-once")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=2000)
+    parser.add_argument(
+        "--source-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="another replayable-kafka option (repeatable)",
+    )
     return parser.parse_args(argv)
 
 
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("subscribe", arguments.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(arguments.max_offsets_per_trigger))
+        .options(**dict(option.split("=", 1) for option in arguments.source_option))
         .load()
         .selectExpr("CAST(key AS STRING) AS key")
     )
