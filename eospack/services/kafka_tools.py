@@ -76,7 +76,7 @@ def produce_sealed(
     for record in records:
         by_partition[record.partition].append(record)
     producer = KafkaProducer(
-        bootstrap_servers=bootstrap_servers, linger_ms=5, acks=1, **producer_config
+        bootstrap_servers=bootstrap_servers, **{"linger_ms": 5, "acks": 1, **producer_config}
     )
     try:
         for partition_records in by_partition.values():
