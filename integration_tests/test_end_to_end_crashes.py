@@ -29,7 +29,7 @@ from integration_tests.crash_harness import run_driver
 pytestmark = pytest.mark.integration
 
 DRIVER_TIMEOUT = 150.0
-RANDOM_KILLS = 2  # after the five fault points; test_thirty_random_kills (chaos) does more
+RANDOM_KILLS = 5  # after the five fault points; test_thirty_random_kills (chaos) does 30
 
 
 def produce_events(bootstrap: str, topic: str, events: int, keys: int, seed: int) -> Counter[str]:
@@ -106,7 +106,7 @@ def test_every_fault_point_and_random_kills_leave_counts_exactly_once(
     assert final.succeeded, final.explain()
 
     result = verify(postgres, unique_name, produced, crashes)
-    assert crashes >= len(ALL_FAULT_POINTS) + 1
+    assert crashes >= len(ALL_FAULT_POINTS) + 1  # the pipeline may finish before a kill
     assert result.counted == sum(produced.values())
     assert (result.lost, result.duplicated, result.history_regressions, result.leftovers) == (
         0, 0, 0, 0,

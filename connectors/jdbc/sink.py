@@ -30,6 +30,7 @@ from commit_protocols import (
     derive_sink_id,
     query_id_from_checkpoint,
 )
+from commit_protocols.logs import make_logs_visible
 from commit_protocols.pieces import PreparedPiece
 from connectors.jdbc.errors import JdbcSinkOptionError, JdbcWriteError
 from connectors.jdbc.options import JdbcSinkOptions, parse_options
@@ -45,17 +46,6 @@ OUT_OF_MEMORY = "53200"
 SERVER_SHUTDOWN = frozenset({"57P01", "57P02", "57P03"})
 
 
-def _make_logs_visible() -> None:
-    """Spark's Python workers configure no logging: show eospack's INFO lines on stderr."""
-    root = logging.getLogger("eospack")
-    if root.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-
-
 class TwoPhaseJdbcDataSource(DataSource):
     """``df.writeStream.format("2pc-jdbc")``: see the module docstring for the guarantee."""
 
@@ -64,12 +54,12 @@ class TwoPhaseJdbcDataSource(DataSource):
         return SINK_NAME
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> JdbcStreamWriter:
-        _make_logs_visible()
+        make_logs_visible()
         options = parse_options(self.options)
         if overwrite:
             raise JdbcSinkOptionError(
-                "outputMode complete is not supported by 2pc-jdbc: use append or update"
-                " (with writeMode=upsert)"
+                "outputMode complete is not supported by 2pc-jdbc: use append (with"
+                " writeMode=upsert and versionColumn to keep the latest value per key)"
             )
         planning = _planning_a_batch()
         plan = plan_sink(options, schema, check_tables=planning)

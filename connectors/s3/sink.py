@@ -16,8 +16,6 @@ when tasks or batches are retried.
 
 from __future__ import annotations
 
-import logging
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -26,6 +24,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
 from commit_protocols import TaskIdentity, TransactionalResource, TwoPhaseCommitStreamWriter
+from commit_protocols.logs import make_logs_visible
 from commit_protocols.pieces import PreparedPiece
 from connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
 from connectors.s3.options import (
@@ -49,17 +48,6 @@ _checked: set[tuple[object, ...]] = set()
 _checked_lock = threading.Lock()
 
 
-def _make_logs_visible() -> None:
-    """Spark's Python workers configure no logging: show eospack's INFO lines on stderr."""
-    root = logging.getLogger("eospack")
-    if root.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-
-
 class TwoPhaseS3DataSource(DataSource):
     """``writeStream.format("2pc-s3")`` and ``read.format("2pc-s3")``: see the module doc."""
 
@@ -68,7 +56,7 @@ class TwoPhaseS3DataSource(DataSource):
         return SINK_NAME
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> S3StreamWriter:
-        _make_logs_visible()
+        make_logs_visible()
         options = parse_sink_options(self.options)
         if overwrite:
             raise S3OptionError("outputMode complete is not supported by 2pc-s3: use append")
