@@ -73,10 +73,10 @@ def main() -> int:
         if "s3" in selected:
             s3_sink.run(report, spark, s3, workdir, 100_000 if quick else 1_000_000, repetitions)
         if "recovery" in selected:
-            pipeline.recovery(report, bootstrap, postgres, repetitions)
+            pipeline.recovery(report, bootstrap, postgres, repetitions, warm_up=not quick)
         if "e2e" in selected:
             pipeline.end_to_end(
-                report, bootstrap, postgres, 50_000 if quick else 150_000, repetitions
+                report, bootstrap, postgres, 20_000 if quick else 150_000, repetitions
             )
     finally:
         for service in reversed(services):
