@@ -22,7 +22,6 @@ import pytest
 from commit_protocols.fault_points import ALL_FAULT_POINTS
 from eospack.demo.run import committed_batches, sink_leftovers
 from eospack.demo.verify import check_pipeline
-from eospack.processes import DriverProcess
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 from integration_tests.crash_harness import run_driver
 
@@ -127,27 +126,21 @@ def test_postgres_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
         arguments = pipeline_arguments(unique_name, bootstrap, unique_name, postgres, tmp_path)
         checkpoints = tmp_path / "checkpoints"
 
-        def database_goes_away() -> bool:
-            if committed_batches(checkpoints) >= 2:
-                postgres.kill()
-                return True
-            return False
+        stopped = {"yes": False}
 
-        driver = DriverProcess(arguments)
-        try:
-            deadline = time.monotonic() + DRIVER_TIMEOUT
-            while not database_goes_away():
-                assert driver.poll() is None, driver.output(3000)
-                assert time.monotonic() < deadline, "no progress before the database restart"
-                time.sleep(0.1)
-            while driver.poll() is None:
-                assert time.monotonic() < deadline, "the driver did not fail without its database"
-                time.sleep(0.1)
-            assert driver.poll() != 0
-            assert "connection" in driver.output().lower()
-        finally:
-            if driver.poll() is None:
-                driver.kill()
+        def stop_database_after_progress() -> bool:
+            if not stopped["yes"] and committed_batches(checkpoints) >= 2:
+                postgres.kill()
+                stopped["yes"] = True
+            return False  # the driver is not killed: it must fail by itself
+
+        run = run_driver(
+            arguments[0], arguments[1:], timeout=DRIVER_TIMEOUT,
+            kill_when=stop_database_after_progress,
+        )  # fmt: skip
+        assert stopped["yes"], "the pipeline finished before the database could be stopped"
+        assert not run.succeeded
+        assert "connection" in run.output.lower(), run.explain()
         postgres.start()
 
         final = run_pipeline(arguments)

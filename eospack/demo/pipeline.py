@@ -19,6 +19,14 @@ from pathlib import Path
 ROUND_TIMEOUT_SECONDS = 300.0
 
 
+def source_option(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of --source-option, as a pair."""
+    name, separator, value = text.partition("=")
+    if not separator or not name:
+        raise argparse.ArgumentTypeError(f"--source-option wants NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--name", required=True, help="pipeline name, prefix of its tables")
@@ -34,6 +42,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--source-option",
         action="append",
         default=[],
+        type=source_option,
         metavar="NAME=VALUE",
         help="another replayable-kafka option (repeatable)",
     )
@@ -67,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("subscribe", arguments.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(arguments.max_offsets_per_trigger))
-        .options(**dict(option.split("=", 1) for option in arguments.source_option))
+        .options(**dict(arguments.source_option))
         .load()
         .selectExpr("CAST(key AS STRING) AS key")
     )
