@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.data import ROWS_PER_FILE, parquet_directory
 from benchmarks.harness import Comparison, Figure, Report, measure, say
+from connectors.jdbc.postgres import csv_ready
 from eospack.testing import await_query
 
 TIMEOUT = 1200.0
@@ -74,12 +75,14 @@ def write_with_spark_jdbc(spark, directory: Path, postgres, table: str) -> None:
 
 
 def copy_with_psycopg(directory: Path, url: str, table: str) -> None:
+    """The ceiling: the same CSV encoding as the sink, one process, one COPY."""
     with psycopg.connect(url) as connection, connection.cursor() as cursor:
+        cursor.execute("SET LOCAL TimeZone = 'UTC'")
         with cursor.copy(f"COPY {table} FROM STDIN (FORMAT csv)") as copy:
             for path in sorted(directory.glob("*.parquet")):
                 buffer = io.BytesIO()
                 options = pacsv.WriteOptions(include_header=False)
-                pacsv.write_csv(pq.read_table(path), buffer, write_options=options)
+                pacsv.write_csv(csv_ready(pq.read_table(path)), buffer, write_options=options)
                 copy.write(buffer.getbuffer())
         connection.commit()
 

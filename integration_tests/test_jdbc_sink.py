@@ -4,11 +4,14 @@ the query at start with one line that names the option and never the password.""
 
 from __future__ import annotations
 
+import datetime
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from eospack.testing import await_query
@@ -142,6 +145,66 @@ def test_at_least_once_writes_every_row_without_a_ledger(spark, postgres, tmp_pa
     run_query(spark, tmp_path / "in", tmp_path / "checkpoint", options)
     assert pg_rows(url, unique_name) == UPSERT_EXPECTED
     assert pg_ledger(url, unique_name) == []
+    assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+INSTANTS = [
+    datetime.datetime(1969, 7, 20, 20, 17, 40, 123456, tzinfo=datetime.UTC),
+    datetime.datetime(2024, 3, 31, 0, 59, 59, 999999, tzinfo=datetime.UTC),
+    datetime.datetime(2024, 10, 27, 1, 30, tzinfo=datetime.UTC),
+    None,
+]
+
+
+@pytest.mark.parametrize(
+    "extra", [{"protocol": "prepared"}, {"protocol": "staging"},
+              {"deliveryGuarantee": "at-least-once"}],
+    ids=["prepared", "staging", "at-least-once"],
+)  # fmt: skip
+def test_timestamps_keep_their_instant_whatever_the_time_zones(
+    spark, postgres, tmp_path, unique_name, extra
+):
+    """Spark's session zone and the server's zone differ from UTC; the instant survives."""
+    url = postgres.endpoint.url
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(
+            f'CREATE TABLE "{unique_name}" (id bigint, at timestamptz, at_utc timestamp)'
+        )
+        database = postgres.endpoint.database
+        connection.execute(f"ALTER DATABASE {database} SET TimeZone = 'Asia/Kolkata'")
+    directory = tmp_path / "in"
+    directory.mkdir()
+    table = pa.table(
+        {"id": list(range(len(INSTANTS))), "at": INSTANTS, "at_utc": INSTANTS},
+        schema=pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC")),
+                          ("at_utc", pa.timestamp("us", tz="UTC"))]),
+    )  # fmt: skip
+    pq.write_table(table, directory / "part-0000.parquet")
+    previous_zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
+    try:
+        query = (
+            spark.readStream.schema("id BIGINT, at TIMESTAMP, at_utc TIMESTAMP")
+            .parquet(str(directory))
+            .writeStream.format("2pc-jdbc")
+            .options(**sink_options(postgres, unique_name, **extra))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        await_query(query, QUERY_TIMEOUT)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous_zone)
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(f"ALTER DATABASE {database} RESET TimeZone")
+    with psycopg.connect(url) as connection:
+        rows = connection.execute(
+            f'SELECT id, at, at_utc FROM "{unique_name}" ORDER BY id'
+        ).fetchall()
+    naive_utc = [None if at is None else at.replace(tzinfo=None) for at in INSTANTS]
+    assert [row[0] for row in rows] == list(range(len(INSTANTS)))
+    assert [row[1] for row in rows] == INSTANTS
+    assert [row[2] for row in rows] == naive_utc
     assert pg_leftovers(url, unique_name) == (0, 0)
 
 
