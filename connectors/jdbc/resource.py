@@ -181,7 +181,19 @@ class StagingTableResource(_LedgerResource):
                         f" restart the query to stage the batch again (the database restarted,"
                         f" which empties the unlogged {self.stage}, or the table was edited)"
                     )
+        self._vacuum_stage()
         return True
+
+    def _vacuum_stage(self) -> None:
+        """Reclaim the moved rows at once (2-3 ms): otherwise every later move and recovery
+        scan reads the dead rows of all batches since the last autovacuum, up to a minute's
+        worth. Housekeeping only: a failure is logged and ignored."""
+        if self.dialect != "postgresql":
+            return
+        try:
+            self.connection.execute(f"VACUUM {self.stage.sql()}")
+        except psycopg.Error as error:
+            logger.debug("2pc-jdbc could not vacuum %s: %s", self.stage, error)
 
     def _move(self, pieces: list[str]) -> int:
         """Move the pieces' rows into the target, delete them; return rows deleted."""
