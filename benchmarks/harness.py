@@ -143,6 +143,17 @@ def measure(
     return tuple(timings)
 
 
+def scaling_note(label: str, by_size: dict[int, Figure]) -> str:
+    """Seconds per 100k units at each size: flat or falling means time grows linearly
+    (no per-batch cost that grows with what was committed before)."""
+    per_unit = {size: figure.median_seconds / (size / 100_000) for size, figure in by_size.items()}
+    sizes = sorted(per_unit)
+    growth = per_unit[sizes[-1]] / per_unit[sizes[0]]
+    steps = ", ".join(f"{per_unit[size]:.2f} s at {size:,}" for size in sizes)
+    verdict = "linear or better" if growth <= 1.1 else f"{growth:.2f}x per record: NOT linear"
+    return f"scale, {label}: seconds per 100k rows {steps} -> {verdict}"
+
+
 def machine_description() -> str:
     cpu = "unknown CPU"
     try:

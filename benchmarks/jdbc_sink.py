@@ -14,7 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from benchmarks.data import ROWS_PER_FILE, parquet_directory
-from benchmarks.harness import Comparison, Figure, Report, measure, say
+from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
 from connectors.jdbc.postgres import csv_ready
 from eospack.testing import await_query
 
@@ -111,15 +111,21 @@ CONTENDERS = {
 
 
 def run(report: Report, spark, postgres, workdir: Path, sizes: list[int], repetitions: int) -> None:
+    by_size: dict[str, dict[int, Figure]] = {}
     for rows in sizes:
         directory = parquet_directory(workdir / f"rows-{rows}", rows)
         say(f"jdbc: {rows:,} rows in {-(-rows // ROWS_PER_FILE)} micro-batches into PostgreSQL")
-        _run_size(report, spark, postgres, directory, rows, repetitions)
+        figures = _run_size(report, spark, postgres, directory, rows, repetitions)
+        for label, figure in figures.items():
+            by_size.setdefault(label, {})[rows] = figure
+    if len(sizes) > 1:
+        for label, figures_by_size in by_size.items():
+            report.notes.append(scaling_note(f"jdbc: {label}", figures_by_size))
 
 
 def _run_size(
     report: Report, spark, postgres, directory: Path, rows: int, repetitions: int
-) -> None:
+) -> dict[str, Figure]:
     table = f"bench_jdbc_{rows}"
     figures = {}
     for label, options in CONTENDERS.items():
@@ -162,6 +168,7 @@ def _run_size(
     for label in ("2pc-jdbc prepared", "2pc-jdbc staging"):
         report.add(Comparison("2. exactly-once cost", size, figures[label], at_least_once, 0.85))
         report.add(Comparison("2. jdbc sink vs ceiling", size, figures[label], ceiling))
+    return figures
 
 
 def commit_latency(report: Report, spark, postgres, workdir: Path, batches: int) -> None:
