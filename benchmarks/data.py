@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +13,8 @@ from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 
 VALUE_BYTES = 100
 ROWS_PER_FILE = 100_000
+TABLE_SCHEMA = "id long, name string, amount double, at timestamp"
+"""Spark schema of ``table_rows``."""
 
 
 def fill_topic(bootstrap: str, topic: str, records: int, partitions: int = 4) -> None:
@@ -47,6 +50,15 @@ def parquet_directory(directory: Path, rows: int, rows_per_file: int = ROWS_PER_
         size = min(rows_per_file, rows - offset)
         pq.write_table(table_rows(size, offset), directory / f"part-{index:05d}.parquet")
     return directory
+
+
+def parquet_stream(spark: Any, directory: Path) -> Any:
+    """A streaming DataFrame over ``parquet_directory``: one file per micro-batch."""
+    return (
+        spark.readStream.schema(TABLE_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(directory))
+    )
 
 
 def keyed_parquet_directory(directory: Path, rows: int, keys: int, files: int) -> Path:

@@ -13,14 +13,13 @@ import psycopg
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from benchmarks.data import ROWS_PER_FILE, parquet_directory
+from benchmarks.data import ROWS_PER_FILE, parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
 from connectors.jdbc.postgres import csv_ready
 from eospack.testing import await_query
 
 TIMEOUT = 1200.0
 POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
-SCHEMA = "id long, name string, amount double, at timestamp"
 TABLE_DDL = "(id bigint, name text, amount double precision, at timestamptz)"
 
 
@@ -36,14 +35,10 @@ def count_rows(url: str, table: str) -> int:
     return int(row[0]) if row else 0
 
 
-def source(spark, directory: Path):
-    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(directory))
-
-
 def write_with_eospack(spark, directory: Path, postgres, table: str, options: dict[str, str]):
     endpoint = postgres.endpoint
     query = (
-        source(spark, directory)
+        parquet_stream(spark, directory)
         .writeStream.format("2pc-jdbc")
         .option("url", endpoint.jdbc_url)
         .option("user", endpoint.user)
@@ -65,7 +60,7 @@ def write_with_spark_jdbc(spark, directory: Path, postgres, table: str) -> None:
         frame.write.jdbc(endpoint.jdbc_url, table, mode="append", properties=properties)
 
     query = (
-        source(spark, directory)
+        parquet_stream(spark, directory)
         .writeStream.foreachBatch(write_batch)
         .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-spark-jdbc-"))
         .trigger(availableNow=True)

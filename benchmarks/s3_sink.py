@@ -18,9 +18,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from benchmarks.data import parquet_directory
+from benchmarks.data import parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, measure, say
-from benchmarks.jdbc_sink import SCHEMA
 from commit_protocols import TaskIdentity
 from connectors.s3.client import s3_client
 from connectors.s3.options import parse_sink_options
@@ -33,9 +32,7 @@ TIMEOUT = 900.0
 
 def write_with_eospack(spark: Any, directory: Path, endpoint: Any, prefix: str) -> None:
     query = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(directory))
+        parquet_stream(spark, directory)
         .writeStream.format("2pc-s3")
         .option("path", f"s3://{endpoint.bucket}/{prefix}")
         .option("endpointUrl", endpoint.endpoint_url)
@@ -51,9 +48,7 @@ def write_with_eospack(spark: Any, directory: Path, endpoint: Any, prefix: str) 
 
 def read_with_spark_into_noop(spark: Any, directory: Path) -> None:
     query = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(directory))
+        parquet_stream(spark, directory)
         .writeStream.format("noop")
         .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-s3-noop-"))
         .trigger(availableNow=True)
