@@ -12,6 +12,7 @@ from commit_protocols.coordinator import (
     CommitProtocolError,
     TwoPhaseCommitCoordinator,
     prepared_pieces_of,
+    stale_pieces,
 )
 from commit_protocols.fault_points import AFTER_PREPARE, ALL_FAULT_POINTS, fault_point
 from commit_protocols.identity import (
@@ -19,7 +20,6 @@ from commit_protocols.identity import (
     TaskIdentity,
     current_task,
     derive_sink_id,
-    query_id_from_checkpoint,
     validate_sink_id,
 )
 from commit_protocols.pieces import (
@@ -29,7 +29,7 @@ from commit_protocols.pieces import (
     sink_prefix,
     transaction_id,
 )
-from commit_protocols.resource import TransactionalResource
+from commit_protocols.resource import DecidedPieceLostError, TransactionalResource
 from commit_protocols.stream_writer import TwoPhaseCommitStreamWriter
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "ALL_FAULT_POINTS",
     "BatchDecision",
     "CommitProtocolError",
+    "DecidedPieceLostError",
     "PreparedPiece",
     "SinkIdentityError",
     "TaskIdentity",
@@ -48,8 +49,8 @@ __all__ = [
     "fault_point",
     "parse_transaction_id",
     "prepared_pieces_of",
-    "query_id_from_checkpoint",
     "sink_prefix",
+    "stale_pieces",
     "transaction_id",
     "validate_sink_id",
 ]

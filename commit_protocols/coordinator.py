@@ -3,36 +3,52 @@
 Commit order for batch N (``commit(messages, N)``), each step durable before the next:
 
 1. Tasks prepared their pieces (executors, ``write()``), invisible to readers.
-2. If a decision for (sink, N) exists, N was applied before the restart that replays it:
-   roll the new pieces back and stop (exactly once, not twice).
-3. Record the decision "commit N with these pieces" (the ledger row / the manifest).
-4. Commit every piece (idempotent), then mark the decision done.
-5. Recover: finish unfinished decisions, roll back stray pieces of batches <= N.
+2. Write the decision "commit N with exactly these pieces" into the slot of (sink, N) by
+   compare-and-set (``record_decision``). If the slot already holds a decision with other
+   pieces, N was applied before a restart that replays it: roll the new pieces back and
+   finish that decision instead (exactly once, not twice). If it holds our own pieces
+   (the answer of an earlier write was lost), the decision is ours.
+3. Commit every piece (idempotent, verified: a piece that is gone without having been
+   committed is ``DecidedPieceLostError``), then mark the decision done.
+4. Recover: finish unfinished decisions, roll back stray pieces of batches <= N.
 
-What a crash at each point leaves, and how it is mended (Spark then replays N with the
-same batch id, because its commit log has no entry for N):
+The one rule every path keeps: **a piece named by a decision is never rolled back, by
+anyone.** Rolling a piece back is allowed only after ``fence`` has made sure that no
+decision names it and none ever will (an ``aborted`` slot naming the piece refuses every
+later decision that names it). So ``abort`` (which Spark calls whenever ``commit`` raises)
+rolls a decided batch *forward*, and a decision that was recorded although its answer was
+lost, or that lands late, can never name rolled-back pieces.
 
-=====================  ===============================  ==================================
-crash point            state left behind                recovery on the replay of N
-=====================  ===============================  ==================================
-after_prepare          prepared pieces, no decision     replay prepares anew; step 5 rolls
-                                                        the orphans back
-before_decision        prepared pieces, no decision     same as above
-after_decision         decision, pieces prepared        step 2 sees the decision; step 5
-                                                        commits its pieces (roll forward)
-between_piece_commits  decision, some pieces committed  step 5 commits the rest
-after_commit           decision done                    step 2 rolls the replay's pieces
-                                                        back; nothing applied twice
-=====================  ===============================  ==================================
+What each failure leaves, and how it is mended (Spark then replays N with the same batch
+id, because its commit log has no entry for N):
 
-Commits and rollbacks must be idempotent in every resource; the coordinator may repeat
-them. ``abort`` rolls back what the failed batch's tasks prepared.
+======================================  ============================  ==========================
+failure                                 state left behind             mended by
+======================================  ============================  ==========================
+crash after prepare / before decision   prepared pieces, empty slot   the replay's tasks fence
+                                                                      and roll back the crashed
+                                                                      run's pieces; its commit
+                                                                      rolls back the rest
+decision write fails before applying    empty slot                    ``abort`` fences the slot
+                                                                      and rolls the pieces back
+decision applied, answer lost           decided slot, our pieces      ``abort`` finds it ours:
+                                                                      rolls forward
+crash after decision / between commits  decided slot, some committed  the replay's commit finds
+                                                                      the decision: rolls forward
+a piece commit fails (connection lost)  decided slot, some committed  ``abort`` rolls forward, or
+                                                                      the replay does
+crash after commit                      done slot                     the replay's pieces are
+                                                                      rolled back: nothing twice
+a decided piece lost (lifecycle rule,   decided slot, piece gone      ``DecidedPieceLostError``
+someone ran ROLLBACK PREPARED)                                        naming sink, batch, piece
+======================================  ============================  ==========================
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 
 from commit_protocols.fault_points import (
     AFTER_COMMIT,
@@ -41,19 +57,50 @@ from commit_protocols.fault_points import (
     BETWEEN_PIECE_COMMITS,
     fault_point,
 )
-from commit_protocols.pieces import BatchDecision, PreparedPiece
+from commit_protocols.identity import TaskIdentity, parse_attempt
+from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from commit_protocols.resource import TransactionalResource
 
 logger = logging.getLogger("eospack.commit")
 
 
 class CommitProtocolError(RuntimeError):
-    """The batch's commit messages are inconsistent (a bug, or two sinks sharing a path)."""
+    """The batch cannot be committed as it stands (inconsistent messages, or pieces fenced)."""
 
 
 def prepared_pieces_of(messages: Sequence[object | None]) -> list[PreparedPiece]:
     """The commit messages that are prepared pieces (failed tasks send None)."""
     return [message for message in messages if isinstance(message, PreparedPiece)]
+
+
+def stale_pieces(task: TaskIdentity, listed: Iterable[PreparedPiece]) -> list[PreparedPiece]:
+    """The listed pieces of the task's sink that can only be leftovers, seen from ``task``.
+
+    - pieces of earlier batches (Spark runs batch N only after N-1 committed);
+    - pieces of the same batch from another run of the query (that run is over);
+    - pieces of the same batch, run and partition from a lower attempt number: Spark
+      retried the task, so that attempt failed; unless speculation is on, when it may
+      still be alive.
+
+    Whether a decision names one of them is the caller's check (``roll_back_orphans``).
+    """
+    stale = []
+    for piece in listed:
+        if piece.sink_id != task.sink_id or piece.batch_id > task.batch_id:
+            continue
+        if piece.batch_id < task.batch_id:
+            stale.append(piece)
+            continue
+        attempt = parse_attempt(piece.attempt)
+        other_run = attempt.run is None or attempt.run != task.run
+        failed_attempt = (
+            piece.partition_id == task.partition_id
+            and attempt.number < task.attempt_number
+            and not task.speculation
+        )
+        if other_run or failed_attempt:
+            stale.append(piece)
+    return stale
 
 
 class TwoPhaseCommitCoordinator:
@@ -69,31 +116,81 @@ class TwoPhaseCommitCoordinator:
         sink_id = self._sink_id_of(pieces, batch_id)
         if sink_id is None:
             return None
-        decision = BatchDecision(sink_id, batch_id, tuple(pieces))
-        applied = self._apply(decision)
+        ours = BatchDecision(sink_id, batch_id, tuple(pieces))
+        fault_point(BEFORE_DECISION, batch_id)
+        if self.resource.commits_atomically:
+            slot = self.resource.commit_atomically(ours)
+        else:
+            slot = self.resource.record_decision(ours)
+        applied = slot.is_decided and slot.same_pieces(ours)
+        if applied:
+            fault_point(AFTER_DECISION, batch_id)
+            self._finish(slot, crash_between_pieces=True)
+        elif slot.is_decided:
+            self._roll_back(self._not_named(ours.pieces, slot))
+            self._finish(slot)
+        else:
+            fenced = sorted(slot.transaction_ids() & ours.transaction_ids())
+            raise CommitProtocolError(
+                f"{self.sink_name} batch {batch_id} of sink {sink_id} cannot commit: pieces"
+                f" {', '.join(fenced)} were rolled back by an abort or a recovery before the"
+                " decision; restart the query from its checkpoint: Spark replays the batch"
+            )
         self.recover(sink_id, up_to_batch=batch_id)
         fault_point(AFTER_COMMIT, batch_id)
         if not applied:
             logger.info(
                 "%s batch %d was committed before a restart: rolled back its replay (%d rows)",
-                self.sink_name, batch_id, decision.rows,
+                self.sink_name, batch_id, ours.rows,
             )  # fmt: skip
             return None
         logger.info(
             "%s committed batch %d: %d rows in %d pieces (sink %s)",
-            self.sink_name, batch_id, decision.rows, len(pieces), sink_id,
+            self.sink_name, batch_id, slot.rows, len(pieces), sink_id,
         )  # fmt: skip
-        return decision
+        return slot
 
     def abort(self, messages: Sequence[object | None], batch_id: int) -> None:
-        """Roll back whatever the tasks of the failed batch prepared."""
-        pieces = prepared_pieces_of(messages)
-        for piece in pieces:
-            self.resource.rollback_piece(piece)
-        logger.warning(
-            "%s aborted batch %d: rolled back %d prepared pieces",
-            self.sink_name, batch_id, len(pieces),
-        )  # fmt: skip
+        """Spark's abort: roll back what the batch prepared, unless the batch is decided.
+
+        A decided batch is rolled forward instead (``commit`` may have failed after the
+        decision, e.g. on a lost connection between two piece commits). Never raises for a
+        resource failure: what cannot be done now is logged with the pieces left, and is
+        done by the first commit after the query restarts.
+        """
+        pieces = tuple(prepared_pieces_of(messages))
+        sink_id = self._sink_id_of(list(pieces), batch_id)
+        if sink_id is None:
+            logger.warning(
+                "%s aborted batch %d: no prepared piece reached the driver; what failed tasks"
+                " left is rolled back by the next commit of this sink",
+                self.sink_name, batch_id,
+            )  # fmt: skip
+            return
+        try:
+            slot = self.resource.fence(sink_id, batch_id, pieces)
+            if slot.is_decided:
+                self._roll_back(self._not_named(pieces, slot))
+                self._finish(slot)
+                logger.warning(
+                    "%s batch %d was decided when Spark aborted it: finished its commit"
+                    " (%d rows) instead of rolling it back", self.sink_name, batch_id, slot.rows,
+                )  # fmt: skip
+            else:
+                self._roll_back(pieces)
+                logger.warning(
+                    "%s aborted batch %d: rolled back %d prepared pieces",
+                    self.sink_name, batch_id, len(pieces),
+                )  # fmt: skip
+            self.recover(sink_id, up_to_batch=batch_id)
+        except Exception as error:  # the query fails anyway; say what is left and where
+            left = ", ".join(piece.transaction_id for piece in pieces if piece.rows) or "none"
+            logger.warning(
+                "%s could not finish the abort of batch %d (%s: %s). Prepared pieces left: %s."
+                " They are committed or rolled back by the first commit after the query"
+                " restarts from its checkpoint",
+                self.sink_name, batch_id, type(error).__name__, error, left,
+            )  # fmt: skip
 
     def recover(self, sink_id: str, up_to_batch: int | None = None) -> None:
         """Finish decided batches (roll forward); roll back orphans of batches <= up_to_batch.
@@ -101,45 +198,52 @@ class TwoPhaseCommitCoordinator:
         Pieces of later batches are left alone: they may belong to a batch still running.
         """
         for decision in self.resource.unfinished_decisions(sink_id):
-            for piece in decision.pieces:
-                self.resource.commit_piece(piece)
-            self.resource.mark_done(decision)
+            self._finish(decision)
             logger.warning(
                 "%s recovery: finished the commit of batch %d (%d pieces) left by a crash",
                 self.sink_name, decision.batch_id, len(decision.pieces),
             )  # fmt: skip
-        for piece in self.resource.prepared_pieces(sink_id):
-            if up_to_batch is None or piece.batch_id <= up_to_batch:
+        orphans = [
+            piece
+            for piece in self.resource.prepared_pieces(sink_id)
+            if up_to_batch is None or piece.batch_id <= up_to_batch
+        ]
+        self.roll_back_orphans(sink_id, orphans)
+
+    def roll_back_orphans(self, sink_id: str, pieces: Iterable[PreparedPiece]) -> None:
+        """Fence each batch's pieces, then roll back those no decision names (decided ones
+        are committed instead)."""
+        by_batch: dict[int, list[PreparedPiece]] = defaultdict(list)
+        for piece in pieces:
+            by_batch[piece.batch_id].append(piece)
+        for batch_id, batch_pieces in sorted(by_batch.items()):
+            slot = self.resource.fence(sink_id, batch_id, tuple(batch_pieces))
+            if slot.is_decided:
+                self._finish(slot)
+            for piece in self._not_named(batch_pieces, slot) if slot.is_decided else batch_pieces:
                 self.resource.rollback_piece(piece)
                 logger.warning(
                     "%s recovery: rolled back orphaned piece %s of batch %d",
                     self.sink_name, piece.transaction_id, piece.batch_id,
                 )  # fmt: skip
 
-    def _apply(self, decision: BatchDecision) -> bool:
-        """Steps 2-4; False when the batch had been decided before (a replay)."""
-        if self.resource.find_decision(decision.sink_id, decision.batch_id) is not None:
-            self._roll_back_all(decision.pieces)
-            return False
-        fault_point(BEFORE_DECISION, decision.batch_id)
-        if self.resource.commits_atomically:
-            if not self.resource.commit_atomically(decision):
-                self._roll_back_all(decision.pieces)
-                return False
-            fault_point(AFTER_DECISION, decision.batch_id)
-            return True
-        if not self.resource.record_decision(decision):
-            self._roll_back_all(decision.pieces)
-            return False
-        fault_point(AFTER_DECISION, decision.batch_id)
+    def _finish(self, decision: BatchDecision, crash_between_pieces: bool = False) -> None:
+        """Commit every piece of a decision (idempotently) and mark it done."""
+        if decision.status == DONE:
+            return
         for index, piece in enumerate(decision.pieces):
-            if index == 1:
+            if index == 1 and crash_between_pieces:
                 fault_point(BETWEEN_PIECE_COMMITS, decision.batch_id)
             self.resource.commit_piece(piece)
         self.resource.mark_done(decision)
-        return True
 
-    def _roll_back_all(self, pieces: Sequence[PreparedPiece]) -> None:
+    @staticmethod
+    def _not_named(
+        pieces: Iterable[PreparedPiece], decision: BatchDecision
+    ) -> list[PreparedPiece]:
+        return [piece for piece in pieces if not decision.names(piece)]
+
+    def _roll_back(self, pieces: Iterable[PreparedPiece]) -> None:
         for piece in pieces:
             self.resource.rollback_piece(piece)
 

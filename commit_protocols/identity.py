@@ -10,11 +10,8 @@ skipped as "already committed". A user-given ``sinkId`` replaces the derivation.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import uuid
 from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -39,19 +36,34 @@ def validate_sink_id(sink_id: str) -> str:
     return sink_id
 
 
-def query_id_from_checkpoint(checkpoint_location: str | None) -> str | None:
-    """The query id in ``<checkpoint>/metadata`` when the checkpoint is on a local path."""
-    if not checkpoint_location:
-        return None
-    parsed = urlparse(checkpoint_location)
-    if parsed.scheme not in ("", "file"):
-        return None
-    path = unquote(parsed.path) if parsed.scheme == "file" else checkpoint_location
-    try:
-        with open(os.path.join(path, "metadata"), encoding="utf-8") as metadata:
-            return str(json.loads(metadata.readline())["id"])
-    except (OSError, ValueError, KeyError):
-        return None
+RUN_ID_PROPERTY = "spark.jobGroup.id"
+"""Spark runs a streaming query's jobs in a job group named by its run id (new per start)."""
+SPECULATION_PROPERTY = "spark.speculation"
+"""Spark propagates session settings to tasks as local properties; this one says whether a
+second attempt of a task may run while the first is still alive."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a piece's attempt string says: Spark's attempt number and the query run."""
+
+    number: int
+    run: str | None
+    """The first characters of the query's run id, None for pieces of older eospack versions."""
+
+
+def attempt_string(attempt_number: int, run_id: str | None) -> str:
+    """``<attempt number>x<run>x<random>``: unique per task attempt, even across restarts
+    (a restart replays batch N with the same partition ids and attempt numbers)."""
+    run = (run_id or "").replace("-", "")[:12] or "norun"
+    return f"{attempt_number}x{run}x{uuid.uuid4().hex[:8]}"
+
+
+def parse_attempt(attempt: str) -> Attempt:
+    parts = attempt.split("x")
+    number = int(parts[0]) if parts[0].isdigit() else -1
+    run = parts[1] if len(parts) == 3 and parts[1] != "norun" else None
+    return Attempt(number, run)
 
 
 @dataclass(frozen=True)
@@ -62,14 +74,24 @@ class TaskIdentity:
     batch_id: int
     partition_id: int
     attempt: str
+    speculation: bool = False
+    """Whether Spark may run another attempt of this task at the same time."""
+
+    @property
+    def attempt_number(self) -> int:
+        return parse_attempt(self.attempt).number
+
+    @property
+    def run(self) -> str | None:
+        return parse_attempt(self.attempt).run
 
 
 def current_task(sink_id_option: str | None, target: str) -> TaskIdentity:
     """Identify the write task running in this Python worker (executor side only).
 
-    The attempt is the task attempt number plus a random suffix: a query restarted
-    after a crash replays batch N with the same partition ids and attempt numbers, and
-    its pieces must not collide with what the crashed run left prepared.
+    The sink id comes from the query id Spark hands every task, never from the checkpoint
+    path, so it is the same whichever way the checkpoint was given (option, URI, or
+    ``spark.sql.streaming.checkpointLocation``) and on any machine.
     """
     from pyspark import TaskContext
 
@@ -83,5 +105,6 @@ def current_task(sink_id_option: str | None, target: str) -> TaskIdentity:
             "this sink is for streaming writes: use df.writeStream, not df.write"
         )
     sink_id = sink_id_option or derive_sink_id(query_id, target)
-    attempt = f"{context.attemptNumber()}x{uuid.uuid4().hex[:10]}"
-    return TaskIdentity(sink_id, int(batch), context.partitionId(), attempt)
+    attempt = attempt_string(context.attemptNumber(), context.getLocalProperty(RUN_ID_PROPERTY))
+    speculation = (context.getLocalProperty(SPECULATION_PROPERTY) or "").lower() == "true"
+    return TaskIdentity(sink_id, int(batch), context.partitionId(), attempt, speculation)

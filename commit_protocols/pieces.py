@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -75,22 +75,64 @@ class PreparedPiece(WriterCommitMessage):
         )
 
 
+DECIDED = "decided"
+"""The batch commits with exactly these pieces; some may not be committed yet."""
+DONE = "done"
+"""Every piece of the decision is committed."""
+ABORTED = "aborted"
+"""No decision yet, and these pieces were fenced off: no later decision may name them."""
+STATUSES = (DECIDED, DONE, ABORTED)
+
+
 @dataclass(frozen=True)
 class BatchDecision:
-    """The coordinator's durable "commit batch N with exactly these pieces" record."""
+    """What the sink's durable slot for (sink, batch) holds: the coordinator's "commit batch N
+    with exactly these pieces" record, or an ``aborted`` fence naming pieces rolled back.
+
+    A slot moves absent -> decided -> done, or absent -> aborted -> (aborted with more
+    pieces) -> decided with pieces disjoint from the fence. Decided and done are final.
+    """
 
     sink_id: str
     batch_id: int
     pieces: tuple[PreparedPiece, ...]
+    status: str = DECIDED
 
     @property
     def rows(self) -> int:
         return sum(piece.rows for piece in self.pieces)
 
+    @property
+    def is_decided(self) -> bool:
+        """True for ``decided`` and ``done``: the batch commits, and only with these pieces."""
+        return self.status in (DECIDED, DONE)
+
+    def transaction_ids(self) -> frozenset[str]:
+        return frozenset(piece.transaction_id for piece in self.pieces)
+
+    def names(self, piece: PreparedPiece) -> bool:
+        return piece.transaction_id in self.transaction_ids()
+
+    def same_pieces(self, other: BatchDecision) -> bool:
+        return self.transaction_ids() == other.transaction_ids()
+
+    def accepts(self, decision: BatchDecision) -> bool:
+        """Whether ``decision`` may replace what this slot holds (an abort fence that names
+        none of its pieces)."""
+        return self.status == ABORTED and not (self.transaction_ids() & decision.transaction_ids())
+
+    def fenced_with(self, pieces: tuple[PreparedPiece, ...]) -> BatchDecision:
+        """This abort fence widened by ``pieces`` (each transaction id once)."""
+        known = self.transaction_ids()
+        added = tuple(piece for piece in pieces if piece.transaction_id not in known)
+        return replace(self, pieces=self.pieces + added)
+
     def pieces_json(self) -> str:
         return json.dumps([piece.to_json() for piece in self.pieces], separators=(",", ":"))
 
     @classmethod
-    def from_pieces_json(cls, sink_id: str, batch_id: int, pieces_json: str) -> BatchDecision:
+    def from_pieces_json(
+        cls, sink_id: str, batch_id: int, pieces_json: str, status: str = DECIDED
+    ) -> BatchDecision:
         pieces = tuple(PreparedPiece.from_json(value) for value in json.loads(pieces_json))
-        return cls(sink_id, batch_id, pieces)
+        return cls(sink_id, batch_id, pieces, status)

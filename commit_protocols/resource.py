@@ -8,12 +8,25 @@ from collections.abc import Iterable
 from commit_protocols.pieces import BatchDecision, PreparedPiece
 
 
+class DecidedPieceLostError(RuntimeError):
+    """A piece that a decision names is gone without having been committed: its rows are lost.
+
+    Raised by ``commit_piece`` when the resource can tell (a marker, a transaction status,
+    a HEAD of the object) that the piece was rolled back or aborted by someone else; the
+    message names the sink, the batch and the piece.
+    """
+
+
 class TransactionalResource(ABC):
     """Driver-side view of where a sink's pieces are prepared and its decisions kept.
 
-    Implementations: PostgreSQL prepared transactions and staging tables
+    Implementations: PostgreSQL/SQLite prepared transactions and staging tables
     (``connectors.jdbc``), S3 multipart uploads and manifests (``connectors.s3``).
-    Every method must be idempotent: recovery may repeat any of them after a crash.
+
+    Decisions live in one durable *slot* per (sink, batch) that changes only by
+    compare-and-set (see ``BatchDecision``): absent -> decided -> done, or absent -> aborted
+    (a fence naming pieces rolled back) -> decided with other pieces. Every method must be
+    idempotent: recovery may repeat any of them after a crash or a lost answer.
     """
 
     commits_atomically: bool = False
@@ -22,15 +35,34 @@ class TransactionalResource(ABC):
 
     @abstractmethod
     def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
-        """The durable decision for (sink, batch), or None. Must be an indexed lookup."""
+        """What the slot of (sink, batch) holds, or None. Must be an indexed lookup.
+
+        A resource that does not record "done" returns ``decided`` for a finished batch;
+        the coordinator then re-commits its pieces, which must verify rather than assume.
+        """
 
     @abstractmethod
-    def record_decision(self, decision: BatchDecision) -> bool:
-        """Durably record ``decision``; False when a decision for the batch already exists."""
+    def record_decision(self, decision: BatchDecision) -> BatchDecision:
+        """Write ``decision`` into its slot if the slot is empty or holds an abort fence that
+        ``accepts`` it; return what the slot holds afterwards (``decision`` itself when it
+        was written, the existing record otherwise)."""
+
+    @abstractmethod
+    def fence(
+        self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]
+    ) -> BatchDecision:
+        """Make sure no later decision of (sink, batch) can name ``pieces``, then return the slot.
+
+        Empty slot: write an ``aborted`` fence with ``pieces``. A fence: widen it. A decision:
+        leave it (the caller then rolls back only the pieces it does not name).
+        """
 
     @abstractmethod
     def commit_piece(self, piece: PreparedPiece) -> None:
-        """Make a prepared piece visible; a piece already committed is left as it is."""
+        """Make a prepared piece visible; a piece already committed is left as it is.
+
+        Raises ``DecidedPieceLostError`` when the piece is gone and was not committed.
+        """
 
     @abstractmethod
     def rollback_piece(self, piece: PreparedPiece) -> None:
@@ -42,14 +74,15 @@ class TransactionalResource(ABC):
 
     @abstractmethod
     def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
-        """Decisions of this sink not yet marked done (normally none, after a crash one)."""
+        """Decisions of this sink not yet done (normally none, after a crash one)."""
 
     @abstractmethod
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
         """Pieces of this sink still prepared: neither committed nor rolled back."""
 
-    def commit_atomically(self, decision: BatchDecision) -> bool:
-        """Record, apply and finish ``decision`` in one step; False if already decided."""
+    def commit_atomically(self, decision: BatchDecision) -> BatchDecision:
+        """Record, apply and finish ``decision`` in one step, under the rules of
+        ``record_decision``; return what the slot holds afterwards."""
         raise NotImplementedError(f"{type(self).__name__} does not commit atomically")
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -2,31 +2,64 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 import pytest
 
 from commit_protocols import (
     BatchDecision,
     CommitProtocolError,
+    DecidedPieceLostError,
     PreparedPiece,
     TransactionalResource,
     TwoPhaseCommitCoordinator,
     derive_sink_id,
     parse_transaction_id,
-    query_id_from_checkpoint,
+    stale_pieces,
+    transaction_id,
     validate_sink_id,
 )
 from commit_protocols.fault_points import _parse
-from commit_protocols.identity import SinkIdentityError
+from commit_protocols.identity import (
+    Attempt,
+    SinkIdentityError,
+    TaskIdentity,
+    attempt_string,
+    parse_attempt,
+)
+from commit_protocols.pieces import ABORTED, DECIDED, DONE
 
 
 class InMemoryResource(TransactionalResource):
-    """Prepared pieces, committed pieces and a ledger, as plain collections."""
+    """Prepared pieces, committed pieces and decision slots, as plain collections.
+
+    ``lose_next`` names a method whose next call applies and then raises (its answer lost);
+    ``fail_next`` one whose next call raises before applying.
+    """
 
     def __init__(self, atomic: bool = False) -> None:
         self.commits_atomically = atomic
         self.prepared: dict[str, PreparedPiece] = {}
         self.committed: list[str] = []
-        self.decisions: dict[tuple[str, int], tuple[BatchDecision, bool]] = {}
+        self.rolled_back: list[str] = []
+        self.slots: dict[tuple[str, int], BatchDecision] = {}
+        self.calls: Counter[str] = Counter()
+        self.faults: dict[tuple[str, int], str] = {}
+
+    def fail(self, name: str, nth: int = 1, mode: str = "before") -> None:
+        """Make the ``nth`` next call of ``name`` fail before it applies or after (lost)."""
+        self.faults[(name, self.calls[name] + nth)] = mode
+
+    def _faults(self, name: str, action):
+        self.calls[name] += 1
+        mode = self.faults.pop((name, self.calls[name]), None)
+        if mode == "before":
+            raise ConnectionError(f"{name} failed before it applied")
+        result = action()
+        if mode == "after":
+            raise ConnectionError(f"{name} applied, answer lost")
+        return result
 
     def prepare(
         self, sink_id: str, batch_id: int, partition_id: int, attempt: str = "0"
@@ -36,39 +69,70 @@ class InMemoryResource(TransactionalResource):
         return piece
 
     def find_decision(self, sink_id, batch_id):
-        found = self.decisions.get((sink_id, batch_id))
-        return found[0] if found else None
+        return self.slots.get((sink_id, batch_id))
+
+    def _put(self, decision, status):
+        key = (decision.sink_id, decision.batch_id)
+        slot = self.slots.get(key)
+        if slot is None or slot.accepts(decision):
+            self.slots[key] = replace(decision, status=status)
+        return self.slots[key]
 
     def record_decision(self, decision):
-        key = (decision.sink_id, decision.batch_id)
-        if key in self.decisions:
-            return False
-        self.decisions[key] = (decision, False)
-        return True
+        return self._faults("record_decision", lambda: self._put(decision, DECIDED))
+
+    def fence(self, sink_id, batch_id, pieces):
+        def apply():
+            slot = self.slots.get((sink_id, batch_id))
+            if slot is None:
+                slot = BatchDecision(sink_id, batch_id, (), ABORTED)
+            if not slot.is_decided:
+                slot = slot.fenced_with(pieces)
+                self.slots[(sink_id, batch_id)] = slot
+            return slot
+
+        return self._faults("fence", apply)
 
     def commit_piece(self, piece):
-        if self.prepared.pop(piece.transaction_id, None) is not None:
-            self.committed.append(piece.transaction_id)
+        def apply():
+            if self.prepared.pop(piece.transaction_id, None) is not None:
+                self.committed.append(piece.transaction_id)
+            elif piece.transaction_id in self.rolled_back:
+                raise DecidedPieceLostError(f"{piece.transaction_id} was rolled back")
+
+        self._faults("commit_piece", apply)
 
     def rollback_piece(self, piece):
-        self.prepared.pop(piece.transaction_id, None)
+        def apply():
+            if self.prepared.pop(piece.transaction_id, None) is not None:
+                self.rolled_back.append(piece.transaction_id)
+
+        self._faults("rollback_piece", apply)
 
     def mark_done(self, decision):
-        self.decisions[(decision.sink_id, decision.batch_id)] = (decision, True)
+        key = (decision.sink_id, decision.batch_id)
+        self.slots[key] = replace(self.slots[key], status=DONE)
 
     def unfinished_decisions(self, sink_id):
-        return [d for (s, _), (d, done) in self.decisions.items() if s == sink_id and not done]
+        return [d for (s, _), d in self.slots.items() if s == sink_id and d.status == DECIDED]
 
     def prepared_pieces(self, sink_id):
         return [p for p in self.prepared.values() if p.sink_id == sink_id]
 
     def commit_atomically(self, decision):
-        if not self.record_decision(decision):
-            return False
-        for piece in decision.pieces:
-            self.commit_piece(piece)
-        self.mark_done(decision)
-        return True
+        def apply():
+            slot = self._put(decision, DONE)
+            if slot.status == DONE and slot.same_pieces(decision):
+                for piece in decision.pieces:
+                    self.prepared.pop(piece.transaction_id)
+                    self.committed.append(piece.transaction_id)
+            return slot
+
+        return self._faults("record_decision", apply)
+
+    def status(self, sink_id: str, batch_id: int) -> str | None:
+        slot = self.slots.get((sink_id, batch_id))
+        return None if slot is None else slot.status
 
 
 @pytest.fixture(params=[False, True], ids=["piece-by-piece", "atomic"])
@@ -84,7 +148,7 @@ def test_commit_applies_every_piece_once_and_records_a_done_decision(resource):
     assert decision is not None and decision.rows == 30
     assert sorted(resource.committed) == sorted(p.transaction_id for p in pieces)
     assert resource.prepared == {}
-    assert resource.decisions[("s1", 0)][1] is True
+    assert resource.status("s1", 0) == DONE
 
 
 def test_replayed_batch_is_not_applied_twice_and_its_new_pieces_are_rolled_back(resource):
@@ -131,7 +195,7 @@ def test_abort_rolls_back_what_the_tasks_prepared(resource):
     TwoPhaseCommitCoordinator(resource).abort([pieces[0], None, pieces[1]], 1)
 
     assert resource.prepared == {} and resource.committed == []
-    assert resource.decisions == {}
+    assert resource.status("s1", 1) == ABORTED
 
 
 def test_pieces_of_two_sinks_in_one_batch_are_refused(resource):
@@ -143,7 +207,7 @@ def test_pieces_of_two_sinks_in_one_batch_are_refused(resource):
 
 def test_a_batch_without_pieces_commits_nothing(resource):
     assert TwoPhaseCommitCoordinator(resource).commit([None], 0) is None
-    assert resource.decisions == {}
+    assert resource.slots == {}
 
 
 def test_transaction_ids_round_trip_and_decisions_serialise():
@@ -163,17 +227,126 @@ def test_sink_id_changes_with_the_query_and_the_target():
         validate_sink_id("a-b")
 
 
-def test_query_id_is_read_from_a_local_checkpoint(tmp_path):
-    (tmp_path / "metadata").write_text('{"id":"5f1c"}\n')
-    assert query_id_from_checkpoint(str(tmp_path)) == "5f1c"
-    assert query_id_from_checkpoint(f"file://{tmp_path}") == "5f1c"
-    assert query_id_from_checkpoint(str(tmp_path / "missing")) is None
-    assert query_id_from_checkpoint("s3a://bucket/checkpoint") is None
-
-
 def test_fault_point_names_are_checked():
     assert _parse("after_decision@3") == ("after_decision", 3)
     assert _parse("after_commit") == ("after_commit", None)
     assert _parse(None) is None
     with pytest.raises(ValueError, match="names no fault point"):
         _parse("after_lunch")
+
+
+def spark_commit(coordinator: TwoPhaseCommitCoordinator, messages, batch_id: int) -> None:
+    """What Spark 4.3 does: commit, and abort with the same messages when commit raises."""
+    try:
+        coordinator.commit(messages, batch_id)
+    except Exception:
+        coordinator.abort(messages, batch_id)
+        raise
+
+
+def test_abort_of_a_decided_batch_rolls_it_forward_instead_of_back():
+    resource = InMemoryResource()
+    pieces = [resource.prepare("s1", 5, p) for p in range(3)]
+    resource.fail("commit_piece", nth=2)  # the connection drops between two commits
+
+    with pytest.raises(ConnectionError):
+        spark_commit(TwoPhaseCommitCoordinator(resource), pieces, 5)
+
+    assert sorted(resource.committed) == sorted(p.transaction_id for p in pieces)
+    assert resource.rolled_back == [] and resource.prepared == {}
+    assert resource.status("s1", 5) == DONE
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["piece-by-piece", "atomic"])
+def test_a_decision_whose_answer_was_lost_is_recognised_as_ours(atomic):
+    resource = InMemoryResource(atomic=atomic)
+    pieces = [resource.prepare("s1", 2, p) for p in range(2)]
+    resource.fail("record_decision", mode="after")
+
+    with pytest.raises(ConnectionError):
+        spark_commit(TwoPhaseCommitCoordinator(resource), pieces, 2)
+
+    assert sorted(resource.committed) == sorted(p.transaction_id for p in pieces)
+    assert resource.rolled_back == []
+    assert resource.status("s1", 2) == DONE
+
+
+def test_an_abort_fence_refuses_a_late_decision_naming_rolled_back_pieces():
+    resource = InMemoryResource()
+    coordinator = TwoPhaseCommitCoordinator(resource)
+    pieces = [resource.prepare("s1", 3, p, attempt="a") for p in range(2)]
+    coordinator.abort(pieces, 3)  # the decision write is still in flight somewhere
+
+    with pytest.raises(CommitProtocolError, match="were rolled back by an abort or a recovery"):
+        coordinator.commit(pieces, 3)  # ... and lands late
+    assert resource.committed == [] and resource.status("s1", 3) == ABORTED
+
+    replay = [resource.prepare("s1", 3, p, attempt="b") for p in range(2)]
+    coordinator.commit(replay, 3)
+    assert sorted(resource.committed) == sorted(p.transaction_id for p in replay)
+    assert resource.status("s1", 3) == DONE
+
+
+def test_an_abort_that_cannot_reach_the_resource_leaves_the_pieces_and_does_not_raise(caplog):
+    resource = InMemoryResource()
+    pieces = [resource.prepare("s1", 4, p) for p in range(2)]
+    resource.fail("fence")
+
+    TwoPhaseCommitCoordinator(resource, "2pc-test").abort(pieces, 4)
+
+    assert set(resource.prepared) == {p.transaction_id for p in pieces}
+    assert "Prepared pieces left: " + pieces[0].transaction_id in caplog.text
+
+
+def test_recovery_commits_a_listed_piece_that_a_decision_names_instead_of_rolling_it_back():
+    resource = InMemoryResource()
+    pieces = tuple(resource.prepare("s1", 6, p) for p in range(2))
+    resource.record_decision(BatchDecision("s1", 6, pieces))
+
+    TwoPhaseCommitCoordinator(resource).roll_back_orphans("s1", list(pieces))
+
+    assert sorted(resource.committed) == sorted(p.transaction_id for p in pieces)
+    assert resource.rolled_back == [] and resource.status("s1", 6) == DONE
+
+
+def test_a_decided_piece_that_someone_rolled_back_fails_loudly_on_replay():
+    resource = InMemoryResource()
+    pieces = tuple(resource.prepare("s1", 8, p) for p in range(2))
+    resource.record_decision(BatchDecision("s1", 8, pieces))  # crash after the decision
+    resource.rollback_piece(pieces[1])  # a DBA's ROLLBACK PREPARED, a lifecycle rule
+    replay = [resource.prepare("s1", 8, p, attempt="r") for p in range(2)]
+
+    with pytest.raises(DecidedPieceLostError, match=pieces[1].transaction_id):
+        TwoPhaseCommitCoordinator(resource).commit(replay, 8)
+    assert resource.status("s1", 8) == DECIDED
+
+
+def task(batch: int, partition: int, attempt: str, speculation: bool = False) -> TaskIdentity:
+    return TaskIdentity("s1", batch, partition, attempt, speculation)
+
+
+def test_stale_pieces_are_earlier_batches_other_runs_and_failed_attempts():
+    run_a, run_b = attempt_string(0, "aaaa-1111"), attempt_string(0, "bbbb-2222")
+    retry_b = attempt_string(1, "bbbb-2222")
+    listed = {
+        "earlier batch": PreparedPiece("s1", 4, 1, run_b, 1),
+        "other run": PreparedPiece("s1", 5, 1, run_a, 1),
+        "older eospack": PreparedPiece("s1", 5, 0, "0xdeadbeef12", 1),
+        "failed attempt": PreparedPiece("s1", 5, 0, run_b, 1),
+        "other partition": PreparedPiece("s1", 5, 1, run_b, 1),
+        "later batch": PreparedPiece("s1", 6, 0, run_a, 1),
+        "other sink": PreparedPiece("s2", 4, 0, run_a, 1),
+    }
+    stale = stale_pieces(task(5, 0, retry_b), listed.values())
+    names = {name for name, piece in listed.items() if piece in stale}
+    assert names == {"earlier batch", "other run", "older eospack", "failed attempt"}
+
+    speculative = stale_pieces(task(5, 0, retry_b, speculation=True), listed.values())
+    assert listed["failed attempt"] not in speculative
+
+
+def test_attempt_strings_carry_the_attempt_number_and_the_run():
+    attempt = attempt_string(3, "36b9e0c7-2061-4f6c-b363-b010d8a67ecd")
+    assert parse_attempt(attempt) == Attempt(3, "36b9e0c72061")
+    assert parse_attempt("0xdeadbeef12") == Attempt(0, None)
+    assert parse_transaction_id(transaction_id("s1", 2, 1, attempt)) == ("s1", 2, 1, attempt)

@@ -74,6 +74,7 @@ def test_every_option_parsed_case_insensitively() -> None:
             "ledgertable": "audit.commits",
             "sinkid": "orders_v2",
             "checkpointlocation": "/tmp/cp",
+            "locktimeout": "2min",
         }
     )
     assert options.user == "alice" and options.url.port == 5432
@@ -84,7 +85,7 @@ def test_every_option_parsed_case_insensitively() -> None:
     assert not options.exactly_once and options.protocol == "staging"
     assert options.create_table
     assert options.ledger_table == TableName("audit", "commits")
-    assert options.sink_id == "orders_v2" and options.checkpoint_location == "/tmp/cp"
+    assert options.sink_id == "orders_v2" and options.lock_timeout_ms == 120_000
     assert options.psycopg_kwargs()["password"] == PASSWORD
 
 
@@ -146,6 +147,14 @@ def test_sqlite_url_is_made_absolute() -> None:
             " use protocol=staging or auto",
         ),
         ({"batchsize": "0"}, "batchsize '0' is not a positive integer: set e.g. batchsize=10000"),
+        (
+            {"lockTimeout": "soon"},
+            "lockTimeout 'soon' is not a duration: use e.g. lockTimeout=500ms, 30s or 2min",
+        ),
+        (
+            {"lockTimeout": "0s"},
+            "lockTimeout '0s' is not a duration: use e.g. lockTimeout=500ms, 30s or 2min",
+        ),
         (
             {"batchsize": "ten"},
             "batchsize 'ten' is not a positive integer: set e.g. batchsize=10000",
@@ -276,7 +285,7 @@ def test_upsert_sql_never_moves_a_version_backwards() -> None:
         ),
         (
             psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
-            "2pc-jdbc lost db during commit: waited longer than lock_timeout for a row lock"
+            "2pc-jdbc lost db during commit: waited longer than lockTimeout for a row lock"
             " (canceling statement due to lock timeout): two tasks of one batch write the same"
             " key (repartition by upsertKeys or use protocol=staging) or another writer holds it",
         ),

@@ -9,6 +9,7 @@ case-insensitive. The password is kept out of reprs and errors, and a password i
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,6 +25,8 @@ Protocol = Literal["auto", "prepared", "staging"]
 DEFAULT_BATCHSIZE = 10_000
 DEFAULT_LEDGER_TABLE = "eospack_commits"
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10
+DEFAULT_LOCK_TIMEOUT_MS = 120_000
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000}
 URL_FORMS = (
     "jdbc:postgresql://host:port/database, postgresql://host:port/database or jdbc:sqlite:PATH"
 )
@@ -69,7 +72,8 @@ class JdbcSinkOptions:
     create_table: bool = False
     ledger_table: TableName = field(default_factory=lambda: TableName(None, DEFAULT_LEDGER_TABLE))
     sink_id: str | None = None
-    checkpoint_location: str | None = None
+    lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
+    """How long a task waits for a row lock before its batch fails (PostgreSQL)."""
 
     @property
     def target(self) -> str:
@@ -253,5 +257,20 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         create_table=options.boolean("createTableIfNotExists", False),
         ledger_table=ledger,
         sink_id=sink_id,
-        checkpoint_location=options.get("checkpointLocation"),
+        lock_timeout_ms=_duration_ms(
+            "lockTimeout", options.get("lockTimeout"), DEFAULT_LOCK_TIMEOUT_MS
+        ),
     )
+
+
+def _duration_ms(name: str, value: str | None, default: int) -> int:
+    """A positive duration such as 500ms, 30s or 2min (a bare number is milliseconds)."""
+    if value is None:
+        return default
+    match = re.fullmatch(r"(\d+)\s*([a-z]*)", value.lower())
+    unit = (match.group(2) or "ms") if match else ""
+    if match is None or unit not in _DURATION_UNITS_MS or int(match.group(1)) <= 0:
+        raise JdbcSinkOptionError(
+            f"{name} {value!r} is not a duration: use e.g. {name}=500ms, 30s or 2min"
+        )
+    return int(match.group(1)) * _DURATION_UNITS_MS[unit]

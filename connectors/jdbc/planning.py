@@ -3,7 +3,9 @@
 ``plan_sink`` connects once, resolves ``protocol=auto``, creates or checks the target
 table, the staging table and the ledger, and raises one clear error naming the option
 at fault. Results are cached per process: Spark calls ``streamWriter`` before every
-micro-batch and again for every commit, and the checks need to run once.
+micro-batch and again for every commit, and the checks need to run once. The checks are
+safe while a batch's pieces are prepared and hold their locks: with the tables in place
+they only read the catalog, and any DDL waits at most ``lockTimeout`` for a lock.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from pyspark.sql.types import StructType
 
 from connectors.jdbc import postgres
@@ -25,7 +28,7 @@ from connectors.jdbc.dialect import (
     quote,
     stage_table,
 )
-from connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
+from connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError, JdbcWriteError
 from connectors.jdbc.options import JdbcSinkOptions
 
 logger = logging.getLogger("eospack.jdbc")
@@ -39,21 +42,20 @@ class SinkPlan:
     stage: TableName
 
 
-_PLANS: dict[tuple[JdbcSinkOptions, str, bool], SinkPlan] = {}
+_PLANS: dict[tuple[JdbcSinkOptions, str], SinkPlan] = {}
 
 
-def plan_sink(options: JdbcSinkOptions, schema: StructType, check_tables: bool) -> SinkPlan:
-    """The checked plan; ``check_tables=False`` only resolves the protocol (no DDL, no
-    locks: used while a batch's pieces are prepared and hold their locks)."""
-    key = (options, schema.json(), check_tables)
+def plan_sink(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
+    """The checked plan, computed once per process for these options and schema."""
+    key = (options, schema.json())
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _plan(options, schema, check_tables)
+        plan = _plan(options, schema)
         _PLANS[key] = plan
     return plan
 
 
-def _plan(options: JdbcSinkOptions, schema: StructType, check_tables: bool) -> SinkPlan:
+def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
     check_columns(schema)
     dialect = options.url.dialect
     for field in schema.fields:
@@ -74,15 +76,15 @@ def _plan(options: JdbcSinkOptions, schema: StructType, check_tables: bool) -> S
         connection = postgres.connect(options, autocommit=True)
         try:
             protocol = _postgres_protocol(options, connection)
-            if check_tables:
-                with postgres.ddl_transaction(connection):
+            try:
+                with postgres.ddl_transaction(connection, options.lock_timeout_ms):
                     _prepare_tables(options, schema, protocol, stage, connection)
+            except psycopg.errors.LockNotAvailable as error:
+                raise _locked_tables_error(options, connection) from error
         finally:
             connection.close()
     else:
         protocol = "staging" if options.exactly_once else "direct"
-        if not check_tables:
-            return SinkPlan(protocol, columns, stage)
         connection = sqlite_db.connect(options)
         try:
             with sqlite_db.transaction(connection):
@@ -90,6 +92,18 @@ def _plan(options: JdbcSinkOptions, schema: StructType, check_tables: bool) -> S
         finally:
             connection.close()
     return SinkPlan(protocol, columns, stage)
+
+
+def _locked_tables_error(options: JdbcSinkOptions, connection: Any) -> JdbcWriteError:
+    gids = postgres.prepared_gids(connection, "eospack-")
+    shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
+    return JdbcWriteError(
+        f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one is"
+        f" locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
+        + (f" (prepared transactions of eospack sinks: {shown})" if gids else "")
+        + ": restart the query with the columns it had before, so that its recovery finishes"
+        " what a crashed run left, or roll them back by hand (ROLLBACK PREPARED '<gid>')"
+    )
 
 
 def _postgres_protocol(options: JdbcSinkOptions, connection: Any) -> str:

@@ -20,7 +20,6 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
-from psycopg import errors as pg_errors
 
 from connectors.jdbc.dialect import PIECE_COLUMN, TableName, column_list, quote
 from connectors.jdbc.errors import JdbcConnectionError
@@ -107,9 +106,17 @@ def unique_key_sets(connection: psycopg.Connection, table: TableName) -> list[fr
 
 
 @contextmanager
-def ddl_transaction(connection: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    """A transaction holding the sink's DDL advisory lock until it ends."""
+def ddl_transaction(
+    connection: psycopg.Connection, lock_timeout_ms: int
+) -> Iterator[psycopg.Connection]:
+    """A transaction holding the sink's DDL advisory lock until it ends.
+
+    Its statements wait at most ``lock_timeout_ms`` for a table lock: a prepared
+    transaction left by a crashed run can hold one for ever, and query start must fail
+    with a message rather than hang.
+    """
     with connection.transaction():
+        connection.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_ms)}ms'")
         connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK_KEY,))
         yield connection
 
@@ -204,6 +211,20 @@ def csv_ready(table: pa.Table) -> pa.Table:
     return table
 
 
-def is_undefined_object(error: BaseException) -> bool:
-    """COMMIT/ROLLBACK PREPARED of a gid that is gone (SQLSTATE 42704)."""
-    return isinstance(error, pg_errors.UndefinedObject)
+def prepared_gids(connection: psycopg.Connection, prefix: str) -> list[str]:
+    """The gids of this database's prepared transactions that start with ``prefix``."""
+    rows = connection.execute(
+        "SELECT gid FROM pg_prepared_xacts"
+        " WHERE database = current_database() AND starts_with(gid, %s) ORDER BY gid",
+        (prefix,),
+    ).fetchall()
+    return [gid for (gid,) in rows]
+
+
+def current_transaction_id(cursor: psycopg.Cursor[Any]) -> str:
+    """The running transaction's 64-bit id: recorded with a prepared piece, so that a later
+    ``COMMIT PREPARED`` that finds the gid gone can ask ``pg_xact_status`` what happened."""
+    cursor.execute("SELECT pg_current_xact_id()::text")
+    row = cursor.fetchone()
+    assert row is not None
+    return str(row[0])

@@ -1,34 +1,49 @@
-"""The driver's side of 2pc-jdbc: the ledger and the two ways pieces are prepared.
+"""The driver's side of 2pc-jdbc: the ledger and the two kinds of prepared pieces.
 
-The ledger (``ledgerTable``, default ``eospack_commits``) has one row per (sink id,
-batch id): rows, protocol, commit time, status ``decided``/``done`` and the pieces as
-JSON. Lookups go through its primary key; unfinished decisions through a partial index
-on ``status = 'decided'``, so driver cost per batch stays constant as the ledger grows.
+The ledger (``ledgerTable``, default ``eospack_commits``) holds the decision slot of each
+(sink id, batch id): rows, protocol, commit time, status ``decided``/``done``/``aborted``
+and the pieces as JSON. Slots change by compare-and-set in one transaction holding the
+slot's row lock (``_write_slot``). Lookups go through the primary key; unfinished
+decisions through a partial index on ``status = 'decided'``, so driver cost per batch
+stays constant as the ledger grows.
+
+A piece is either a PostgreSQL prepared transaction (handle ``gid``, ``xid``) or a tag in
+the staging table (handle ``piece``). One resource finishes both kinds, whatever today's
+``protocol`` option says: a decision is rolled forward by what it recorded, so a query
+restarted with another protocol still commits what a crashed run decided, and recovery
+lists leftovers of both kinds.
 
 ``prepared`` (PostgreSQL ``PREPARE TRANSACTION``), for batch N:
 
 =================================  ==============================  =========================
 step                               if the driver dies here         mended by
 =================================  ==============================  =========================
-tasks COPY + PREPARE TRANSACTION   prepared xacts, no decision     next planning rolls back
-ledger row N ``decided``           decided, pieces still prepared  recovery COMMITs PREPARED
-COMMIT PREPARED each piece         some committed                  recovery commits the rest
+tasks COPY + PREPARE TRANSACTION   prepared xacts, no decision     the replay's tasks roll
+                                                                   them back (fenced)
+ledger row N ``decided``           decided, pieces still prepared  the replay's commit
+                                                                   COMMITs PREPARED
+COMMIT PREPARED each piece         some committed                  the replay commits the rest
 ledger row N ``done``              Spark replays N                 replay's tasks see N: no-op
 =================================  ==============================  =========================
 
+``COMMIT PREPARED`` of a gid that is gone (SQLSTATE 42704) is checked, not assumed: the
+piece recorded its transaction id, and ``pg_xact_status`` tells committed (an earlier
+commit whose answer was lost) from rolled back (someone ran ``ROLLBACK PREPARED``: the
+rows are lost, ``DecidedPieceLostError``).
+
 ``staging`` (any database): tasks COPY into ``<table>_eospack_stage_<hash>`` tagged with
-their piece id and commit; the driver then, in ONE transaction, inserts ledger row N
-(``done``), moves the batch's staged rows into the target and deletes them. A crash
-leaves either nothing of N applied (staged rows are rolled back as orphans) or all of it.
+their piece id and commit; the driver then, in ONE transaction, writes slot N ``done``,
+moves the batch's staged rows into the target and deletes them. A crash leaves either
+nothing of N applied (staged rows are rolled back as orphans) or all of it.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -37,9 +52,12 @@ from commit_protocols import (
     BatchDecision,
     PreparedPiece,
     TransactionalResource,
+    faults,
     parse_transaction_id,
     sink_prefix,
 )
+from commit_protocols.pieces import ABORTED, DECIDED, DONE
+from commit_protocols.resource import DecidedPieceLostError
 from connectors.jdbc import postgres
 from connectors.jdbc import sqlite as sqlite_db
 from connectors.jdbc.dialect import (
@@ -56,15 +74,18 @@ from connectors.jdbc.options import JdbcSinkOptions
 logger = logging.getLogger("eospack.jdbc")
 
 Connection = Any  # psycopg.Connection (autocommit) or sqlite3.Connection (autocommit)
+Result = TypeVar("Result")
 
 
-class _LedgerResource(TransactionalResource):
-    """Ledger access shared by both protocols; subclasses say how pieces are finished."""
+class JdbcResource(TransactionalResource):
+    """The ledger, prepared transactions and staged pieces of one target table."""
 
-    protocol = "?"
-
-    def __init__(self, options: JdbcSinkOptions, columns: tuple[str, ...], stage: TableName):
+    def __init__(
+        self, options: JdbcSinkOptions, protocol: str, columns: tuple[str, ...], stage: TableName
+    ) -> None:
         self.options = options
+        self.protocol = protocol
+        self.commits_atomically = protocol == "staging"
         self.columns = list(columns)
         self.stage = stage
         self.dialect = options.url.dialect
@@ -76,11 +97,19 @@ class _LedgerResource(TransactionalResource):
         self.placeholder = "%s" if self.dialect == "postgresql" else "?"
         self.ledger = options.ledger_table.sql()
 
-    def _sql(self, statement: str) -> str:
-        return statement.replace("%s", self.placeholder)
+    # Calls, through the fault rig ------------------------------------------------------
+
+    def _call(self, name: str, action: Callable[[], Result], batch_id: int | None) -> Result:
+        """Run one database call as ``jdbc.<name>`` (see ``commit_protocols.faults``)."""
+        postgresql = self.dialect == "postgresql"
+        error = psycopg.OperationalError if postgresql else sqlite3.OperationalError
+        return faults.run_call(
+            f"jdbc.{name}", action, error=error, lose_connection=self.connection.close,
+            batch_id=batch_id,
+        )  # fmt: skip
 
     def _execute(self, statement: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
-        return self.connection.execute(self._sql(statement), params)
+        return self.connection.execute(statement.replace("%s", self.placeholder), params)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -91,14 +120,64 @@ class _LedgerResource(TransactionalResource):
             with sqlite_db.transaction(self.connection):
                 yield
 
-    def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
-        row = self._execute(
-            f"SELECT pieces FROM {self.ledger} WHERE sink_id = %s AND batch_id = %s",
-            (sink_id, batch_id),
-        ).fetchone()
-        return None if row is None else BatchDecision.from_pieces_json(sink_id, batch_id, row[0])
+    # The decision slot -----------------------------------------------------------------
 
-    def _insert_decision(self, decision: BatchDecision, status: str) -> bool:
+    def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
+        row = self._call(
+            "find_decision",
+            lambda: self._execute(
+                f"SELECT pieces, status FROM {self.ledger} WHERE sink_id = %s AND batch_id = %s",
+                (sink_id, batch_id),
+            ).fetchone(),
+            batch_id,
+        )
+        if row is None:
+            return None
+        return BatchDecision.from_pieces_json(sink_id, batch_id, row[0], str(row[1]))
+
+    def record_decision(self, decision: BatchDecision) -> BatchDecision:
+        return self._call(
+            "decide", lambda: self._with_slot(decision, DECIDED), decision.batch_id
+        )
+
+    def fence(
+        self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]
+    ) -> BatchDecision:
+        fence = BatchDecision(sink_id, batch_id, pieces, ABORTED)
+        return self._call("fence", lambda: self._with_slot(fence, ABORTED), batch_id)
+
+    def commit_atomically(self, decision: BatchDecision) -> BatchDecision:
+        return self._call("decide", lambda: self._commit_staged(decision), decision.batch_id)
+
+    def _with_slot(self, wanted: BatchDecision, status: str) -> BatchDecision:
+        with self._transaction():
+            return self._write_slot(wanted, status)
+
+    def _write_slot(self, wanted: BatchDecision, status: str) -> BatchDecision:
+        """Inside a transaction: put ``wanted`` with ``status`` into its slot where the rules
+        allow (see ``BatchDecision``); return what the slot holds now."""
+        if self._insert_slot(wanted, status):
+            return BatchDecision(wanted.sink_id, wanted.batch_id, wanted.pieces, status)
+        lock = " FOR UPDATE" if self.dialect == "postgresql" else ""
+        row = self._execute(
+            f"SELECT pieces, status FROM {self.ledger} WHERE sink_id = %s AND batch_id = %s{lock}",
+            (wanted.sink_id, wanted.batch_id),
+        ).fetchone()
+        slot = BatchDecision.from_pieces_json(wanted.sink_id, wanted.batch_id, row[0], str(row[1]))
+        if status == ABORTED:
+            if slot.is_decided:
+                return slot
+            widened = slot.fenced_with(wanted.pieces)
+            if widened != slot:
+                self._update_slot(widened, ABORTED)
+            return widened
+        if not slot.accepts(wanted):
+            return slot
+        written = BatchDecision(wanted.sink_id, wanted.batch_id, wanted.pieces, status)
+        self._update_slot(written, status)
+        return written
+
+    def _insert_slot(self, decision: BatchDecision, status: str) -> bool:
         row = self._execute(
             f"INSERT INTO {self.ledger} (sink_id, batch_id, target, protocol, rows, status, pieces)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s)"
@@ -110,79 +189,151 @@ class _LedgerResource(TransactionalResource):
         ).fetchone()  # fmt: skip
         return row is not None
 
-    def record_decision(self, decision: BatchDecision) -> bool:
-        return self._insert_decision(decision, "decided")
+    def _update_slot(self, decision: BatchDecision, status: str) -> None:
+        self._execute(
+            f"UPDATE {self.ledger} SET status = %s, pieces = %s, rows = %s, protocol = %s,"
+            " committed_at = CURRENT_TIMESTAMP WHERE sink_id = %s AND batch_id = %s",
+            (
+                status, decision.pieces_json(), decision.rows, self.protocol,
+                decision.sink_id, decision.batch_id,
+            ),
+        )  # fmt: skip
 
     def mark_done(self, decision: BatchDecision) -> None:
-        self._execute(
-            f"UPDATE {self.ledger} SET status = 'done', committed_at = CURRENT_TIMESTAMP"
-            " WHERE sink_id = %s AND batch_id = %s",
-            (decision.sink_id, decision.batch_id),
+        self._call(
+            "mark_done",
+            lambda: self._execute(
+                f"UPDATE {self.ledger} SET status = '{DONE}', committed_at = CURRENT_TIMESTAMP"
+                f" WHERE sink_id = %s AND batch_id = %s AND status = '{DECIDED}'",
+                (decision.sink_id, decision.batch_id),
+            ),
+            decision.batch_id,
         )
 
     def unfinished_decisions(self, sink_id: str) -> list[BatchDecision]:
         rows = self._execute(
             f"SELECT batch_id, pieces FROM {self.ledger}"
-            " WHERE sink_id = %s AND status = 'decided' ORDER BY batch_id",
+            f" WHERE sink_id = %s AND status = '{DECIDED}' ORDER BY batch_id",
             (sink_id,),
         ).fetchall()
         return [BatchDecision.from_pieces_json(sink_id, int(b), pieces) for b, pieces in rows]
 
-    def close(self) -> None:
-        self.connection.close()
-
-
-class PreparedTransactionResource(_LedgerResource):
-    """Pieces are PostgreSQL prepared transactions whose gid is the piece's transaction id."""
-
-    protocol = "prepared"
+    # Pieces ----------------------------------------------------------------------------
 
     def commit_piece(self, piece: PreparedPiece) -> None:
-        self._finish(piece, "COMMIT PREPARED")
+        if piece.handle.get("gid"):
+            self._call("commit_piece", lambda: self._commit_prepared(piece), piece.batch_id)
+        elif piece.handle.get("piece") and piece.rows:
+
+            def move() -> None:
+                with self._transaction():
+                    self._move([piece.transaction_id])
+
+            self._call("commit_piece", move, piece.batch_id)
 
     def rollback_piece(self, piece: PreparedPiece) -> None:
-        self._finish(piece, "ROLLBACK PREPARED")
-
-    def _finish(self, piece: PreparedPiece, command: str) -> None:
         gid = piece.handle.get("gid")
-        if not gid:
-            return  # an empty piece: the task had no rows and prepared nothing
+        if gid:
+            self._call("rollback_piece", lambda: self._finish_prepared(gid, "ROLLBACK"), None)
+        elif piece.handle.get("piece"):
+            self._call(
+                "rollback_piece",
+                lambda: self.connection.execute(
+                    delete_from_stage_sql(self.dialect, self.stage, 1),
+                    pieces_params(self.dialect, [piece.transaction_id]),
+                ),
+                None,
+            )
+
+    def _commit_prepared(self, piece: PreparedPiece) -> None:
+        gid = str(piece.handle["gid"])
+        if self._finish_prepared(gid, "COMMIT"):
+            return
+        xid = piece.handle.get("xid")
+        if xid is None:
+            logger.warning(
+                "2pc-jdbc cannot verify that %s (batch %d, written by an older eospack) was"
+                " committed: it is gone, so it is taken as committed", gid, piece.batch_id,
+            )  # fmt: skip
+            return
+        row = self.connection.execute("SELECT pg_xact_status(%s::xid8)", (str(xid),)).fetchone()
+        status = row[0] if row else None
+        if status == "committed":
+            return
+        fix = (
+            f"if its rows are in {self.options.table} after all, mark the batch done"
+            f" (UPDATE {self.options.ledger_table} SET status = 'done' WHERE sink_id ="
+            f" '{piece.sink_id}' AND batch_id = {piece.batch_id}) and restart the query"
+        )
+        if status == "aborted":
+            raise DecidedPieceLostError(
+                f"2pc-jdbc sink {piece.sink_id} batch {piece.batch_id}: prepared transaction"
+                f" {gid} (partition {piece.partition_id}, {piece.rows} rows) was rolled back by"
+                f" someone else although the batch was decided, so its rows are lost: {fix}"
+            )
+        raise DecidedPieceLostError(
+            f"2pc-jdbc sink {piece.sink_id} batch {piece.batch_id}: prepared transaction {gid}"
+            f" is gone and {self.options.url.display()} no longer knows whether transaction"
+            f" {xid} committed (status {status}): {fix}"
+        )
+
+    def _finish_prepared(self, gid: str, verb: str) -> bool:
+        """COMMIT/ROLLBACK PREPARED; False when the gid is gone (SQLSTATE 42704)."""
         try:
-            self.connection.execute(sql.SQL(command + " {}").format(sql.Literal(gid)))
+            self.connection.execute(sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid)))
         except psycopg.errors.UndefinedObject:
-            pass  # already finished (SQLSTATE 42704): commits and rollbacks are idempotent
+            return False
+        return True
 
     def prepared_pieces(self, sink_id: str) -> list[PreparedPiece]:
-        rows = self.connection.execute(
-            "SELECT gid FROM pg_prepared_xacts"
-            " WHERE database = current_database() AND starts_with(gid, %s)",
-            (sink_prefix(sink_id),),
-        ).fetchall()
-        return [_piece_of(gid, {"gid": gid}) for (gid,) in rows if parse_transaction_id(gid)]
+        """Prepared transactions and staged pieces of this sink, whatever today's protocol."""
+        found = []
+        if self.dialect == "postgresql":
+            found += [
+                _piece_of(gid, {"gid": gid})
+                for gid in postgres.prepared_gids(self.connection, sink_prefix(sink_id))
+            ]
+        if self._stage_exists():
+            prefix = sink_prefix(sink_id)
+            upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            column = quote(PIECE_COLUMN)
+            rows = self._execute(
+                f"SELECT DISTINCT {column} FROM {self.stage.sql()}"
+                f" WHERE {column} >= %s AND {column} < %s",
+                (prefix, upper),
+            ).fetchall()
+            found += [_piece_of(tid, {"piece": tid}) for (tid,) in rows]
+        return [piece for piece in found if piece is not None]
 
+    def _stage_exists(self) -> bool:
+        db = postgres if self.dialect == "postgresql" else sqlite_db
+        return db.table_columns(self.connection, self.stage) is not None
 
-class StagingTableResource(_LedgerResource):
-    """Pieces are tagged rows of the staging table, moved per batch in one transaction."""
+    # Staging -----------------------------------------------------------------------------
 
-    protocol = "staging"
-    commits_atomically = True
-
-    def commit_atomically(self, decision: BatchDecision) -> bool:
-        pieces = [piece.transaction_id for piece in decision.pieces if piece.rows]
+    def _commit_staged(self, decision: BatchDecision) -> BatchDecision:
+        """Slot ``done``, the move and the delete of the staged rows, in one transaction."""
+        if any(piece.handle.get("gid") for piece in decision.pieces):
+            # Tasks prepared transactions (the protocol resolved differently when the batch
+            # was planned): decide, and let the coordinator commit them piece by piece.
+            return self._with_slot(decision, DECIDED)
         with self._transaction():
-            if not self._insert_decision(decision, "done"):
-                return False
-            if pieces:
-                staged = self._move(pieces)
-                if staged != decision.rows:
+            slot = self._write_slot(decision, DONE)
+            if not (slot.status == DONE and slot.same_pieces(decision)):
+                return slot
+            staged_pieces = [p.transaction_id for p in decision.pieces if p.handle.get("piece")]
+            if staged_pieces:
+                staged = self._move(staged_pieces)
+                expected = sum(p.rows for p in decision.pieces if p.handle.get("piece"))
+                if staged != expected:
                     raise JdbcWriteError(
                         f"2pc-jdbc batch {decision.batch_id}: {staged} staged rows found for"
-                        f" {decision.rows} reported by its tasks, so nothing was committed:"
+                        f" {expected} reported by its tasks, so nothing was committed:"
                         f" restart the query to stage the batch again (the database restarted,"
                         f" which empties the unlogged {self.stage}, or the table was edited)"
                     )
         self._vacuum_stage()
-        return True
+        return slot
 
     def _vacuum_stage(self) -> None:
         """Reclaim the moved rows at once (2-3 ms): otherwise every later move and recovery
@@ -209,32 +360,14 @@ class StagingTableResource(_LedgerResource):
         )
         return int(cursor.rowcount)
 
-    def commit_piece(self, piece: PreparedPiece) -> None:
-        if piece.rows:
-            with self._transaction():
-                self._move([piece.transaction_id])
-
-    def rollback_piece(self, piece: PreparedPiece) -> None:
-        self.connection.execute(
-            delete_from_stage_sql(self.dialect, self.stage, 1),
-            pieces_params(self.dialect, [piece.transaction_id]),
-        )
-
-    def prepared_pieces(self, sink_id: str) -> list[PreparedPiece]:
-        prefix = sink_prefix(sink_id)
-        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        column = quote(PIECE_COLUMN)
-        rows = self._execute(
-            f"SELECT DISTINCT {column} FROM {self.stage.sql()}"
-            f" WHERE {column} >= %s AND {column} < %s",
-            (prefix, upper),
-        ).fetchall()
-        return [_piece_of(tid, {"piece": tid}) for (tid,) in rows if parse_transaction_id(tid)]
+    def close(self) -> None:
+        self.connection.close()
 
 
-def _piece_of(transaction_id: str, handle: dict[str, str]) -> PreparedPiece:
+def _piece_of(transaction_id: str, handle: dict[str, str]) -> PreparedPiece | None:
     parsed = parse_transaction_id(transaction_id)
-    assert parsed is not None
+    if parsed is None:
+        return None
     sink_id, batch_id, partition_id, attempt = parsed
     # rows=1: a listed piece holds rows (empty pieces are never prepared or staged).
     return PreparedPiece(sink_id, batch_id, partition_id, attempt, 1, handle)
@@ -242,10 +375,8 @@ def _piece_of(transaction_id: str, handle: dict[str, str]) -> PreparedPiece:
 
 def open_resource(
     options: JdbcSinkOptions, protocol: str, columns: tuple[str, ...], stage: TableName
-) -> _LedgerResource:
-    if protocol == "prepared":
-        return PreparedTransactionResource(options, columns, stage)
-    return StagingTableResource(options, columns, stage)
+) -> JdbcResource:
+    return JdbcResource(options, protocol, columns, stage)
 
 
 DATABASE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (

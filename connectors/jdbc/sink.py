@@ -7,7 +7,7 @@ and nothing else writes the sink's ledger rows. Tasks prepare (a PostgreSQL prep
 transaction, or tagged rows in a staging table), the driver records the batch in the
 ledger and commits (``commit_protocols``). Limits: ``prepared`` keeps a batch's row locks
 until the driver commits, so two tasks of one batch upserting the same key wait for
-each other until ``lock_timeout`` (120 s) fails the batch: repartition by ``upsertKeys``
+each other until ``lockTimeout`` (120 s) fails the batch: repartition by ``upsertKeys``
 or use ``protocol=staging``. ``complete`` output mode is not supported.
 """
 
@@ -15,21 +15,13 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import sys
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from commit_protocols import (
-    TaskIdentity,
-    TransactionalResource,
-    TwoPhaseCommitCoordinator,
-    TwoPhaseCommitStreamWriter,
-    derive_sink_id,
-    query_id_from_checkpoint,
-)
+from commit_protocols import TaskIdentity, TransactionalResource, TwoPhaseCommitStreamWriter
 from commit_protocols.logs import make_logs_visible
 from commit_protocols.pieces import PreparedPiece
 from connectors.jdbc.errors import JdbcSinkOptionError, JdbcWriteError
@@ -61,27 +53,7 @@ class TwoPhaseJdbcDataSource(DataSource):
                 "outputMode complete is not supported by 2pc-jdbc: use append (with"
                 " writeMode=upsert and versionColumn to keep the latest value per key)"
             )
-        planning = _planning_a_batch()
-        plan = plan_sink(options, schema, check_tables=planning)
-        writer = JdbcStreamWriter(options, plan)
-        if options.exactly_once and planning:
-            writer.recover_before_batch()
-        return writer
-
-
-def _planning_a_batch() -> bool:
-    """True when Spark calls ``streamWriter`` to plan a micro-batch, before its tasks run.
-
-    Spark also calls it in the worker that runs ``commit``/``abort``, while the batch's
-    pieces are prepared: recovery that rolls back every prepared piece of the sink is
-    only safe in the first case, told apart by the Spark worker module on the stack.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith("write_into_data_source.py"):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+        return JdbcStreamWriter(options, plan_sink(options, schema))
 
 
 class JdbcStreamWriter(TwoPhaseCommitStreamWriter):
@@ -119,22 +91,6 @@ class JdbcStreamWriter(TwoPhaseCommitStreamWriter):
         with self._failing_clearly(f"the abort of batch {batchId}"):
             super().abort(messages, batchId)
 
-    def recover_before_batch(self) -> None:
-        """Finish decided batches and roll back every piece left by a crashed run."""
-        options = self.options
-        sink_id = options.sink_id
-        if sink_id is None:
-            query_id = query_id_from_checkpoint(options.checkpoint_location)
-            if query_id is None:
-                return  # no readable checkpoint: the commit of the next batch recovers
-            sink_id = derive_sink_id(query_id, options.target)
-        with self._failing_clearly("recovery before a batch"):
-            resource = self.open_resource()
-            try:
-                TwoPhaseCommitCoordinator(resource, SINK_NAME).recover(sink_id)
-            finally:
-                resource.close()
-
     def _failing_clearly(self, what: str) -> _ConnectionErrors:
         return _ConnectionErrors(f"{SINK_NAME} lost {self.options.describe()} during {what}")
 
@@ -160,7 +116,7 @@ class _ConnectionErrors:
         sqlstate = getattr(error, "sqlstate", None)
         if sqlstate == LOCK_NOT_AVAILABLE:
             raise JdbcWriteError(
-                f"{self.context}: waited longer than lock_timeout for a row lock ({detail}):"
+                f"{self.context}: waited longer than lockTimeout for a row lock ({detail}):"
                 " two tasks of one batch write the same key (repartition by upsertKeys or use"
                 " protocol=staging) or another writer holds it"
             ) from error

@@ -20,9 +20,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 
-from commit_protocols import PreparedPiece, TaskIdentity, transaction_id
+from commit_protocols import (
+    PreparedPiece,
+    TaskIdentity,
+    TwoPhaseCommitCoordinator,
+    faults,
+    parse_transaction_id,
+    sink_prefix,
+    transaction_id,
+)
+from commit_protocols.coordinator import stale_pieces
+from commit_protocols.pieces import DECIDED, DONE
 from connectors.jdbc import postgres
 from connectors.jdbc import sqlite as sqlite_db
 from connectors.jdbc.dialect import (
@@ -32,11 +43,10 @@ from connectors.jdbc.dialect import (
     pieces_params,
 )
 from connectors.jdbc.options import JdbcSinkOptions
+from connectors.jdbc.resource import open_resource
 
 logger = logging.getLogger("eospack.jdbc")
 
-LOCK_TIMEOUT = "120s"
-"""A task waiting longer than this for a row lock fails instead of hanging (see README)."""
 
 
 def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
@@ -61,11 +71,14 @@ class TaskWriter:
     def prepare(
         self, protocol: str, task: TaskIdentity, batches: Iterable[pa.RecordBatch]
     ) -> PreparedPiece:
-        """Prepare the task's rows, or nothing when the batch is already in the ledger.
+        """Prepare the task's rows, or nothing when the batch is already decided.
 
         A restarted query replays its last batch; if that batch was decided before the
-        crash, recovery has committed it and the replay must add nothing (with a primary
-        key on the target, writing it again would even fail the task).
+        crash, the replay's commit finishes it and the replay must add nothing (with a
+        primary key on the target, writing it again would even fail the task). Before a
+        prepared transaction is opened, the sink's stale prepared transactions are rolled
+        back (``commit_protocols.stale_pieces``): they hold row locks that this task would
+        otherwise wait on until ``lockTimeout``.
         """
         piece_id = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
         empty = PreparedPiece(task.sink_id, task.batch_id, task.partition_id, task.attempt, 0)
@@ -92,11 +105,16 @@ class TaskWriter:
             if decided:
                 return empty
             if protocol == "prepared":
+                self._roll_back_stale(connection, task)
                 connection.tpc_begin(piece_id)
                 with connection.cursor() as cursor:
                     rows = self._write_postgres(cursor, piece_id, rows_iterator)
-                connection.tpc_prepare()
-                handle = {"gid": piece_id}
+                    xid = postgres.current_transaction_id(cursor)
+                faults.run_call(
+                    "jdbc.prepare", connection.tpc_prepare, error=psycopg.OperationalError,
+                    lose_connection=connection.close, batch_id=task.batch_id,
+                )  # fmt: skip
+                handle = {"gid": piece_id, "xid": xid}
             else:
                 with connection.transaction(), connection.cursor() as cursor:
                     postgres.set_piece(cursor, piece_id)
@@ -108,15 +126,32 @@ class TaskWriter:
             connection.close()  # after PREPARE the transaction lives on without us
         return replace(empty, rows=rows, handle=handle)
 
+    def _roll_back_stale(self, connection: Any, task: TaskIdentity) -> None:
+        listed = [
+            PreparedPiece(*parsed, rows=1, handle={"gid": gid})
+            for gid in postgres.prepared_gids(connection, sink_prefix(task.sink_id))
+            if (parsed := parse_transaction_id(gid)) is not None
+        ]
+        stale = stale_pieces(task, listed)
+        connection.commit()
+        if not stale:
+            return
+        resource = open_resource(self.options, "prepared", tuple(self.columns), self.stage)
+        try:
+            TwoPhaseCommitCoordinator(resource, "2pc-jdbc").roll_back_orphans(task.sink_id, stale)
+        finally:
+            resource.close()
+
     def _decided(self, connection: Any, placeholder: str, task: TaskIdentity) -> bool:
         row = connection.execute(
             f"SELECT 1 FROM {self.options.ledger_table.sql()}"
-            f" WHERE sink_id = {placeholder} AND batch_id = {placeholder}",
+            f" WHERE sink_id = {placeholder} AND batch_id = {placeholder}"
+            f" AND status IN ('{DECIDED}', '{DONE}')",
             (task.sink_id, task.batch_id),
         ).fetchone()
         if row is not None:
             logger.info(
-                "2pc-jdbc batch %d of sink %s is already committed: its replay writes nothing",
+                "2pc-jdbc batch %d of sink %s is already decided: its replay writes nothing",
                 task.batch_id, task.sink_id,
             )  # fmt: skip
         return row is not None
@@ -143,7 +178,7 @@ class TaskWriter:
     def _write_postgres(self, cursor: Any, piece_id: str, batches: Iterator[pa.RecordBatch]) -> int:
         """Append by COPY into the target, or upsert through the staging table."""
         options = self.options
-        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        cursor.execute(f"SET LOCAL lock_timeout = '{options.lock_timeout_ms}ms'")
         if options.write_mode == "append":
             return postgres.copy_batches(
                 cursor, options.table, self.columns, batches, options.batchsize

@@ -3,6 +3,9 @@
 Run with the same arguments again after a crash: it restarts from its checkpoint.
 ``repartition(2, "id")`` gives every batch two pieces (so between_piece_commits is
 reachable) with disjoint keys (prepared upserts of one key in two tasks would wait).
+``--checkpoint-form`` gives the checkpoint the three ways users do: the option with a
+path, the option with a ``file://`` URI, or ``spark.sql.streaming.checkpointLocation``
+with a query name.
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--input", required=True)
     parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint-form", choices=("path", "uri", "conf"), default="path")
     parser.add_argument("--url", required=True)
     parser.add_argument("--user", required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--protocol", required=True)
     parser.add_argument("--write-mode", default="append")
+    parser.add_argument("--lock-timeout", default=None)
+    parser.add_argument("--master", default="local[2]")
     arguments = parser.parse_args()
 
-    spark = local_session(app_name="jdbc-crash-driver")
+    conf = {}
+    if arguments.checkpoint_form == "conf":
+        conf["spark.sql.streaming.checkpointLocation"] = arguments.checkpoint
+    spark = local_session(app_name="jdbc-crash-driver", master=arguments.master, conf=conf)
     options = {
         "url": arguments.url, "user": arguments.user, "dbtable": arguments.table,
         "protocol": arguments.protocol, "writeMode": arguments.write_mode,
@@ -36,14 +45,21 @@ def main() -> int:
     }  # fmt: skip
     if arguments.write_mode == "upsert":
         options.update(upsertKeys="id", versionColumn="version")
-    query = (
+    if arguments.lock_timeout:
+        options["lockTimeout"] = arguments.lock_timeout
+    writer = (
         stream_input(spark, Path(arguments.input), partitions=2)
         .writeStream.format("2pc-jdbc")
         .options(**options)
-        .option("checkpointLocation", arguments.checkpoint)
         .trigger(availableNow=True)
-        .start()
     )
+    if arguments.checkpoint_form == "path":
+        writer = writer.option("checkpointLocation", arguments.checkpoint)
+    elif arguments.checkpoint_form == "uri":
+        writer = writer.option("checkpointLocation", Path(arguments.checkpoint).as_uri())
+    else:
+        writer = writer.queryName("jdbc_crash_driver")
+    query = writer.start()
     query.awaitTermination()
     spark.stop()
     return 0

@@ -1,0 +1,39 @@
+"""Integration-test fixtures: the call-fault directory every Spark process of the session sees.
+
+The directory is put into the environment at import, before the session's JVM starts, so
+that Spark's Python workers (executor tasks and the driver-side commit worker) inherit it
+(see ``commit_protocols.faults``). The test process itself imported ``faults`` before, so
+its own calls are never faulted. It is empty unless a test arms faults through
+``call_faults``, which also makes sure that no armed fault outlives its test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from commit_protocols import faults
+
+SESSION_FAULT_DIRECTORY = Path(
+    os.environ.setdefault(
+        faults.FAULT_DIRECTORY_VARIABLE, tempfile.mkdtemp(prefix="eospack-test-faults-")
+    )
+)
+
+
+@pytest.fixture
+def call_faults() -> Iterator[Path]:
+    """The session's fault directory, emptied before and after the test."""
+    _empty(SESSION_FAULT_DIRECTORY)
+    yield SESSION_FAULT_DIRECTORY
+    _empty(SESSION_FAULT_DIRECTORY)
+
+
+def _empty(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,274 @@
+"""2pc-jdbc under faults the driver-kill suite cannot make: a call that fails inside the
+database client (before it applies, or after it applied with its answer lost), Spark's own
+abort path after a partial commit, someone else rolling a decided transaction back, a
+restart with another protocol or another way of giving the checkpoint, a Python worker
+dying right after PREPARE, and a crashed run's locks at query start.
+
+Each test ends with every input row exactly once in the table, no prepared transaction or
+staged row of the sink left, and every ledger row done (or with the exact error expected).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from commit_protocols import faults
+from connectors.jdbc.dialect import TableName, stage_table
+from eospack.testing import await_query
+from integration_tests.crash_harness import run_driver
+from integration_tests.jdbc_fixtures import (
+    pg_ledger,
+    pg_leftovers,
+    pg_rows,
+    stream_input,
+    write_input_files,
+)
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).parent / "drivers" / "jdbc_sink_driver.py"
+DRIVER_TIMEOUT = 150.0
+QUERY_TIMEOUT = 120.0
+
+
+def input_batches(count: int) -> list[list[tuple[int, str, int]]]:
+    return [[(b * 10 + i, f"row-{b}-{i}", b) for i in range(6)] for b in range(count)]
+
+
+class Pipeline:
+    """One crash-test query: its input, checkpoint, table and the driver's arguments."""
+
+    def __init__(self, postgres: Any, tmp_path: Path, table: str, batches: int = 4) -> None:
+        self.url = postgres.endpoint.url
+        self.table = table
+        self.batches = input_batches(batches)
+        self.expected = sorted(row for batch in self.batches for row in batch)
+        self.fault_directory = tmp_path / "faults"
+        write_input_files(tmp_path / "in", self.batches)
+        self.arguments = [
+            "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "checkpoint"),
+            "--url", postgres.endpoint.jdbc_url, "--user", postgres.endpoint.user,
+            "--table", table,
+        ]  # fmt: skip
+        with psycopg.connect(self.url) as connection:
+            connection.execute(
+                f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, name text, version bigint)'
+            )
+
+    def run(self, *extra: str, fault_point: str | None = None) -> Any:
+        environment = {faults.FAULT_DIRECTORY_VARIABLE: str(self.fault_directory)}
+        return run_driver(
+            DRIVER, [*self.arguments, *extra], timeout=DRIVER_TIMEOUT,
+            fault_point=fault_point, environment=environment,
+        )  # fmt: skip
+
+    def arm(self, call: str, mode: faults.Mode, batch_id: int) -> None:
+        faults.arm(self.fault_directory, call, mode, batch_id)
+
+    def fired(self) -> list[str]:
+        return [f"{f['call']} {f['mode']}" for f in faults.injected(self.fault_directory)]
+
+    def assert_exactly_once(self) -> None:
+        assert pg_rows(self.url, self.table) == self.expected
+        assert pg_leftovers(self.url, self.table) == (0, 0)
+        ledger = pg_ledger(self.url, self.table)
+        assert {status for *_, status in ledger} == {"done"}
+        assert sorted(batch for _, batch, *_ in ledger) == list(range(len(self.batches)))
+
+
+@pytest.mark.timeout(400)
+def test_spark_abort_after_a_partial_commit_rolls_the_batch_forward(
+    postgres, tmp_path, unique_name
+):
+    """The connection drops right after the first COMMIT PREPARED of batch 1 applied: commit
+    raises, Spark calls abort with the same messages. Abort must finish the decided batch,
+    not roll back its second piece (which the old recovery then took for committed)."""
+    pipeline = Pipeline(postgres, tmp_path, unique_name)
+    pipeline.arm("jdbc.commit_piece", "after", batch_id=1)
+
+    failed = pipeline.run("--protocol", "prepared")
+
+    assert not failed.succeeded and not failed.was_killed, failed.explain()
+    assert pipeline.fired() == ["jdbc.commit_piece after"]
+    assert "was decided when Spark aborted it: finished its commit" in failed.output
+    final = pipeline.run("--protocol", "prepared")
+    assert final.succeeded, final.explain()
+    pipeline.assert_exactly_once()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_a_decision_write_that_fails_or_loses_its_answer_commits_each_row_once(
+    postgres, tmp_path, unique_name, mode
+):
+    pipeline = Pipeline(postgres, tmp_path, unique_name)
+    pipeline.arm("jdbc.decide", mode, batch_id=2)
+
+    failed = pipeline.run("--protocol", "prepared")
+
+    assert not failed.succeeded and pipeline.fired() == [f"jdbc.decide {mode}"], failed.explain()
+    assert pg_leftovers(pipeline.url, unique_name) == (0, 0)  # abort cleaned or finished
+    final = pipeline.run("--protocol", "prepared")
+    assert final.succeeded, final.explain()
+    pipeline.assert_exactly_once()
+
+
+@pytest.mark.timeout(400)
+def test_a_decided_transaction_that_someone_rolled_back_fails_loudly(
+    postgres, tmp_path, unique_name
+):
+    pipeline = Pipeline(postgres, tmp_path, unique_name)
+    crashed = pipeline.run("--protocol", "prepared", fault_point="after_decision@1")
+    assert crashed.was_killed, crashed.explain()
+    with psycopg.connect(pipeline.url, autocommit=True) as connection:
+        sink_id, gid = connection.execute(
+            "SELECT sink_id, p.gid FROM eospack_commits c, pg_prepared_xacts p"
+            " WHERE c.target = %s AND c.batch_id = 1 AND c.status = 'decided'"
+            " AND starts_with(p.gid, 'eospack-' || c.sink_id || '-1-') ORDER BY p.gid LIMIT 1",
+            (unique_name,),
+        ).fetchone()
+        connection.execute(f"ROLLBACK PREPARED '{gid}'")
+
+    restarted = pipeline.run("--protocol", "prepared")
+
+    assert not restarted.succeeded
+    assert (
+        f"2pc-jdbc sink {sink_id} batch 1: prepared transaction {gid} (partition"
+        in restarted.output
+    ), restarted.explain()
+    assert "was rolled back by someone else although the batch was decided" in restarted.output
+    ledger = {batch: status for _, batch, _, _, status in pg_ledger(pipeline.url, unique_name)}
+    assert ledger[1] == "decided"  # never marked done over lost rows
+    with psycopg.connect(pipeline.url, autocommit=True) as connection:
+        for (left,) in connection.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)", (f"eospack-{sink_id}-",)
+        ).fetchall():
+            connection.execute(f"ROLLBACK PREPARED '{left}'")
+
+
+@pytest.mark.timeout(400)
+def test_a_restart_with_another_protocol_finishes_what_the_crashed_run_decided(
+    postgres, tmp_path, unique_name
+):
+    pipeline = Pipeline(postgres, tmp_path, unique_name)
+    crashed = pipeline.run("--protocol", "prepared", fault_point="after_decision@1")
+    assert crashed.was_killed, crashed.explain()
+
+    final = pipeline.run("--protocol", "staging")
+
+    assert final.succeeded, final.explain()
+    pipeline.assert_exactly_once()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("checkpoint_form", ["uri", "conf"])
+def test_a_replay_does_not_wait_on_the_crashed_runs_prepared_rows(
+    postgres, tmp_path, unique_name, checkpoint_form
+):
+    """The crashed run's prepared rows lock primary keys the replay writes again; with the
+    checkpoint given as a URI or through spark.sql.streaming.checkpointLocation the sink
+    used to find no query id to recover with, and the replay waited until lockTimeout."""
+    pipeline = Pipeline(postgres, tmp_path, unique_name)
+    arguments = ("--protocol", "prepared", "--checkpoint-form", checkpoint_form,
+                 "--lock-timeout", "3s")  # fmt: skip
+    crashed = pipeline.run(*arguments, fault_point="after_prepare@1")
+    assert crashed.was_killed, crashed.explain()
+
+    final = pipeline.run(*arguments)
+
+    assert final.succeeded, final.explain()
+    pipeline.assert_exactly_once()
+
+
+@pytest.mark.timeout(300)
+def test_a_task_retry_after_its_worker_died_does_not_wait_on_its_own_orphan(
+    postgres, tmp_path, unique_name
+):
+    pipeline = Pipeline(postgres, tmp_path, unique_name)
+    pipeline.arm("jdbc.prepare", "crash", batch_id=1)
+
+    run = pipeline.run("--protocol", "prepared", "--lock-timeout", "3s", "--master", "local[2,3]")
+
+    assert run.succeeded, run.explain()
+    assert pipeline.fired() == ["jdbc.prepare crash"]
+    pipeline.assert_exactly_once()
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_batch_leaves_no_prepared_transaction_behind(
+    spark, postgres, tmp_path, unique_name, call_faults
+):
+    """A task fails right after PREPARE (no retries in local[2]): the job fails, Spark
+    aborts, and the abort cleans what the failed task left, before any restart."""
+    url = postgres.endpoint.url
+    batches = input_batches(3)
+    write_input_files(tmp_path / "in", batches)
+    options = {
+        "url": postgres.endpoint.jdbc_url, "user": postgres.endpoint.user,
+        "dbtable": unique_name, "createTableIfNotExists": "true", "protocol": "prepared",
+    }  # fmt: skip
+
+    def run() -> None:
+        query = (
+            stream_input(spark, tmp_path / "in", partitions=2)
+            .writeStream.format("2pc-jdbc")
+            .options(**options)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        await_query(query, QUERY_TIMEOUT)
+
+    faults.arm(call_faults, "jdbc.prepare", "after", batch_id=1)
+    with pytest.raises(Exception, match="injected fault: jdbc.prepare after in batch 1"):
+        run()
+    assert pg_leftovers(url, unique_name) == (0, 0)
+
+    run()
+    assert pg_rows(url, unique_name) == sorted(row for batch in batches for row in batch)
+    assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+@pytest.mark.timeout(300)
+def test_query_start_fails_clearly_when_a_prepared_transaction_locks_the_stage(
+    spark, postgres, tmp_path, unique_name
+):
+    """A crashed run's prepared upsert holds a lock on the staging table; a restart with other
+    columns must drop and re-create it: it waits lockTimeout, then fails naming the gid."""
+    url = postgres.endpoint.url
+    write_input_files(tmp_path / "in", input_batches(1))
+    options = {
+        "url": postgres.endpoint.jdbc_url, "user": postgres.endpoint.user,
+        "dbtable": unique_name, "createTableIfNotExists": "true", "protocol": "staging",
+        "writeMode": "upsert", "upsertKeys": "id", "lockTimeout": "2s",
+    }  # fmt: skip
+
+    def start(frame: Any, checkpoint: str) -> Any:
+        return (
+            frame.writeStream.format("2pc-jdbc").options(**options)
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+
+    await_query(start(stream_input(spark, tmp_path / "in"), "first"), QUERY_TIMEOUT)
+    stage = str(stage_table(TableName(None, unique_name)).name)
+    gid = f"eospack-crashedrun-1-0-0xdeadx{unique_name[-6:]}"
+    orphan = psycopg.connect(url)
+    orphan.tpc_begin(gid)
+    orphan.execute(f'INSERT INTO "{stage}" (eospack_piece, id) VALUES (%s, 1)', (gid,))
+    orphan.tpc_prepare()
+    orphan.close()
+    try:
+        with pytest.raises(Exception) as caught:
+            await_query(start(stream_input(spark, tmp_path / "in").select("id", "name"), "second"),
+                        QUERY_TIMEOUT)  # fmt: skip
+        message = str(caught.value)
+        assert "is locked by another session for over 2000ms" in message, message[:3000]
+        assert gid in message
+    finally:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(f"ROLLBACK PREPARED '{gid}'")
