@@ -82,6 +82,7 @@ def named_upload_ids(manifest: dict[str, Any]) -> set[str]:
     return {file["upload_id"] for piece in manifest["pieces"] for file in piece["handle"]["files"]}
 
 
+@pytest.mark.timeout(600)
 def test_crash_at_each_commit_step_then_restart_delivers_each_row_once(
     spark: Any, s3: Any, tmp_path: Path, unique_name: str
 ) -> None:
@@ -95,6 +96,7 @@ def test_crash_at_each_commit_step_then_restart_delivers_each_row_once(
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(900)
 def test_crash_at_every_commit_step_including_after_commit(
     spark: Any, s3: Any, tmp_path: Path, unique_name: str
 ) -> None:
@@ -167,3 +169,4 @@ def crash_then_restart(
     named = {file["key"] for manifest in manifests.values() for file in manifest["files"]}
     assert bucket.data_keys() == named, "every completed object is named by a manifest"
     assert len({manifest["sink_id"] for manifest in manifests.values()}) == 1
+    assert {manifest["status"] for manifest in manifests.values()} == {"decided"}

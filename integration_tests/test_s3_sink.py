@@ -205,7 +205,8 @@ def test_jsonl_at_least_once_round_trips_every_column_type_partitioned_by_boolea
 
     assert read_committed(spark, s3, path) == expected
     names = [key.rsplit("/", 1)[1] for key in manifests(s3, unique_name)]
-    assert len(names) == 2 and all(re.fullmatch(r"0\.[01]\.0x[0-9a-f]+\.json", n) for n in names)
+    task_manifest = r"0\.[01]\.0x[0-9a-z]+x[0-9a-f]+\.json"  # <batch>.<partition>.<attempt>
+    assert len(names) == 2 and all(re.fullmatch(task_manifest, name) for name in names)
     keys = [key for key in object_keys(s3, unique_name) if key.endswith(".jsonl")]
     assert {key.split("/")[1] for key in keys} == {
         "flag=true", "flag=false", "flag=__HIVE_DEFAULT_PARTITION__",
@@ -291,12 +292,15 @@ def test_prepared_files_are_invisible_until_committed_and_every_step_is_idempote
 
     resource = S3Resource(options, '{"type":"struct","fields":[]}', client)
     decision = BatchDecision("sinkA", 4, (piece, empty))
-    assert resource.record_decision(decision) is True
-    assert resource.record_decision(decision) is False
+    assert resource.record_decision(decision) == decision
+    rival = BatchDecision("sinkA", 4, (other,))
+    assert S3Resource(options, "{}", client).record_decision(rival) == decision  # slot kept
     assert S3Resource(options, "{}", client).find_decision("sinkA", 4) == decision
     assert list(resource.unfinished_decisions("sinkA")) == [decision]
     prepared = {p.transaction_id for p in resource.prepared_pieces("sinkA")}
-    assert prepared == {other.transaction_id, stale.transaction_id, later.transaction_id}
+    assert prepared == {
+        piece.transaction_id, other.transaction_id, stale.transaction_id, later.transaction_id,
+    }  # fmt: skip
 
     TwoPhaseCommitCoordinator(resource, "test").recover("sinkA", up_to_batch=4)
 
@@ -313,9 +317,13 @@ def test_prepared_files_are_invisible_until_committed_and_every_step_is_idempote
         resource.rollback_piece(leftover)
     assert open_uploads(s3, unique_name) == []
     assert object_keys(s3, unique_name) == [
+        f"{unique_name}/_eospack/manifests/sinkA/3.json",  # the fence of the stale batch 3
         f"{unique_name}/_eospack/manifests/sinkA/4.json",
         file["key"],
     ]
+    fence = S3Resource(options, "{}", client).find_decision("sinkA", 3)
+    assert fence is not None and fence.status == "aborted"
+    assert fence.transaction_ids() == {stale.transaction_id}
 
 
 def test_many_open_partition_files_are_closed_early_to_bound_memory(

@@ -3,21 +3,41 @@
 Errors are classified by botocore error code (and HTTP status for HEAD requests, which
 carry no body), never by message text. Messages built here name the bucket, key and
 error code; credentials never reach them.
+
+Fault layer (tests only): when ``commit_protocols.faults`` is enabled (``EOSPACK_FAULT_DIR``
+set when the process started), every client created here gets a botocore ``before-send``
+handler that claims faults named ``s3.<OperationName>`` (``s3.PutObject``,
+``s3.CompleteMultipartUpload``, ``s3.UploadPart``, ...), for the batch its key belongs to,
+and turns them into what the network would do: ``before`` raises a connection error
+without sending, ``after`` sends the request (S3 applies it) and then raises a
+connection-closed error (the answer is lost), ``stall`` waits ``stall_seconds`` and raises
+a read timeout, ``crash`` sends the request and SIGKILLs the process (a worker dying).
+botocore treats the errors like real network failures and retries the call (a ``before``
+fault is transient unless armed as many times as the client's attempts). With faults off
+no handler is registered: nothing is added to any request.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import threading
+import time
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectionClosedError,
     EndpointConnectionError,
     NoCredentialsError,
+    ReadTimeoutError,
 )
 
-from connectors.s3.options import S3Connection, S3Location
+from commit_protocols import faults, parse_transaction_id
+from connectors.s3.options import EOSPACK_DIRECTORY, S3Connection, S3Location
 
 MISSING_CODES = frozenset({"NoSuchBucket", "NoSuchKey", "NotFound", "404"})
 DENIED_CODES = frozenset(
@@ -48,7 +68,8 @@ class S3WriteError(RuntimeError):
 
 
 def s3_client(connection: S3Connection, max_attempts: int = 5) -> Any:
-    """A boto3 S3 client shared by every task and thread of this Python worker process."""
+    """A boto3 S3 client shared by every task and thread of this Python worker process;
+    a call is sent at most ``max_attempts`` times (the first included) before it fails."""
     key = (
         connection.endpoint_url, connection.region, connection.access_key_id,
         connection.secret_access_key, connection.session_token, max_attempts,
@@ -56,24 +77,25 @@ def s3_client(connection: S3Connection, max_attempts: int = 5) -> Any:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _new_client(connection, max_attempts)
+            client = new_client(connection, max_attempts)
             _clients[key] = client
         return client
 
 
-def _new_client(connection: S3Connection, max_attempts: int) -> Any:
+def new_client(connection: S3Connection, max_attempts: int) -> Any:
+    """A new boto3 S3 client (with the fault layer's handler when faults are enabled)."""
     import boto3  # imported here: Spark imports this module in every data source lookup
     from botocore.config import Config
 
     config = Config(
-        retries={"max_attempts": max_attempts, "mode": "standard"},
+        retries={"total_max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=10,
         read_timeout=120,
         max_pool_connections=_POOL_CONNECTIONS,
         s3={"addressing_style": "path"} if connection.endpoint_url else None,
     )
     session = boto3.session.Session()
-    return session.client(
+    client = session.client(
         "s3",
         endpoint_url=connection.endpoint_url,
         region_name=connection.region,
@@ -82,6 +104,54 @@ def _new_client(connection: S3Connection, max_attempts: int) -> Any:
         aws_session_token=connection.session_token,
         config=config,
     )
+    if faults.enabled():
+        client.meta.events.register("before-send.s3", inject_fault)
+    return client
+
+
+_MANIFEST_NAME = re.compile(rf"/{EOSPACK_DIRECTORY}/manifests/[^/]+/(\d+)(?:\.[^/]*)?\.json$")
+_raw_sessions: list[Any] = []
+
+
+def batch_of_url(url: str) -> int | None:
+    """The batch a request's object belongs to: from a data file's transaction id or a
+    manifest's name; None for requests about no batch (listings, the bucket)."""
+    path = unquote(urlsplit(url).path)
+    manifest = _MANIFEST_NAME.search(path)
+    if manifest is not None:
+        return int(manifest.group(1))
+    parsed = parse_transaction_id(path.rsplit("/", 1)[-1].split(".", 1)[0])
+    return parsed[1] if parsed is not None else None
+
+
+def inject_fault(request: Any, event_name: str, **_: Any) -> None:
+    """botocore ``before-send`` handler of the fault layer (see the module doc)."""
+    operation = event_name.rsplit(".", 1)[-1]
+    fault = faults.claim(f"s3.{operation}", batch_of_url(request.url))
+    if fault is None:
+        return None
+    endpoint = f"{request.url.split('?', 1)[0]} ({fault.describe()})"
+    if fault.mode in ("after", "crash"):
+        _send_raw(request)
+        if fault.mode == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise ConnectionClosedError(endpoint_url=endpoint)
+    if fault.mode == "stall":
+        time.sleep(fault.stall_seconds)
+        raise ReadTimeoutError(endpoint_url=endpoint)
+    raise EndpointConnectionError(endpoint_url=endpoint)
+
+
+def _send_raw(request: Any) -> None:
+    """Send a prepared request outside the client (so S3 applies it) and drop the answer."""
+    from botocore.httpsession import URLLib3Session
+
+    with _clients_lock:
+        if not _raw_sessions:
+            _raw_sessions.append(URLLib3Session())
+        session = _raw_sessions[0]
+    response = session.send(request)
+    _ = response.content
 
 
 def error_code(error: BaseException) -> str:

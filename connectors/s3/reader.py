@@ -1,10 +1,12 @@
 """``spark.read.format("2pc-s3").load("s3://bucket/prefix")``: only committed data.
 
-Guarantee: the reader returns the rows of exactly the files that manifests under
-``<prefix>/_eospack/manifests/`` name (every sink writing under the prefix), each once,
-and of a batch either all files or none: a batch whose manifest names a file that is not
-yet complete (a commit in progress, or a crash awaiting recovery) is skipped with a
-warning. Stray objects and incomplete uploads under the prefix are never read.
+Guarantee: the reader returns the rows of exactly the files that decided manifests under
+``<prefix>/_eospack/manifests/`` name (every sink writing under the prefix; at-least-once
+task manifests count as decided), each once, and of a batch either all files or none: a
+batch whose manifest names a file that is not yet complete (a commit in progress, or a
+crash awaiting recovery) is skipped with a warning, and an abort fence (a manifest with
+status ``aborted``) names no data. Stray objects and incomplete uploads under the prefix
+are never read.
 Partition columns come back from the Hive-style directories; the schema is the Spark
 schema stored in the manifests (all sinks under one prefix must write the same one,
 unless ``.schema(...)`` is given: columns a file lacks then read as null).
@@ -40,6 +42,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from commit_protocols.pieces import DECIDED
 from connectors.s3.client import S3WriteError, describe_error, s3_client
 from connectors.s3.options import S3ReaderOptions
 from connectors.s3.writer import partition_values_of_key
@@ -79,6 +82,11 @@ class FilesPartition(InputPartition):
         self.files = tuple(files)
 
 
+def manifest_status(manifest: Mapping[str, Any]) -> str:
+    """``decided`` or ``aborted``; manifests of eospack before version 2 are decisions."""
+    return str(manifest.get("status") or DECIDED)
+
+
 def plan_read(options: S3ReaderOptions) -> ReadPlan:
     """List the prefix once, read every manifest, keep the batches whose files all exist."""
     client = s3_client(options.connection)
@@ -115,7 +123,11 @@ def plan_read(options: S3ReaderOptions) -> ReadPlan:
     schemas: dict[str, str] = {}
     files: list[CommittedFile] = []
     skipped: list[str] = []
+    aborted = 0
     for key, manifest in zip(sorted(manifest_keys), manifests, strict=True):
+        if manifest_status(manifest) != DECIDED:
+            aborted += 1
+            continue
         named = manifest.get("files", [])
         missing = [file["key"] for file in named if file["key"] not in existing]
         if missing:
@@ -145,7 +157,8 @@ def plan_read(options: S3ReaderOptions) -> ReadPlan:
     schema = None
     if schemas:
         schema = StructType.fromJson(json.loads(next(iter(schemas)))["schema"])
-    return ReadPlan(schema, tuple(files), len(manifests) - len(skipped), tuple(skipped))
+    batches = len(manifests) - len(skipped) - aborted
+    return ReadPlan(schema, tuple(files), batches, tuple(skipped))
 
 
 def group_files(files: Sequence[CommittedFile]) -> list[FilesPartition]:

@@ -1,28 +1,60 @@
-"""Driver side of 2pc-s3: manifests as durable decisions, multipart uploads as pieces.
+"""Driver side of 2pc-s3: manifests as decision slots, multipart uploads as pieces.
 
-Commit order for batch N of sink S (``commit_protocols`` runs it; this module plugs in):
+The slot of batch N of sink S is the object ``<prefix>/_eospack/manifests/<S>/<N>.json``,
+changed only by S3's conditional writes: created with ``IfNoneMatch="*"``, replaced with
+``IfMatch=<ETag>`` (``PreconditionFailed``/``ConditionalRequestConflict``: someone changed it
+first, read it and decide again). It holds either the decision (status ``decided``: every
+file's key, upload id and part ETags, the Spark schema and the format) or an abort fence
+(status ``aborted``, no files: the pieces that were rolled back, which no later decision
+may name). A decision is final. "Done" is not written: a decided batch is finished when
+none of its uploads is in progress, and re-committing it verifies each file.
+
+Commit order for batch N (``commit_protocols`` runs it; this module plugs in):
 
 1. Tasks uploaded every part of their files and completed none (``writer``): invisible.
-2. ``<prefix>/_eospack/manifests/<S>/<N>.json`` exists -> N was applied before a restart:
-   abort the replay's uploads.
-3. Put that manifest with ``IfNoneMatch="*"``: the decision. It names every file (key,
-   upload id, part ETags), the Spark schema and the format. ``PreconditionFailed`` means
-   someone decided N first: abort ours.
-4. Complete every upload. Completing is idempotent here: ``NoSuchUpload`` for a key that
-   exists means it was completed before; for a key that does not exist it is an error
-   (the decided data was aborted by someone else) and the commit fails loudly.
-5. Recovery (in the same commit): complete the uploads of unfinished decisions, abort
-   every other upload of S of batches <= N.
+2. Create the manifest (the decision). If it exists: a decision with our pieces is ours
+   (the answer to an earlier write was lost and botocore's retry got 412); a decision with
+   other pieces means N was applied before a restart: abort ours, complete (verify) its
+   files; a fence that names none of our pieces is replaced by our decision.
+3. Complete every upload. Nothing is taken for done from an absence: for a decision
+   this commit wrote, ``NoSuchUpload`` is followed by a HEAD of the key; for one it found
+   (a replay, an abort rolling forward) each file is first looked up in the listing of
+   uploads in progress, and a file not in progress must exist as an object. A decided
+   file that is neither raises ``DecidedPieceLostError`` naming sink, batch, piece and key.
+4. Recovery: one listing of the sink's uploads in progress under the prefix (shared with
+   step 3); complete those a decision names (one GET per batch that still has uploads),
+   fence and abort the rest of batches <= N. No scan of the manifests: the cost per batch
+   stays constant (a clean commit: one PUT, one completion per file, one listing).
 
-"Done" is not written anywhere: a decision is unfinished exactly while one of its uploads
-is still listed by ``list_multipart_uploads``. Recovery therefore costs one listing of
-the sink's in-progress uploads per batch (normally empty of S's uploads) plus one GET per
-batch id that still has uploads, never a scan of all manifests. Manifests are immutable
-once written, so this object caches the ones it read.
+What each failure leaves, and how it is mended (Spark replays N after a restart, because
+its commit log has no entry for N; ``abort`` is what Spark calls when ``commit`` raises):
+
+========================================  ==========================  ======================
+failure                                   left behind                 mended by
+========================================  ==========================  ======================
+task killed / crash before the manifest   uploads in progress, no     the replay's commit
+                                          manifest                    fences and aborts them
+manifest PUT fails before applying        no manifest                 ``abort`` writes a fence,
+                                                                      aborts the uploads
+manifest PUT applied, answer lost         manifest naming our files   the retry's 412 reads
+(retry answers 412 / 409)                                             it: ours, commit goes on
+crash after the manifest, or between      manifest, some uploads      the replay's commit
+completions                               still in progress           completes them
+a completion fails (connection lost)      same                        ``abort`` completes them
+                                                                      (rolls forward), or the
+                                                                      replay does
+a decided upload aborted behind the       manifest naming a key that  ``DecidedPieceLostError``
+sink's back (lifecycle rule shorter than  never existed               (delete the manifest and
+the downtime, another tool)                                           restart to rewrite N)
+abort itself fails (S3 unreachable)       uploads in progress         logged with keys and
+                                                                      upload ids; the first
+                                                                      commit after a restart
+========================================  ==========================  ======================
 
 Limits: a crashed query's leftovers are mended by that query's next commit (same
 checkpoint); uploads of a query that never restarts stay until the bucket's lifecycle
-rule ``AbortIncompleteMultipartUpload`` removes them.
+rule ``AbortIncompleteMultipartUpload`` removes them, and that rule's delay must exceed
+the longest time a query may stay down (it would abort a decided batch's uploads).
 """
 
 from __future__ import annotations
@@ -30,17 +62,20 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from commit_protocols import (
     BatchDecision,
+    DecidedPieceLostError,
     PreparedPiece,
     TransactionalResource,
     parse_transaction_id,
     sink_prefix,
 )
+from commit_protocols.pieces import ABORTED, DECIDED, DONE
 from connectors.s3.client import (
     S3WriteError,
     describe_error,
@@ -50,11 +85,15 @@ from connectors.s3.client import (
     is_precondition_failed,
 )
 from connectors.s3.options import S3Location, S3SinkOptions
+from connectors.s3.reader import manifest_status
 from connectors.s3.writer import transaction_id_of_key
 
 logger = logging.getLogger("eospack.s3")
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""2 added ``status`` (``decided`` or ``aborted``); a manifest without it is a decision."""
+SLOT_WRITE_ATTEMPTS = 5
+"""Conditional writes that lose a race are retried after reading the slot again."""
 
 
 def manifest_key(location: S3Location, sink_id: str, name: str) -> str:
@@ -65,11 +104,12 @@ def manifest_key(location: S3Location, sink_id: str, name: str) -> str:
 
 def manifest_body(
     options: S3SinkOptions, schema_json: str, sink_id: str, batch_id: int,
-    pieces: Sequence[PreparedPiece],
+    pieces: Sequence[PreparedPiece], status: str = DECIDED,
 ) -> bytes:  # fmt: skip
+    """The manifest of a decision (its files and pieces) or of a fence (pieces, no files)."""
     files = [
         {"key": file["key"], "rows": file["rows"], "bytes": file["bytes"]}
-        for piece in pieces
+        for piece in (pieces if status == DECIDED else ())
         for file in piece.handle.get("files", ())
     ]
     return json.dumps(
@@ -77,6 +117,7 @@ def manifest_body(
             "eospack_manifest": MANIFEST_VERSION,
             "sink_id": sink_id,
             "batch_id": batch_id,
+            "status": status,
             "file_format": options.file_format,
             "partition_by": list(options.partition_by),
             "schema": json.loads(schema_json),
@@ -87,34 +128,33 @@ def manifest_body(
     ).encode()
 
 
-def complete_file(client: Any, bucket: str, file: Mapping[str, Any]) -> None:
-    """Complete one prepared file; a file completed before is left as it is."""
+def complete_file(client: Any, bucket: str, file: Mapping[str, Any]) -> bool:
+    """Complete one prepared file; True when it is complete (now or before), False when
+    its upload is gone and its key does not exist (someone aborted it)."""
     key, upload_id = file["key"], file["upload_id"]
     try:
         client.complete_multipart_upload(
             Bucket=bucket, Key=key, UploadId=upload_id,
             MultipartUpload={"Parts": [dict(part) for part in file["parts"]]},
         )  # fmt: skip
-        return
+        return True
     except (ClientError, BotoCoreError) as error:
         if not is_no_such_upload(error):
             raise S3WriteError(
-                f"2pc-s3 could not complete s3://{bucket}/{key} ({describe_error(error)}):"
-                " restart the query from its checkpoint; the commit resumes where it stopped"
+                f"2pc-s3 could not complete s3://{bucket}/{key} (upload {upload_id},"
+                f" {describe_error(error)}): restart the query from its checkpoint; the"
+                " commit resumes where it stopped"
             ) from error
     try:
         client.head_object(Bucket=bucket, Key=key)
     except (ClientError, BotoCoreError) as error:
         if is_missing(error):
-            raise S3WriteError(
-                f"2pc-s3 cannot commit s3://{bucket}/{key}: its upload {upload_id} was"
-                " aborted although a manifest names it (was a lifecycle rule or another"
-                " tool aborting uploads?); that batch's data is lost"
-            ) from error
+            return False
         raise S3WriteError(
             f"2pc-s3 could not check s3://{bucket}/{key} ({describe_error(error)}):"
             " restart the query from its checkpoint"
         ) from error
+    return True
 
 
 def abort_file(client: Any, bucket: str, key: str, upload_id: str) -> None:
@@ -124,26 +164,114 @@ def abort_file(client: Any, bucket: str, key: str, upload_id: str) -> None:
     except (ClientError, BotoCoreError) as error:
         if not is_no_such_upload(error):
             raise S3WriteError(
-                f"2pc-s3 could not abort the upload of s3://{bucket}/{key}"
-                f" ({describe_error(error)}): restart the query; recovery aborts it"
+                f"2pc-s3 could not abort s3://{bucket}/{key} (upload {upload_id},"
+                f" {describe_error(error)}): the first commit after the query restarts"
+                " aborts it"
             ) from error
 
 
 class S3Resource(TransactionalResource):
-    """Decisions are manifests; pieces are a task's multipart uploads (see module doc)."""
+    """Slots are manifests; pieces are a task's multipart uploads (see the module doc).
+
+    One object serves one commit or abort. It remembers decided slots (final), the
+    decisions it wrote itself, the batches it finished, and the uploads it completed or
+    aborted (``settled``), so that one listing of uploads serves the whole commit or abort
+    and ``unsettled`` can say what an abort left.
+    """
 
     def __init__(self, options: S3SinkOptions, schema_json: str, client: Any) -> None:
         self.options = options
         self.location = options.location
         self.schema_json = schema_json
         self.client = client
-        self._decisions: dict[tuple[str, int], BatchDecision] = {}
+        self._decided: dict[tuple[str, int], BatchDecision] = {}
+        self._done: set[tuple[str, int]] = set()
+        self._written: set[tuple[str, int]] = set()
+        self._listed: dict[str, list[dict[str, Any]]] = {}
+        self.settled: set[str] = set()
+        """Upload ids this object completed or aborted (or found already gone)."""
+
+    # The decision slot -------------------------------------------------------------------
 
     def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
-        cached = self._decisions.get((sink_id, batch_id))
+        read = self._read_slot(sink_id, batch_id)
+        return None if read is None else read[0]
+
+    def record_decision(self, decision: BatchDecision) -> BatchDecision:
+        return self._write_slot(replace(decision, status=DECIDED))
+
+    def fence(
+        self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]
+    ) -> BatchDecision:
+        return self._write_slot(BatchDecision(sink_id, batch_id, pieces, ABORTED))
+
+    def mark_done(self, decision: BatchDecision) -> None:
+        """Remembered by this object only: S3 keeps no "done" (see the module doc)."""
+        self._done.add((decision.sink_id, decision.batch_id))
+
+    def _write_slot(self, wanted: BatchDecision) -> BatchDecision:
+        """Compare-and-set ``wanted`` into its slot under the rules of ``BatchDecision``;
+        return what the slot holds afterwards."""
+        slot_id = (wanted.sink_id, wanted.batch_id)
+        if slot_id in self._decided:
+            return self._as_known(self._decided[slot_id])
+        key = self._slot_key(wanted.sink_id, wanted.batch_id)
+        if self._put_slot(key, wanted, etag=None):
+            return self._remember(self._wrote(wanted))
+        for _ in range(SLOT_WRITE_ATTEMPTS):
+            read = self._read_slot(wanted.sink_id, wanted.batch_id)
+            if read is None:  # removed since (by hand): create it again
+                if self._put_slot(key, wanted, etag=None):
+                    return self._remember(self._wrote(wanted))
+                continue
+            slot, etag = read
+            if slot.is_decided:
+                return slot
+            if wanted.status == ABORTED:
+                target = slot.fenced_with(wanted.pieces)
+                if target == slot:
+                    return slot
+            elif slot.accepts(wanted):
+                target = wanted
+            else:
+                return slot
+            if self._put_slot(key, target, etag):
+                return self._remember(self._wrote(target))
+        raise S3WriteError(
+            f"2pc-s3 could not write s3://{self.location.bucket}/{key}: it changed"
+            f" {SLOT_WRITE_ATTEMPTS} times while being written; another query is writing with"
+            f" sinkId {wanted.sink_id}: give each query its own sinkId (or none)"
+        )
+
+    def _put_slot(self, key: str, slot: BatchDecision, etag: str | None) -> bool:
+        """One conditional PUT: create (``etag`` None) or replace the version ``etag``.
+        False when the condition failed (the slot exists, or changed since it was read)."""
+        body = manifest_body(
+            self.options, self.schema_json, slot.sink_id, slot.batch_id, slot.pieces,
+            slot.status,
+        )  # fmt: skip
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        try:
+            self.client.put_object(
+                Bucket=self.location.bucket, Key=key, Body=body,
+                ContentType="application/json", **condition,
+            )  # fmt: skip
+        except (ClientError, BotoCoreError) as error:
+            if is_precondition_failed(error) or is_conflict(error):
+                return False
+            if etag is not None and is_missing(error):
+                return False
+            raise self._error(
+                f"write the manifest s3://{self.location.bucket}/{key}", error
+            ) from error
+        return True
+
+    def _read_slot(self, sink_id: str, batch_id: int) -> tuple[BatchDecision, str] | None:
+        """(what the slot holds, its ETag for a conditional replace), or None when empty."""
+        cached = self._decided.get((sink_id, batch_id))
         if cached is not None:
-            return cached
-        key = manifest_key(self.location, sink_id, str(batch_id))
+            return self._as_known(cached), ""
+        key = self._slot_key(sink_id, batch_id)
         try:
             answer = self.client.get_object(Bucket=self.location.bucket, Key=key)
             manifest = json.loads(answer["Body"].read())
@@ -154,71 +282,107 @@ class S3Resource(TransactionalResource):
                 f"read the manifest s3://{self.location.bucket}/{key}", error
             ) from error
         pieces = tuple(PreparedPiece.from_json(piece) for piece in manifest["pieces"])
-        decision = BatchDecision(sink_id, batch_id, pieces)
-        self._decisions[(sink_id, batch_id)] = decision
-        return decision
+        slot = BatchDecision(sink_id, batch_id, pieces, manifest_status(manifest))
+        return self._remember(slot), str(answer["ETag"])
 
-    def record_decision(self, decision: BatchDecision) -> bool:
-        key = manifest_key(self.location, decision.sink_id, str(decision.batch_id))
-        body = manifest_body(
-            self.options, self.schema_json, decision.sink_id, decision.batch_id, decision.pieces
-        )
-        try:
-            self.client.put_object(
-                Bucket=self.location.bucket, Key=key, Body=body, IfNoneMatch="*",
-                ContentType="application/json",
-            )  # fmt: skip
-        except (ClientError, BotoCoreError) as error:
-            if is_precondition_failed(error):
-                return False
-            if is_conflict(error) and self.find_decision(decision.sink_id, decision.batch_id):
-                return False
-            raise self._error(
-                f"write the manifest s3://{self.location.bucket}/{key}", error
-            ) from error
-        self._decisions[(decision.sink_id, decision.batch_id)] = decision
-        return True
+    def _wrote(self, slot: BatchDecision) -> BatchDecision:
+        if slot.is_decided:
+            self._written.add((slot.sink_id, slot.batch_id))
+        return slot
+
+    def _remember(self, slot: BatchDecision) -> BatchDecision:
+        if slot.is_decided:
+            self._decided[(slot.sink_id, slot.batch_id)] = slot
+            return self._as_known(slot)
+        return slot
+
+    def _as_known(self, slot: BatchDecision) -> BatchDecision:
+        done = (slot.sink_id, slot.batch_id) in self._done
+        return replace(slot, status=DONE) if done else slot
+
+    def _slot_key(self, sink_id: str, batch_id: int) -> str:
+        return manifest_key(self.location, sink_id, str(batch_id))
+
+    # Pieces ------------------------------------------------------------------------------
 
     def commit_piece(self, piece: PreparedPiece) -> None:
+        """Complete the piece's files. For a decision this object did not write (a replay,
+        a recovery, an abort rolling forward) each file is checked first against the
+        listing of uploads in progress (the one recovery uses): a file not in progress is
+        complete if its key exists, else lost. Never assumed done from an absence."""
+        bucket = self.location.bucket
+        in_progress: set[str] | None = None
+        if (piece.sink_id, piece.batch_id) not in self._written:
+            in_progress = {upload["UploadId"] for upload in self._uploads(piece.sink_id)}
         for file in piece.handle.get("files", ()):
-            complete_file(self.client, self.location.bucket, file)
+            if in_progress is not None and file["upload_id"] not in in_progress:
+                complete = self._exists(file["key"])
+            else:
+                complete = complete_file(self.client, bucket, file)
+            if not complete:
+                manifest = self._slot_key(piece.sink_id, piece.batch_id)
+                raise DecidedPieceLostError(
+                    f"2pc-s3 sink {piece.sink_id} batch {piece.batch_id}: piece"
+                    f" {piece.transaction_id} is lost: s3://{bucket}/{file['key']} was never"
+                    f" completed and its upload {file['upload_id']} is gone (aborted by a"
+                    " lifecycle rule or another tool while the batch waited for its commit),"
+                    f" so its {file.get('rows', '?')} rows are not in S3; to write the batch"
+                    f" again, delete s3://{bucket}/{manifest} and restart the query from its"
+                    " checkpoint"
+                )
+            self.settled.add(str(file["upload_id"]))
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.location.bucket, Key=key)
+        except (ClientError, BotoCoreError) as error:
+            if is_missing(error):
+                return False
+            raise self._error(f"check s3://{self.location.bucket}/{key}", error) from error
+        return True
 
     def rollback_piece(self, piece: PreparedPiece) -> None:
         for file in piece.handle.get("files", ()):
             abort_file(self.client, self.location.bucket, file["key"], file["upload_id"])
-
-    def mark_done(self, decision: BatchDecision) -> None:
-        """Nothing to write: a decision is done once none of its uploads is listed."""
+            self.settled.add(str(file["upload_id"]))
 
     def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
-        listed = self._listed_uploads(sink_id)
+        """Decisions naming an upload still in progress (one GET per batch with uploads)."""
+        listed = self._uploads(sink_id)
         listed_ids = {upload["UploadId"] for upload in listed}
+        found = []
         for batch_id in sorted({_batch_of(upload) for upload in listed}):
-            decision = self.find_decision(sink_id, batch_id)
-            if decision is not None and listed_ids & _upload_ids(decision):
-                yield decision
+            slot = self.find_decision(sink_id, batch_id)
+            if slot is not None and slot.status == DECIDED and listed_ids & _upload_ids(slot):
+                found.append(slot)
+        return found
 
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
+        """The sink's uploads in progress, one piece per transaction id."""
         by_transaction: dict[str, list[dict[str, Any]]] = {}
-        listed = self._listed_uploads(sink_id)
-        decided: set[str] = set()
-        for batch_id in {_batch_of(upload) for upload in listed}:
-            decision = self.find_decision(sink_id, batch_id)
-            decided |= _upload_ids(decision) if decision is not None else set()
-        for upload in listed:
-            if upload["UploadId"] in decided:
-                continue  # decided: completed by unfinished_decisions, never aborted
+        for upload in self._uploads(sink_id):
             files = by_transaction.setdefault(upload["transaction"], [])
             files.append({"key": upload["Key"], "upload_id": upload["UploadId"]})
+        pieces = []
         for transaction, files in sorted(by_transaction.items()):
             parsed = parse_transaction_id(transaction)
-            if parsed is None:
-                continue
-            sink, batch_id, partition_id, attempt = parsed
-            yield PreparedPiece(sink, batch_id, partition_id, attempt, 0, {"files": files})
+            if parsed is not None:
+                sink, batch_id, partition_id, attempt = parsed
+                pieces.append(
+                    PreparedPiece(sink, batch_id, partition_id, attempt, 0, {"files": files})
+                )
+        return pieces
 
-    def _listed_uploads(self, sink_id: str) -> list[dict[str, Any]]:
-        """This sink's multipart uploads in progress under the prefix, with their txid."""
+    def _uploads(self, sink_id: str) -> list[dict[str, Any]]:
+        """This sink's uploads in progress under the prefix, with their transaction id:
+        listed once per object; those it settled since are left out."""
+        listed = self._listed.get(sink_id)
+        if listed is None:
+            listed = self._list_uploads(sink_id)
+            self._listed[sink_id] = listed
+        return [upload for upload in listed if upload["UploadId"] not in self.settled]
+
+    def _list_uploads(self, sink_id: str) -> list[dict[str, Any]]:
         wanted = sink_prefix(sink_id)
         uploads: list[dict[str, Any]] = []
         paginator = self.client.get_paginator("list_multipart_uploads")
@@ -233,6 +397,35 @@ class S3Resource(TransactionalResource):
         except (ClientError, BotoCoreError) as error:
             raise self._error(f"list the uploads under {self.location.url}", error) from error
         return uploads
+
+    # What an abort left ------------------------------------------------------------------
+
+    def unsettled(self, pieces: Iterable[PreparedPiece]) -> list[tuple[str, str]]:
+        """(key, upload id) of the pieces' files this object neither completed nor aborted."""
+        return [
+            (str(file["key"]), str(file["upload_id"]))
+            for piece in pieces
+            for file in piece.handle.get("files", ())
+            if str(file["upload_id"]) not in self.settled
+        ]
+
+    def log_left_after_abort(self, pieces: Sequence[PreparedPiece], batch_id: int) -> None:
+        """Name every file an abort could not settle, and how to find and mend them."""
+        left = self.unsettled(pieces)
+        if not left or not pieces:
+            return
+        bucket = self.location.bucket
+        sink_id = pieces[0].sink_id
+        logger.warning(
+            "2pc-s3 batch %d of sink %s: %d uploads are left in progress: %s. If"
+            " s3://%s/%s says status decided they belong to the batch and are completed,"
+            " otherwise aborted, by the first commit after the query restarts from its"
+            " checkpoint; list them with: aws s3api list-multipart-uploads --bucket %s"
+            " --prefix %s",
+            batch_id, sink_id, len(left),
+            ", ".join(f"s3://{bucket}/{key} (upload {upload_id})" for key, upload_id in left),
+            bucket, self._slot_key(sink_id, batch_id), bucket, self.location.key(""),
+        )  # fmt: skip
 
     def _error(self, what: str, error: BaseException) -> S3WriteError:
         return S3WriteError(
@@ -249,7 +442,9 @@ def _batch_of(upload: Mapping[str, Any]) -> int:
 
 def _upload_ids(decision: BatchDecision) -> set[str]:
     return {
-        file["upload_id"] for piece in decision.pieces for file in piece.handle.get("files", ())
+        str(file["upload_id"])
+        for piece in decision.pieces
+        for file in piece.handle.get("files", ())
     }
 
 

@@ -2,31 +2,40 @@
 
 Guarantee: with ``deliveryGuarantee=exactly-once`` (default) each micro-batch's rows land
 in S3 exactly once, and a reader of this format sees each batch's files entirely or not
-at all, across crashes of the driver or executors, provided the query restarts from its
+at all, across crashes of the driver or executors, lost or failed S3 requests (including
+a lost answer to the decision's write, and a failure after the decision, when Spark's
+abort rolls the batch forward instead of back), provided the query restarts from its
 checkpoint. Tasks upload their files as multipart uploads without completing them; the
 driver writes the batch's manifest with a conditional put (the decision) and then
 completes the uploads; recovery completes decided uploads and aborts the rest
 (``connectors.s3.resource``). Limits: the manifests are the truth: only
 ``spark.read.format("2pc-s3")`` is guaranteed to see whole batches (a plain file listing
 may catch a batch between its first and last completion); a query that never restarts
-leaves its last prepared uploads to the bucket's lifecycle rule; ``complete`` output mode
-is not supported. ``at-least-once`` completes files in each task and may duplicate them
-when tasks or batches are retried.
+leaves its last prepared uploads to the bucket's lifecycle rule, whose delay must exceed
+the longest time a query may stay down (a decided upload it aborts fails the restart with
+``DecidedPieceLostError``, never silently); ``complete`` output mode is not supported.
+``at-least-once`` completes files in each task and may duplicate them when tasks or
+batches are retried.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from commit_protocols import TaskIdentity, TransactionalResource, TwoPhaseCommitStreamWriter
+from commit_protocols import (
+    TaskIdentity,
+    TwoPhaseCommitCoordinator,
+    TwoPhaseCommitStreamWriter,
+    prepared_pieces_of,
+)
 from commit_protocols.logs import make_logs_visible
 from commit_protocols.pieces import PreparedPiece
-from connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
+from connectors.s3.client import CREDENTIALS_HINT, S3WriteError, check_access, s3_client
 from connectors.s3.options import (
     S3OptionError,
     S3SinkOptions,
@@ -140,11 +149,29 @@ class S3StreamWriter(TwoPhaseCommitStreamWriter):
     def write_directly(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> int:
         client = s3_client(self.options.connection)
         piece = TaskWriter(self.options, client).prepare(task, batches)
+        bucket = self.options.location.bucket
         for file in piece.handle["files"]:
-            complete_file(client, self.options.location.bucket, file)
+            if not complete_file(client, bucket, file):
+                raise S3WriteError(
+                    f"2pc-s3 could not complete s3://{bucket}/{file['key']}: its upload"
+                    f" {file['upload_id']} vanished before it was completed (a lifecycle rule"
+                    " or another tool aborted it); the task fails and Spark may retry it"
+                )
         if piece.handle["files"]:
             write_task_manifest(client, self.options, self.schema_json, piece)
         return piece.rows
 
-    def open_resource(self) -> TransactionalResource:
+    def open_resource(self) -> S3Resource:
         return S3Resource(self.options, self.schema_json, s3_client(self.options.connection))
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        """The coordinator's abort (never raises for S3 failures), then one log line naming
+        each upload it could not complete or abort, and how to find them."""
+        if not self.exactly_once:
+            return
+        resource = self.open_resource()
+        try:
+            TwoPhaseCommitCoordinator(resource, self.sink_name).abort(messages, batchId)
+            resource.log_left_after_abort(prepared_pieces_of(messages), batchId)
+        finally:
+            resource.close()

@@ -1,0 +1,569 @@
+"""2pc-s3 under the faults a driver kill cannot make, against a real S3 endpoint (moto).
+
+- The fault layer (``connectors.s3.client``): armed ``s3.<Operation>`` faults become the
+  network failures botocore sees (before sending, answer lost, stall), for one batch.
+- Decision slots: manifests change only by conditional writes; fences refuse decisions
+  naming rolled-back pieces; a lost answer to a slot write is recognised as our own write.
+- Through Spark: a lost answer to the manifest PUT (in-process fault, and an HTTP proxy
+  that drops the answer); a commit that fails after the decision, so that Spark calls
+  abort, which must roll the batch forward; a decided upload aborted behind the sink's
+  back (a lifecycle rule), which must fail the restart loudly instead of skipping rows.
+
+Each Spark test ends with every input row read back exactly once and no upload left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import pyarrow as pa
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.types import StructType
+
+from commit_protocols import (
+    BatchDecision,
+    DecidedPieceLostError,
+    PreparedPiece,
+    TaskIdentity,
+    TwoPhaseCommitCoordinator,
+    faults,
+)
+from commit_protocols.faults import CallFault
+from commit_protocols.pieces import ABORTED, DECIDED
+from connectors.s3 import sink as sink_module
+from connectors.s3.client import S3WriteError, error_code, new_client
+from connectors.s3.options import S3SinkOptions, parse_sink_options
+from connectors.s3.reader import plan_read
+from connectors.s3.resource import S3Resource, complete_file, write_task_manifest
+from connectors.s3.sink import S3StreamWriter
+from connectors.s3.writer import TaskWriter
+from eospack.testing import await_query
+from integration_tests.crash_harness import run_driver
+from integration_tests.drivers.s3_sink_driver import start_query
+from integration_tests.fault_proxy import FaultProxy
+from integration_tests.test_s3_crash import Bucket, named_upload_ids, write_source
+from integration_tests.test_s3_sink import (
+    arrow_batches,
+    connection_options,
+    open_uploads,
+    read_committed,
+    rows_of,
+    run_stream,
+)
+from integration_tests.test_s3_sink import write_source as write_typed_source
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).parent / "drivers" / "s3_sink_driver.py"
+DRIVER_TIMEOUT = 150.0
+QUERY_TIMEOUT = 120.0
+SCHEMA_JSON = StructType().add("id", "long").add("blob", "binary").json()
+
+
+def sink_options(s3: Any, prefix: str, **extra: str) -> S3SinkOptions:
+    given = {"path": f"s3://{s3.endpoint.bucket}/{prefix}", **connection_options(s3), **extra}
+    return parse_sink_options({key.lower(): value for key, value in given.items()})
+
+
+def prepare(writer: TaskWriter, sink_id: str, batch_id: int, partition: int) -> PreparedPiece:
+    task = TaskIdentity(sink_id, batch_id, partition, f"0x{batch_id}x{partition:02d}")
+    return writer.prepare(task, arrow_batches(20, width=10))
+
+
+def file_keys(*pieces: PreparedPiece) -> list[str]:
+    return [file["key"] for piece in pieces for file in piece.handle["files"]]
+
+
+def exists(s3: Any, key: str) -> bool:
+    try:
+        s3.endpoint.client().head_object(Bucket=s3.endpoint.bucket, Key=key)
+    except ClientError:
+        return False
+    return True
+
+
+def manifest_of(s3: Any, prefix: str, sink_id: str, batch_id: int) -> dict[str, Any]:
+    key = f"{prefix}/_eospack/manifests/{sink_id}/{batch_id}.json"
+    body = s3.endpoint.client().get_object(Bucket=s3.endpoint.bucket, Key=key)["Body"].read()
+    return dict(json.loads(body))
+
+
+@pytest.fixture
+def fault_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Faults for calls made by this test process (clients created after this fixture)."""
+    directory = tmp_path / "faults"
+    directory.mkdir()
+    monkeypatch.setattr(faults, "_DIRECTORY", str(directory))
+    return directory
+
+
+def fired(directory: Path) -> list[tuple[object, ...]]:
+    return [(f["call"], f["mode"], f["seen_batch"]) for f in faults.injected(directory)]
+
+
+# The fault layer -----------------------------------------------------------------------------
+
+
+def test_armed_s3_faults_act_like_the_network_on_one_batch(
+    s3: Any, unique_name: str, fault_directory: Path
+) -> None:
+    connection = sink_options(s3, unique_name).connection
+    bucket = s3.endpoint.bucket
+    manifest = f"{unique_name}/_eospack/manifests/sinkF/3.json"
+    client = new_client(connection, max_attempts=2)
+
+    faults.arm(fault_directory, "s3.PutObject", "before")  # transient: the retry goes through
+    client.put_object(Bucket=bucket, Key=f"{unique_name}/a", Body=b"a")
+    assert exists(s3, f"{unique_name}/a")
+
+    faults.arm(fault_directory, "s3.PutObject", "before", times=2)  # every attempt fails
+    with pytest.raises(EndpointConnectionError):
+        client.put_object(Bucket=bucket, Key=f"{unique_name}/b", Body=b"b")
+    assert not exists(s3, f"{unique_name}/b")
+
+    faults.arm(fault_directory, "s3.PutObject", "after", batch_id=3)  # applied, answer lost
+    with pytest.raises(ClientError) as caught:
+        client.put_object(Bucket=bucket, Key=manifest, Body=b"ours", IfNoneMatch="*")
+    assert error_code(caught.value) == "PreconditionFailed"  # the retry met its own write
+    stored = s3.endpoint.client().get_object(Bucket=bucket, Key=manifest)["Body"].read()
+    assert stored == b"ours"
+
+    faults.arm(fault_directory, "s3.GetObject", "stall", stall_seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(ReadTimeoutError):
+        new_client(connection, max_attempts=1).get_object(Bucket=bucket, Key=manifest)
+    assert time.monotonic() - started >= 0.5
+
+    faults.arm(fault_directory, "s3.GetObject", "before", batch_id=4)  # another batch's call
+    assert client.get_object(Bucket=bucket, Key=manifest)["Body"].read() == b"ours"
+    assert faults.pending(fault_directory) == [CallFault("s3.GetObject", "before", 4)]
+    assert fired(fault_directory) == [
+        ("s3.PutObject", "before", None),
+        ("s3.PutObject", "before", None),
+        ("s3.PutObject", "before", None),
+        ("s3.PutObject", "after", 3),
+        ("s3.GetObject", "stall", 3),
+    ]
+
+
+def test_a_crash_fault_applies_the_call_then_kills_the_process(
+    s3: Any, unique_name: str, tmp_path: Path
+) -> None:
+    directory = tmp_path / "faults"
+    faults.arm(directory, "s3.PutObject", "crash")
+    key = f"{unique_name}/before-the-crash"
+    script = (
+        "import sys; from connectors.s3.client import new_client;"
+        " from connectors.s3.options import S3Connection;"
+        " client = new_client(S3Connection(*sys.argv[1:5]), 1);"
+        " client.put_object(Bucket=sys.argv[5], Key=sys.argv[6], Body=b'x')"
+    )
+    endpoint = s3.endpoint
+    process = subprocess.run(
+        [sys.executable, "-c", script, endpoint.endpoint_url, endpoint.region,
+         endpoint.access_key_id, endpoint.secret_access_key, endpoint.bucket, key],
+        env={**os.environ, faults.FAULT_DIRECTORY_VARIABLE: str(directory)},
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-2000:]
+    assert exists(s3, key)
+    assert fired(directory) == [("s3.PutObject", "crash", None)]
+
+
+def test_without_a_fault_directory_clients_carry_no_fault_handler(
+    s3: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(faults, "_DIRECTORY", None)
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("faults.claim was called with faults off")
+
+    monkeypatch.setattr(faults, "claim", refuse)
+    client = new_client(sink_options(s3, unique_name).connection, max_attempts=1)
+    client.put_object(Bucket=s3.endpoint.bucket, Key=f"{unique_name}/plain", Body=b"x")
+    assert exists(s3, f"{unique_name}/plain")
+
+
+# Decision slots ------------------------------------------------------------------------------
+
+
+def test_a_slot_changes_only_by_compare_and_set(s3: Any, unique_name: str) -> None:
+    options = sink_options(s3, unique_name)
+    client = new_client(options.connection, max_attempts=2)
+    writer = TaskWriter(options, client)
+    first, second = prepare(writer, "sinkS", 0, 0), prepare(writer, "sinkS", 0, 1)
+    replay = prepare(writer, "sinkS", 0, 2)
+
+    def fresh() -> S3Resource:  # nothing cached: every answer comes from S3
+        return S3Resource(options, SCHEMA_JSON, client)
+
+    fence = fresh().fence("sinkS", 0, (first,))
+    assert fence == BatchDecision("sinkS", 0, (first,), ABORTED)
+    widened = fresh().fence("sinkS", 0, (first, second))
+    assert widened == BatchDecision("sinkS", 0, (first, second), ABORTED)
+    assert fresh().record_decision(BatchDecision("sinkS", 0, (second, replay))) == widened
+    decided = fresh().record_decision(BatchDecision("sinkS", 0, (replay,)))
+    assert decided == BatchDecision("sinkS", 0, (replay,), DECIDED)
+    assert fresh().fence("sinkS", 0, (replay,)) == decided  # a decision is final
+    assert fresh().record_decision(BatchDecision("sinkS", 0, (first,))) == decided
+    manifest = manifest_of(s3, unique_name, "sinkS", 0)
+    assert manifest["status"] == DECIDED
+    assert [file["key"] for file in manifest["files"]] == file_keys(replay)
+
+
+def test_lost_answers_to_slot_writes_are_recognised_as_our_own(
+    s3: Any, unique_name: str, fault_directory: Path
+) -> None:
+    """The manifest PUT applies, its answer is lost, botocore's retry gets 412: the commit
+    must find its own decision there (not someone else's) and complete the files. The
+    same for an abort's fence."""
+    options = sink_options(s3, unique_name)
+    client = new_client(options.connection, max_attempts=3)
+    writer = TaskWriter(options, client)
+    batch0 = [prepare(writer, "sinkL", 0, partition) for partition in (0, 1)]
+    batch1 = [prepare(writer, "sinkL", 1, partition) for partition in (0, 1)]
+    faults.arm(fault_directory, "s3.PutObject", "after", batch_id=0)
+    faults.arm(fault_directory, "s3.PutObject", "after", batch_id=1)
+
+    committed = TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).commit(
+        [*batch0, None], 0
+    )
+    TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).abort(batch1, 1)
+
+    assert committed == BatchDecision("sinkL", 0, tuple(batch0), DECIDED)
+    assert all(exists(s3, key) for key in file_keys(*batch0))
+    assert not any(exists(s3, key) for key in file_keys(*batch1))
+    fence = S3Resource(options, SCHEMA_JSON, client).find_decision("sinkL", 1)
+    assert fence == BatchDecision("sinkL", 1, tuple(batch1), ABORTED)
+    assert open_uploads(s3, unique_name) == []
+    assert fired(fault_directory) == [("s3.PutObject", "after", 0), ("s3.PutObject", "after", 1)]
+
+
+def test_an_abort_after_the_decision_rolls_the_batch_forward(
+    s3: Any, unique_name: str, fault_directory: Path
+) -> None:
+    """Every attempt of the first completion fails, so commit raises after the decision;
+    Spark's abort (same messages) must complete the batch, never abort its uploads."""
+    options = sink_options(s3, unique_name)
+    client = new_client(options.connection, max_attempts=2)
+    writer = TaskWriter(options, client)
+    pieces = [prepare(writer, "sinkA", 0, partition) for partition in (0, 1)]
+    faults.arm(fault_directory, "s3.CompleteMultipartUpload", "before", batch_id=0, times=2)
+
+    with pytest.raises(S3WriteError, match="could not complete"):
+        TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).commit(pieces, 0)
+    TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).abort(pieces, 0)
+
+    assert all(exists(s3, key) for key in file_keys(*pieces))
+    assert open_uploads(s3, unique_name) == []
+    assert manifest_of(s3, unique_name, "sinkA", 0)["status"] == DECIDED
+
+
+def test_a_decided_upload_aborted_behind_the_sinks_back_is_never_taken_for_done(
+    s3: Any, unique_name: str
+) -> None:
+    options = sink_options(s3, unique_name)
+    client = new_client(options.connection, max_attempts=2)
+    writer = TaskWriter(options, client)
+    decided = [prepare(writer, "sinkD", 0, partition) for partition in (0, 1)]
+    S3Resource(options, SCHEMA_JSON, client).record_decision(
+        BatchDecision("sinkD", 0, tuple(decided))
+    )  # then the driver died
+    for piece in decided:  # what an AbortIncompleteMultipartUpload rule does
+        for file in piece.handle["files"]:
+            client.abort_multipart_upload(
+                Bucket=s3.endpoint.bucket, Key=file["key"], UploadId=file["upload_id"]
+            )
+    replay = prepare(writer, "sinkD", 0, 3)
+
+    with pytest.raises(DecidedPieceLostError) as caught:
+        TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).commit([replay], 0)
+
+    lost = decided[0].handle["files"][0]
+    bucket = s3.endpoint.bucket
+    assert str(caught.value) == (
+        f"2pc-s3 sink sinkD batch 0: piece {decided[0].transaction_id} is lost:"
+        f" s3://{bucket}/{lost['key']} was never completed and its upload {lost['upload_id']}"
+        " is gone (aborted by a lifecycle rule or another tool while the batch waited for its"
+        " commit), so its 20 rows are not in S3; to write the batch again, delete"
+        f" s3://{bucket}/{unique_name}/_eospack/manifests/sinkD/0.json and restart the query"
+        " from its checkpoint"
+    )
+    assert open_uploads(s3, unique_name) == []  # the replay's own uploads were rolled back
+    assert manifest_of(s3, unique_name, "sinkD", 0)["pieces"] == [p.to_json() for p in decided]
+
+
+def test_a_clean_commit_costs_one_manifest_put_one_listing_and_a_completion_per_file(
+    s3: Any, unique_name: str
+) -> None:
+    options = sink_options(s3, unique_name, partitionBy="k")
+    client = new_client(options.connection, max_attempts=2)
+    calls: Counter[str] = Counter()
+    client.meta.events.register(
+        "before-send.s3", lambda event_name, **_: calls.update([event_name.rsplit(".", 1)[-1]])
+    )
+    writer = TaskWriter(options, client)
+
+    def two_directories(first: int) -> Any:
+        yield pa.record_batch({"id": pa.array(range(first, first + 4), pa.int64()),
+                               "k": ["a", "b", "a", "b"]})  # fmt: skip
+
+    def prepared(batch: int) -> PreparedPiece:
+        task = TaskIdentity("sinkC", batch, 0, f"0x{batch}")
+        return writer.prepare(task, two_directories(batch * 4))
+
+    committed = prepared(0)
+    calls.clear()
+    TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).commit([committed], 0)
+    assert calls == {"PutObject": 1, "CompleteMultipartUpload": 2, "ListMultipartUploads": 1}
+    aborted = prepared(1)
+    calls.clear()
+    TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).abort([aborted], 1)
+    assert calls == {"PutObject": 1, "AbortMultipartUpload": 2, "ListMultipartUploads": 1}
+
+
+def test_the_reader_skips_fences_and_batches_not_wholly_complete(s3: Any, unique_name: str) -> None:
+    options = sink_options(s3, unique_name)
+    client = new_client(options.connection, max_attempts=2)
+    writer = TaskWriter(options, client)
+    committed = [prepare(writer, "sinkR", 0, partition) for partition in (0, 1)]
+    TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).commit(committed, 0)
+    fenced = prepare(writer, "sinkR", 1, 0)
+    TwoPhaseCommitCoordinator(S3Resource(options, SCHEMA_JSON, client)).abort([fenced], 1)
+    half = [prepare(writer, "sinkR", 2, partition) for partition in (0, 1)]
+    resource = S3Resource(options, SCHEMA_JSON, client)
+    resource.record_decision(BatchDecision("sinkR", 2, tuple(half)))
+    resource.commit_piece(half[0])  # the driver died before the second piece
+    at_least_once = prepare(writer, "sinkR", 3, 0)
+    for file in at_least_once.handle["files"]:
+        assert complete_file(client, s3.endpoint.bucket, file)
+    write_task_manifest(client, options, SCHEMA_JSON, at_least_once)
+
+    plan = plan_read(options)
+
+    assert sorted(file.key for file in plan.files) == sorted(file_keys(*committed, at_least_once))
+    assert plan.batches == 2
+    assert plan.skipped_batches == (f"{unique_name}/_eospack/manifests/sinkR/2.json",)
+
+
+def test_an_abort_that_cannot_reach_s3_names_every_upload_it_leaves(
+    s3: Any, unique_name: str, fault_directory: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    options = sink_options(s3, unique_name)
+    monkeypatch.setattr(sink_module, "s3_client", lambda connection: new_client(connection, 1))
+    writer = TaskWriter(options, new_client(options.connection, max_attempts=1))
+    pieces = [prepare(writer, "sinkX", 0, partition) for partition in (0, 1)]
+    faults.arm(fault_directory, "s3.PutObject", "before", batch_id=0)  # the fence fails
+
+    with caplog.at_level(logging.WARNING, logger="eospack"):
+        S3StreamWriter(options, SCHEMA_JSON).abort([*pieces, None], 0)  # does not raise
+
+    (left,) = [r.getMessage() for r in caplog.records if r.name == "eospack.s3"]
+    bucket = s3.endpoint.bucket
+    files = [file for piece in pieces for file in piece.handle["files"]]
+    assert left.startswith(f"2pc-s3 batch 0 of sink sinkX: {len(files)} uploads are left")
+    for file in files:
+        assert f"s3://{bucket}/{file['key']} (upload {file['upload_id']})" in left
+    assert left.endswith(
+        f"list them with: aws s3api list-multipart-uploads --bucket {bucket}"
+        f" --prefix {unique_name}/"
+    )
+    assert len(open_uploads(s3, unique_name)) == len(files)
+
+
+def test_the_fault_proxy_stalls_plain_tcp_until_resumed(s3: Any, unique_name: str) -> None:
+    upstream = urlsplit(s3.endpoint.endpoint_url)
+    with FaultProxy(upstream.hostname or "127.0.0.1", upstream.port or 80) as proxy:
+        client = boto3.client(
+            "s3", endpoint_url=proxy.url, region_name=s3.endpoint.region,
+            aws_access_key_id=s3.endpoint.access_key_id,
+            aws_secret_access_key=s3.endpoint.secret_access_key,
+            config=Config(read_timeout=0.5, retries={"total_max_attempts": 1},
+                          s3={"addressing_style": "path"}),
+        )  # fmt: skip
+        key = f"{unique_name}/stalled"
+        client.put_object(Bucket=s3.endpoint.bucket, Key=key, Body=b"x")
+        proxy.pause()
+        with pytest.raises(ReadTimeoutError):
+            client.get_object(Bucket=s3.endpoint.bucket, Key=key)
+        proxy.resume()
+        assert client.get_object(Bucket=s3.endpoint.bucket, Key=key)["Body"].read() == b"x"
+        proxy.cut()
+        assert client.get_object(Bucket=s3.endpoint.bucket, Key=key)["Body"].read() == b"x"
+
+
+# Through Spark -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_answer_to_the_manifest_put_behind_a_proxy_commits_each_row_once(
+    spark: Any, s3: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """The proxy forwards batch 1's manifest PUT to S3, which applies it, and drops the
+    answer; botocore retries and gets 412. The old sink took that for someone else's
+    decision and aborted the batch's uploads: batch 1 was lost."""
+    source = tmp_path / "source"
+    source.mkdir()
+    expected = write_typed_source(spark, source, [rows_of(0, 40), rows_of(40, 40), rows_of(80, 40)])
+    path = f"s3://{s3.endpoint.bucket}/{unique_name}"
+    upstream = urlsplit(s3.endpoint.endpoint_url)
+    with FaultProxy(upstream.hostname or "127.0.0.1", upstream.port or 80, http=True) as proxy:
+        dropped = proxy.drop_response("PUT", rf"/{unique_name}/_eospack/manifests/[^/?]+/1\.json$")
+        options = {**connection_options(s3), "endpointUrl": proxy.url}
+        run_stream(spark, source, tmp_path / "checkpoint", path, options)
+
+    assert len(dropped.fired) == 1
+    assert proxy.requests.count(("PUT", dropped.fired[0])) == 2  # the PUT and botocore's retry
+    assert read_committed(spark, s3, path) == expected
+    assert open_uploads(s3, unique_name) == []
+    statuses = [m["status"] for m in Bucket(s3, unique_name).manifests().values()]
+    assert statuses == [DECIDED, DECIDED, DECIDED]
+
+
+class Pipeline:
+    """The crash driver's query: input files, checkpoint, fault directory; runs as a child
+    driver (faults armed, or killed at a fault point) or restarts in the test's session."""
+
+    def __init__(self, s3: Any, tmp_path: Path, prefix: str, batches: int) -> None:
+        self.s3 = s3
+        self.prefix = prefix
+        self.source = tmp_path / "source"
+        self.source.mkdir()
+        self.batches = write_source(self.source, batches)
+        self.checkpoint = tmp_path / "checkpoint"
+        self.path = f"s3://{s3.endpoint.bucket}/{prefix}"
+        self.fault_directory = tmp_path / "faults"
+        self.bucket = Bucket(s3, prefix)
+
+    def run_driver(self, fault_point: str | None = None) -> Any:
+        endpoint = self.s3.endpoint
+        arguments = [
+            "--source", str(self.source), "--checkpoint", str(self.checkpoint),
+            "--path", self.path, "--endpoint-url", endpoint.endpoint_url,
+            "--partition-by", "grp",
+        ]  # fmt: skip
+        environment = {
+            "AWS_ACCESS_KEY_ID": endpoint.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": endpoint.secret_access_key,
+            "AWS_DEFAULT_REGION": endpoint.region,
+            faults.FAULT_DIRECTORY_VARIABLE: str(self.fault_directory),
+        }
+        return run_driver(
+            DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point,
+            environment=environment,
+        )  # fmt: skip
+
+    def restart_here(self, spark: Any) -> None:
+        """The same query in the test's SparkSession (same checkpoint: same sink id)."""
+        query = start_query(
+            spark, str(self.source), str(self.checkpoint), self.path,
+            self.s3.endpoint.endpoint_url, "grp", connection_options(self.s3),
+        )  # fmt: skip
+        await_query(query, QUERY_TIMEOUT)
+
+    def arm(self, call: str, mode: faults.Mode, batch_id: int, times: int = 1) -> None:
+        faults.arm(self.fault_directory, call, mode, batch_id, times=times)
+
+    def committed_rows(self, spark: Any) -> list[tuple[Any, ...]]:
+        frame = spark.read.format("2pc-s3").options(**connection_options(self.s3))
+        return sorted(tuple(row) for row in frame.load(self.path).select("id", "grp").collect())
+
+    def rows_of_batches(self, *batch_ids: int) -> list[tuple[Any, ...]]:
+        return sorted(row for batch in batch_ids for row in self.batches[batch])
+
+    def assert_exactly_once(self, spark: Any) -> None:
+        assert self.committed_rows(spark) == self.rows_of_batches(*range(len(self.batches)))
+        assert self.bucket.upload_ids() == set(), "no upload left in progress"
+        manifests = self.bucket.manifests()
+        assert list(manifests) == list(range(len(self.batches)))
+        assert {manifest["status"] for manifest in manifests.values()} == {DECIDED}
+        named = {file["key"] for manifest in manifests.values() for file in manifest["files"]}
+        assert named <= self.bucket.data_keys()
+
+
+@pytest.mark.timeout(400)
+def test_a_lost_decision_answer_and_a_failure_after_the_decision_through_sparks_abort(
+    spark: Any, s3: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """Batch 1: the manifest PUT applies and its answer is lost (botocore retries: 412).
+    Batch 2: every attempt of its first completion fails, so commit raises after the
+    decision and Spark calls abort with the same messages: abort must complete the batch
+    (the old abort aborted its uploads: rows lost). Then a restart: each row once."""
+    pipeline = Pipeline(s3, tmp_path, unique_name, batches=3)
+    pipeline.arm("s3.PutObject", "after", batch_id=1)
+    pipeline.arm("s3.CompleteMultipartUpload", "before", batch_id=2, times=5)  # = max attempts
+
+    failed = pipeline.run_driver()
+
+    assert not failed.succeeded and not failed.was_killed, failed.explain()
+    assert fired(pipeline.fault_directory) == [
+        ("s3.PutObject", "after", 1),
+        *[("s3.CompleteMultipartUpload", "before", 2)] * 5,
+    ]
+    assert "batch 2 was decided when Spark aborted it: finished its commit" in failed.output
+    assert pipeline.committed_rows(spark) == pipeline.rows_of_batches(0, 1, 2)
+    assert pipeline.bucket.upload_ids() == set()
+
+    pipeline.restart_here(spark)
+
+    pipeline.assert_exactly_once(spark)
+
+
+@pytest.mark.timeout(400)
+def test_a_decided_upload_aborted_by_a_lifecycle_rule_fails_the_restart_loudly(
+    spark: Any, s3: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """The driver dies after batch 1's decision; a lifecycle rule aborts its uploads while
+    the query is down. The restart must fail naming sink, batch, piece and key (the old
+    sink found unfinished decisions only through listed uploads, so it took batch 1 for
+    done and skipped its rows). Following the message (delete the manifest, restart)
+    writes the batch again, once."""
+    pipeline = Pipeline(s3, tmp_path, unique_name, batches=2)
+    crashed = pipeline.run_driver(fault_point="after_decision@1")
+    assert crashed.was_killed, crashed.explain()
+    manifest = pipeline.bucket.manifests()[1]
+    client = s3.endpoint.client()
+    bucket = s3.endpoint.bucket
+    listed = client.list_multipart_uploads(Bucket=bucket, Prefix=f"{unique_name}/")
+    for upload in listed["Uploads"]:
+        assert upload["UploadId"] in named_upload_ids(manifest)
+        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+    with pytest.raises(StreamingQueryException) as caught:
+        pipeline.restart_here(spark)
+
+    piece = next(piece for piece in manifest["pieces"] if piece["handle"]["files"])
+    lost = piece["handle"]["files"][0]
+    transaction = PreparedPiece.from_json(piece).transaction_id
+    sink_id = manifest["sink_id"]
+    manifest_key = f"{unique_name}/_eospack/manifests/{sink_id}/1.json"
+    assert (
+        f"DecidedPieceLostError: 2pc-s3 sink {sink_id} batch 1: piece {transaction} is lost:"
+        f" s3://{bucket}/{lost['key']} was never completed and its upload {lost['upload_id']}"
+        " is gone (aborted by a lifecycle rule or another tool while the batch waited for its"
+        f" commit), so its {lost['rows']} rows are not in S3; to write the batch again, delete"
+        f" s3://{bucket}/{manifest_key} and restart the query from its checkpoint"
+    ) in str(caught.value)
+    assert not (pipeline.checkpoint / "commits" / "1").exists(), "batch 1 must not be skipped"
+    assert pipeline.committed_rows(spark) == pipeline.rows_of_batches(0)
+    assert pipeline.bucket.upload_ids() == set()
+
+    client.delete_object(Bucket=bucket, Key=manifest_key)  # what the message says to do
+    pipeline.restart_here(spark)
+
+    pipeline.assert_exactly_once(spark)
