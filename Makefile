@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install demo test test-unit lint bench bench-deps bench-quick services clean
+.PHONY: install fetch demo test test-unit lint bench bench-deps bench-quick services clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,10 +16,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# Apache Kafka (the broker of tests, demo and benchmarks) and Spark's Kafka connector come
+# from Maven Central through mvn, once, into ~/.cache/eospack (EOSPACK_CACHE_DIR); mvn's
+# output shows the download. Without java or mvn the broker is tansu and nothing is fetched.
+fetch: $(STAMP)
+	@if [ "$$EOSPACK_BROKER" = tansu ]; then echo "EOSPACK_BROKER=tansu: no jars to fetch"; \
+	elif command -v java >/dev/null && command -v mvn >/dev/null; then \
+		$(VENV)/bin/eospack services fetch; \
+	else echo "note: java or mvn not found: the broker is tansu, not Apache Kafka"; fi
+
+demo: $(STAMP) fetch
 	$(VENV)/bin/eospack demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) fetch
 	$(PY) -m pytest -m "not chaos" $(ARGS)
 
 test-unit: $(STAMP)
@@ -35,10 +44,10 @@ bench-deps:
 		&& apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java; } \
 		|| echo "note: $(JDBC_JAR) missing; Spark's JDBC writer baseline will be skipped"
 
-bench: $(STAMP) bench-deps
+bench: $(STAMP) bench-deps fetch
 	$(PY) -m benchmarks $(ARGS)
 
-bench-quick: $(STAMP) bench-deps
+bench-quick: $(STAMP) bench-deps fetch
 	$(PY) -m benchmarks --quick $(ARGS)
 
 services: $(STAMP)

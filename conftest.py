@@ -24,11 +24,26 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[Any]:
+    """The session's broker: Apache Kafka where java and mvn exist, else tansu
+    (``EOSPACK_BROKER`` chooses); ``kafka.endpoint.kind`` says which."""
     from eospack.services import start_kafka
 
     broker = start_kafka()
     yield broker
     broker.stop()
+
+
+@pytest.fixture
+def real_kafka(kafka: Any) -> Any:
+    """The session's broker, for tests that need Apache Kafka's semantics (read_committed,
+    exact end offsets of batched writes, CreatePartitions, DeleteRecords, compaction);
+    skips the test when the broker is tansu."""
+    if kafka.endpoint.kind != "kafka":
+        pytest.skip(
+            "needs Apache Kafka, but the session broker is tansu (EOSPACK_BROKER=tansu, or"
+            " java/mvn missing)"
+        )
+    return kafka
 
 
 @pytest.fixture(scope="session")

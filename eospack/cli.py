@@ -1,4 +1,4 @@
-"""The ``eospack`` command: ``eospack services up`` and ``eospack demo``."""
+"""The ``eospack`` command: ``eospack services up|fetch`` and ``eospack demo``."""
 
 from __future__ import annotations
 
@@ -52,6 +52,26 @@ def services_up(_: argparse.Namespace) -> int:
     return 0
 
 
+def services_fetch(_: argparse.Namespace) -> int:
+    """Fetch the jar sets (Apache Kafka, Spark's Kafka connector) with mvn, output shown;
+    once, then cached."""
+    from eospack.services import ServiceStartError
+    from eospack.services.maven import ARTIFACT_SETS, resolve_classpath
+
+    try:
+        for name in ARTIFACT_SETS:
+            jars = resolve_classpath(name, progress=sys.stdout)
+            print(f"{name}: {len(jars)} jars ready ({jars[0].name}, ...)", flush=True)
+    except ServiceStartError as error:
+        print(error, file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def services(arguments: argparse.Namespace) -> int:
+    return services_fetch(arguments) if arguments.action == "fetch" else services_up(arguments)
+
+
 def demo(arguments: argparse.Namespace) -> int:
     from eospack.demo import run_demo
 
@@ -62,9 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eospack", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    services = commands.add_parser("services", help="run the embedded services")
-    services.add_argument("action", choices=["up"])
-    services.set_defaults(handler=services_up)
+    services_parser = commands.add_parser(
+        "services",
+        help="run the embedded services (up), or fetch the Apache Kafka and Spark Kafka"
+        " connector jars with mvn into the cache (fetch)",
+    )
+    services_parser.add_argument("action", choices=["up", "fetch"])
+    services_parser.set_defaults(handler=services)
 
     from eospack.demo import add_demo_arguments
 

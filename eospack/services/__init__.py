@@ -3,15 +3,22 @@
 Embedded processes by default (no Docker needed); ``EOSPACK_SERVICES=docker`` uses
 testcontainers with the images of docker-compose.yml instead. Every service has an
 ``endpoint`` with its connection settings and a ``stop()``; a start failure raises
-``ServiceStartError`` naming the service and the reason within 30 s.
+``ServiceStartError`` naming the service and the reason (within 30 s; 90 s for Apache
+Kafka's JVM, plus the one-time jar download).
+
+The embedded broker is Apache Kafka where ``java`` and ``mvn`` (or already fetched jars)
+exist, else tansu; ``EOSPACK_BROKER=kafka|tansu`` chooses explicitly.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from typing import Any
 
 from eospack.services.base import (
+    BrokerKind,
     KafkaEndpoint,
     PostgresEndpoint,
     S3Endpoint,
@@ -29,12 +36,63 @@ def services_mode() -> str:
     return mode
 
 
+BROKER_VARIABLE = "EOSPACK_BROKER"
+
+logger = logging.getLogger(__name__)
+
+
+def embedded_broker_kind() -> BrokerKind:
+    """``$EOSPACK_BROKER`` if set, else Apache Kafka when it can run here, else tansu.
+
+    Apache Kafka can run when ``java`` is found and either ``mvn`` is found or the jars
+    are already in the cache. Falling back to tansu logs one warning saying why.
+    """
+    chosen = os.environ.get(BROKER_VARIABLE, "").strip().lower()
+    if chosen == "kafka":
+        return "kafka"
+    if chosen == "tansu":
+        return "tansu"
+    if chosen:
+        raise ServiceStartError(
+            f"{BROKER_VARIABLE}={chosen!r} is not known: use 'kafka' (Apache Kafka; needs"
+            " java and mvn) or 'tansu' (pip-only stand-in)"
+        )
+    reason = apache_kafka_missing()
+    if reason is None:
+        return "kafka"
+    logger.warning(
+        "eospack: the embedded broker is tansu, not Apache Kafka: %s"
+        " (install what is missing, or set %s=tansu to choose tansu quietly)",
+        reason,
+        BROKER_VARIABLE,
+    )
+    return "tansu"
+
+
+def apache_kafka_missing() -> str | None:
+    """Why Apache Kafka cannot run here (``java`` or ``mvn`` missing), or None."""
+    from eospack.services.maven import is_cached, mvn_executable
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return "java was not found (JAVA_HOME or PATH)"
+    if mvn_executable() is None and not is_cached("kafka-broker"):
+        return "mvn was not found on PATH and the Kafka jars are not in the cache"
+    return None
+
+
 def start_kafka() -> Any:
-    """A running Kafka-protocol broker; ``.endpoint.bootstrap_servers`` to connect."""
+    """A running Kafka broker; ``.endpoint.bootstrap_servers`` to connect, ``.endpoint.kind``
+    says whether it is Apache Kafka (``"kafka"``) or tansu (``"tansu"``)."""
     if services_mode() == "docker":
         from eospack.services.docker import DockerKafka
 
         return DockerKafka()
+    if embedded_broker_kind() == "kafka":
+        from eospack.services.apache_kafka import ApacheKafka
+
+        return ApacheKafka()
     from eospack.services.embedded import EmbeddedKafka
 
     return EmbeddedKafka()
@@ -63,11 +121,15 @@ def start_s3(bucket: str = "eospack") -> Any:
 
 
 __all__ = [
+    "BROKER_VARIABLE",
+    "BrokerKind",
     "KafkaEndpoint",
     "PostgresEndpoint",
     "S3Endpoint",
     "Service",
     "ServiceStartError",
+    "apache_kafka_missing",
+    "embedded_broker_kind",
     "services_mode",
     "start_kafka",
     "start_postgres",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 START_TIMEOUT_SECONDS = 30.0
 
@@ -24,9 +25,33 @@ class Service(Protocol):
     def stop(self) -> None: ...
 
 
+BrokerKind = Literal["kafka", "tansu"]
+
+
 @dataclass(frozen=True)
 class KafkaEndpoint:
+    """Where a broker listens and which broker it is.
+
+    ``kind`` is ``"kafka"`` for Apache Kafka (embedded JVM or Docker) and ``"tansu"`` for
+    the tansu stand-in, which ignores read_committed, reports a partition's end offset as
+    the base offset of its last batch + 1, and lacks CreatePartitions and DeleteRecords.
+    """
+
     bootstrap_servers: str
+    kind: BrokerKind = "kafka"
+
+
+_STARTED_BROKERS: dict[str, BrokerKind] = {}
+
+
+def remember_broker(endpoint: KafkaEndpoint) -> None:
+    """Record which broker answers at ``endpoint.bootstrap_servers`` (see ``broker_kind``)."""
+    _STARTED_BROKERS[endpoint.bootstrap_servers] = endpoint.kind
+
+
+def broker_kind(bootstrap_servers: str) -> BrokerKind | None:
+    """The kind of a broker this process started at that address; None for other brokers."""
+    return _STARTED_BROKERS.get(bootstrap_servers)
 
 
 @dataclass(frozen=True)
@@ -114,10 +139,18 @@ def wait_until_ready(
 
 
 def _log_tail(log_file: Path | None, lines: int = 3) -> str:
+    """The log's last lines, Java stack frames left out (the exception line says why)."""
     if log_file is None or not log_file.exists():
         return "no log"
-    tail = log_file.read_text(errors="replace").strip().splitlines()[-lines:]
+    tail = [
+        line
+        for line in log_file.read_text(errors="replace").strip().splitlines()
+        if not _JAVA_STACK_FRAME.match(line)
+    ][-lines:]
     return " | ".join(tail) or "empty log"
+
+
+_JAVA_STACK_FRAME = re.compile(r"^\s+(at |\.\.\. \d+ more)")
 
 
 def port_accepts_connections(host: str, port: int) -> bool:

@@ -13,6 +13,7 @@ from eospack.services.base import (
     PostgresEndpoint,
     S3Endpoint,
     ServiceStartError,
+    remember_broker,
 )
 
 KAFKA_IMAGE = "apache/kafka:3.9.1"
@@ -37,7 +38,8 @@ class DockerKafka:
         from testcontainers.kafka import KafkaContainer
 
         self.container = _start(self.name, KafkaContainer(KAFKA_IMAGE).with_kraft())
-        self.endpoint = KafkaEndpoint(self.container.get_bootstrap_server())
+        self.endpoint = KafkaEndpoint(self.container.get_bootstrap_server(), kind="kafka")
+        remember_broker(self.endpoint)
 
     def stop(self) -> None:
         self.container.stop()

