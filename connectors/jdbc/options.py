@@ -26,6 +26,8 @@ DEFAULT_BATCHSIZE = 10_000
 DEFAULT_LEDGER_TABLE = "eospack_commits"
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10
 DEFAULT_LOCK_TIMEOUT_MS = 120_000
+APPLICATION_NAME = "eospack 2pc-jdbc"
+"""How the sink's sessions show in pg_stat_activity (the url's application_name wins)."""
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000}
 URL_FORMS = (
     "jdbc:postgresql://host:port/database, postgresql://host:port/database or jdbc:sqlite:PATH"
@@ -91,6 +93,7 @@ class JdbcSinkOptions:
             "port": self.url.port,
             "dbname": self.url.database,
             "connect_timeout": DEFAULT_CONNECT_TIMEOUT_SECONDS,
+            "application_name": APPLICATION_NAME,
         }
         kwargs.update(dict(self.url.parameters))
         if self.user:
