@@ -26,6 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from eospack.testing import await_query, wait_until
 from stateful_ops import (
+    Deduplicate,
     OperatorDefinitionError,
     StatefulOperator,
     configure_state_store,
@@ -311,8 +312,9 @@ def test_running_aggregate_matches_batch_aggregation(spark: SparkSession, tmp_ro
 @pytest.mark.parametrize("name", ["deduplicate", "sessionize"])
 def test_event_time_state_expires(spark: SparkSession, tmp_root: str, name: str) -> None:
     outcome = uninterrupted(spark, tmp_root, name)
-    assert max(outcome.state_rows) > 1
-    assert outcome.state_rows[-1] == 1, outcome.state_rows
+    assert max(outcome.state_rows) > 2
+    # One key group left, plus the settings row that every batch with rows visits.
+    assert outcome.state_rows[-1] == 2, outcome.state_rows
     keys_per_batch = [
         len(read_state(spark, outcome.checkpoint, batch_id=b)) for b in range(len(BATCHES))
     ]
@@ -516,3 +518,138 @@ def test_bad_definitions_fail_before_the_query_starts(spark: SparkSession, tmp_r
             define()
         assert str(error.value) == message
     assert not spark.streams.active
+
+
+# Fixed settings checked by every batch with rows (settings markers) -------------------------
+
+CHANGED_KEY_GROUPS_ERROR = (
+    "stateful_ops.errors.StateSchemaMismatchError: {operator}: stored state was written with"
+    " key_groups=8, this query declares key_groups=16; keep key_groups=8 for this checkpoint"
+    " or restart from a new checkpoint location\n"
+)
+
+
+def key_groups_of(spark: SparkSession, keys: list[str], key_groups: int) -> dict[str, int]:
+    """Each key's key group, computed by Spark with the documented expression."""
+    frame = spark.createDataFrame([(key,) for key in keys], "k string")
+    key_group = F.pmod(F.xxhash64("k"), F.lit(key_groups)).cast("int")
+    return {key: group for key, group in frame.select("k", key_group).collect()}
+
+
+def rows_of(keys: list[str], t: int) -> list[dict[str, Any]]:
+    return [{"k": key, "n": 1, "v": 0.0, "t": t} for key in keys]
+
+
+def stored_key_groups(spark: SparkSession, checkpoint: str) -> list[int]:
+    rows = spark.read.format("statestore").load(checkpoint).select("key.*").collect()
+    return sorted(row[0] for row in rows)
+
+
+@pytest.mark.timeout(240)
+def test_changed_key_groups_fail_the_first_batch_before_the_sink_commits(
+    spark: SparkSession, tmp_root: str, postgres: Any, unique_name: str
+) -> None:
+    import psycopg
+
+    keys = [f"key-{index:03d}" for index in range(64)]
+    groups_of_16 = key_groups_of(spark, keys, 16)
+    assert set(groups_of_16.values()) == set(range(16))  # batch 0 fills every key group
+    # Under 16 groups these keys move to groups 8..15, which hold no state yet.
+    moved = sorted(key for key, group in groups_of_16.items() if group >= 8)
+    directory = os.path.join(tmp_root, "regrouped-jdbc-input")
+    checkpoint = os.path.join(tmp_root, "regrouped-jdbc-checkpoint")
+    os.makedirs(directory)
+    batch_0 = [
+        row for index, key in enumerate(keys) for row in rows_of([key], T0) * (index % 3 + 1)
+    ]
+    write_batch(directory, 0, batch_0)
+
+    def start(key_groups: int) -> None:
+        counts = running_count(
+            source(spark, directory), "k", key_groups=key_groups, output_mode="append"
+        )
+        query = (
+            counts.writeStream.format("2pc-jdbc")
+            .outputMode("append")
+            .option("url", postgres.endpoint.jdbc_url)
+            .option("user", postgres.endpoint.user)
+            .option("dbtable", unique_name)
+            .option("createTableIfNotExists", "true")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        await_query(query, QUERY_TIMEOUT)
+
+    def table() -> list[tuple[Any, ...]]:
+        with psycopg.connect(postgres.endpoint.url) as connection:
+            return connection.execute(
+                f'SELECT "k", "count", "version" FROM "{unique_name}" ORDER BY 1, 3'
+            ).fetchall()
+
+    def prepared_transactions() -> int:
+        with psycopg.connect(postgres.endpoint.url) as connection:
+            row = connection.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()
+        return int(row[0]) if row else 0
+
+    prepared_before = prepared_transactions()
+    with session_conf(spark, {NO_DATA_BATCHES: "false"}):
+        start(key_groups=8)
+        after_batch_0 = [(key, index % 3 + 1, 1) for index, key in enumerate(keys)]
+        assert table() == after_batch_0
+        write_batch(directory, 1, rows_of(moved, T0))
+        with pytest.raises(Exception) as error:
+            start(key_groups=16)
+        assert CHANGED_KEY_GROUPS_ERROR.format(operator="running_count") in str(error.value)
+        assert table() == after_batch_0  # nothing of batch 1 was committed
+        # Keeping key_groups=8, as the message says, resumes with the right counts.
+        start(key_groups=8)
+    counts_0 = {key: index % 3 + 1 for index, key in enumerate(keys)}
+    after_batch_1 = [(key, counts_0[key] + 1, 2) for key in moved]
+    assert table() == sorted(after_batch_0 + after_batch_1)
+    assert prepared_transactions() == prepared_before  # the failed batch left nothing
+
+
+@pytest.mark.timeout(240)
+def test_checkpoint_from_before_markers_records_settings_and_then_refuses_changes(
+    spark: SparkSession, tmp_root: str
+) -> None:
+    keys = [f"key-{index:03d}" for index in range(64)]
+    groups_of_16 = key_groups_of(spark, keys, 16)
+    moved = sorted(key for key, group in groups_of_16.items() if group >= 8)
+    directory = os.path.join(tmp_root, "pre-marker-input")
+    checkpoint = os.path.join(tmp_root, "pre-marker-checkpoint")
+    os.makedirs(directory)
+    sink = Emitted()
+
+    def start(key_groups: int, markers: bool = True) -> None:
+        operator = Deduplicate("k", "1 hour", event_time="ts", key_groups=key_groups)
+        operator.emit_settings_markers = markers
+        result = operator.apply(with_watermark(source(spark, directory)))
+        run(result, checkpoint, "append", sink)
+
+    def emitted_keys(batch_id: int) -> list[str]:
+        return [row[0] for row in dict(sink.final())[batch_id]]
+
+    with session_conf(spark, {NO_DATA_BATCHES: "false"}):
+        # Written as before settings markers existed: no settings row in the state.
+        write_batch(directory, 0, [*rows_of(keys[:48], T0), *rows_of(["ahead"], T0 + 500)])
+        start(key_groups=8, markers=False)
+        assert emitted_keys(0) == sorted([*keys[:48], "ahead"])
+        assert -1 not in stored_key_groups(spark, checkpoint)
+
+        # Same settings with markers: an empty batch, then a batch that records the settings.
+        write_batch(directory, 1, [])
+        write_batch(directory, 2, rows_of(keys, T0 + 501))
+        start(key_groups=8)
+        assert emitted_keys(1) == []
+        assert emitted_keys(2) == keys[48:]
+        assert stored_key_groups(spark, checkpoint)[0] == -1
+
+        # 16 groups, a batch of known keys that all move to empty groups, led by a late row
+        # (dropped by Spark, and the row each partition's marker is copied from).
+        write_batch(directory, 3, [*rows_of(["too-late"], T0), *rows_of(moved, T0 + 600)])
+        with pytest.raises(Exception) as error:
+            start(key_groups=16)
+        assert CHANGED_KEY_GROUPS_ERROR.format(operator="deduplicate") in str(error.value)
+    assert 3 not in dict(sink.attempts)

@@ -12,10 +12,18 @@ Guarantees: Spark commits the group state rows at the end of every micro-batch (
 barrier), so after a restart every key's state equals the state at the last committed batch,
 and a replayed batch (same batch id, same offsets, same batch timestamp and watermark)
 produces the same output, provided the operator's ``update`` is deterministic.
-Limits: ``key_groups`` is part of the checkpoint (changing it would move keys between state
-rows, so it is stored with the state and a restart with another value is refused);
-each batch rewrites the whole state row of every bucket that received rows, so snapshot size
-grows with keys per bucket (see README for figures).
+Fixed settings: ``key_groups`` and the key columns (names, order, types) decide which state
+row holds a key, so they are part of the checkpoint. They are stored in every state row's Arrow
+schema (with the state fields) and, because a bucket without state cannot know what it should
+have held, also in a reserved settings bucket (``SETTINGS_KEY_GROUP``) that every batch with
+input rows visits: one settings marker row per input partition is routed there (a
+Chandy-Lamport marker in spirit). A restart with another ``key_groups``, other key columns or
+another state schema therefore fails the first batch with input rows, whichever keys it holds,
+in the stateful stage, which runs before the sink's batch commit. Markers never reach
+``update``, ``on_timeout`` or the output. A checkpoint written before settings markers existed
+has no settings row; its first batch with rows records the settings of the restarted query.
+Limits: each batch rewrites the whole state row of every bucket that received rows, so
+snapshot size grows with keys per bucket (see README for figures).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -42,10 +51,17 @@ from pyspark.sql.types import (
 
 from stateful_ops import state_codec
 from stateful_ops.errors import OperatorDefinitionError
-from stateful_ops.validation import INTEGRAL_TYPES, key_columns
+from stateful_ops.validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
 
 DEFAULT_KEY_GROUPS = 8
 KEY_GROUP_COLUMN = "__so_key_group"
+# Boolean column of prepared rows: true for a settings marker, false for a data row.
+MARKER_COLUMN = "__so_settings_marker"
+# Key group of the settings markers; data rows get pmod(...) >= 0, so it never holds keys.
+SETTINGS_KEY_GROUP = -1
+# 2262-01-01 UTC, shortly before the last instant pandas holds: a marker's event time, never
+# behind the watermark, and still convertible when the marker reaches pandas.
+_NEVER_LATE_US = 9_214_646_400_000_000
 
 _TIMEOUTS = {
     "none": GroupStateTimeout.NoTimeout,
@@ -145,6 +161,8 @@ class StatefulOperator:
             )
         self.key = key
         self.key_groups = key_groups
+        # False only to reproduce checkpoints written before settings markers existed (tests).
+        self.emit_settings_markers = True
         self.keys: tuple[str, ...] = ()
         self.key_schema = StructType()
         self.input_schema = StructType()
@@ -158,7 +176,13 @@ class StatefulOperator:
         """Check operator-specific arguments against ``df``; raise OperatorDefinitionError."""
 
     def prepare(self, df: DataFrame) -> DataFrame:
-        """Columns sent to Python: by default the key columns and nothing else."""
+        """Columns sent to Python: by default the key columns and nothing else.
+
+        A stateless Python step here may add the settings markers itself (see
+        ``RunningCount``): a boolean ``MARKER_COLUMN``, true on one extra row per input
+        partition that has rows (only while ``emit_settings_markers``). Without that column
+        the base class adds the markers in a separate step (see ``with_settings_markers``).
+        """
         return df.select(*self.keys)
 
     def finish(self, df: DataFrame) -> DataFrame:
@@ -192,7 +216,8 @@ class StatefulOperator:
         return pd.DataFrame({name: pd.Series(dtype=object) for name in self.out_schema.names})
 
     def empty_state(self) -> pd.DataFrame:
-        return canonical(self.arrow_state_schema.empty_table().to_pandas(), self.state_schema)
+        empty = self.arrow_state_schema.empty_table().to_pandas()
+        return canonical(empty, self.state_schema.fields)
 
     # Driver side ---------------------------------------------------------------------------
 
@@ -202,14 +227,17 @@ class StatefulOperator:
         self.keys = keys
         self.validate(df)
         prepared = self.prepare(df)
-        self.bind(keys, prepared.schema)
-        bucketed = prepared.withColumn(KEY_GROUP_COLUMN, self.key_group_column())
-        result = bucketed.groupBy(KEY_GROUP_COLUMN).applyInPandasWithState(
-            self._call,
-            self.out_schema,
-            state_codec.GROUP_STATE_DDL,
-            self.output_mode,
-            _TIMEOUTS[self.timeout],
+        self.bind(keys, without_marker(prepared.schema))
+        result = (
+            self.bucketed(prepared)
+            .groupBy(KEY_GROUP_COLUMN)
+            .applyInPandasWithState(
+                self._call,
+                self.out_schema,
+                state_codec.GROUP_STATE_DDL,
+                self.output_mode,
+                _TIMEOUTS[self.timeout],
+            )
         )
         return self.finish(result)
 
@@ -229,11 +257,28 @@ class StatefulOperator:
         hashed = F.xxhash64(*[F.col(name) for name in self.keys])
         return F.pmod(hashed, F.lit(self.key_groups)).cast("int")
 
+    def bucketed(self, prepared: DataFrame) -> DataFrame:
+        """``prepared`` with ``KEY_GROUP_COLUMN``; settings markers go to SETTINGS_KEY_GROUP."""
+        if not self.emit_settings_markers:
+            if MARKER_COLUMN in prepared.columns:
+                prepared = prepared.where(~F.col(MARKER_COLUMN)).drop(MARKER_COLUMN)
+            return prepared.withColumn(KEY_GROUP_COLUMN, self.key_group_column())
+        marked = prepared if MARKER_COLUMN in prepared.columns else with_settings_markers(prepared)
+        key_group = F.when(F.col(MARKER_COLUMN), F.lit(SETTINGS_KEY_GROUP)).otherwise(
+            self.key_group_column()
+        )
+        return marked.withColumn(KEY_GROUP_COLUMN, key_group).drop(MARKER_COLUMN)
+
     # Executor side -------------------------------------------------------------------------
 
     def _call(
-        self, _bucket: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
+        self, bucket: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
+        if bucket[0] == SETTINGS_KEY_GROUP:
+            for _ in frames:
+                pass
+            self.check_settings(state)
+            return
         clock = Clock(
             processing_time_ms=state.getCurrentProcessingTimeMs(),
             watermark_ms=state.getCurrentWatermarkMs() if self.timeout == "event" else None,
@@ -262,6 +307,21 @@ class StatefulOperator:
             return self.pre_aggregate(canonical(empty, self.input_schema.fields))
         return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
+    def check_settings(self, state: GroupState) -> None:
+        """Refuse settings other than the stored ones; store them on the first visit.
+
+        The settings row is an empty state table: its Arrow schema holds the key columns
+        and state fields, its metadata ``key_groups``, so ``state_codec.decode`` reports a
+        change exactly as it does for a data bucket. It is written once, never rewritten.
+        A checkpoint from before settings markers has no settings row: its first batch
+        with input rows records the settings of the restarted query.
+        """
+        if state.exists:
+            state_codec.decode(self.name, state.get, self.arrow_state_schema)
+            return
+        blob = state_codec.encode(self.empty_state(), self.arrow_state_schema)
+        state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
+
     def load(self, state: GroupState) -> pd.DataFrame:
         return self.load_value(state.get) if state.exists else self.empty_state()
 
@@ -285,6 +345,53 @@ class StatefulOperator:
             # Spark fires when watermark > timestamp; we want watermark >= wake_up.
             watermark = clock.watermark_ms if clock.watermark_ms is not None else 0
             state.setTimeoutTimestamp(max(wake_up - 1, watermark, 1))
+
+
+def without_marker(schema: StructType) -> StructType:
+    return StructType([field for field in schema.fields if field.name != MARKER_COLUMN])
+
+
+def with_settings_markers(df: DataFrame) -> DataFrame:
+    """``df`` plus ``MARKER_COLUMN``, and a copy of each input partition's first row as marker.
+
+    Spark refuses ``monotonically_increasing_id`` in streaming queries, so the first row of a
+    partition is found by an Arrow iterator UDF that sees the partition's batches in order; it
+    receives one constant boolean column, the rows themselves stay in the JVM (any column
+    type works), and an explode emits the flagged row twice. A marker's watermarked
+    event-time column is set to 2262-01-01: Spark drops rows behind the watermark before an
+    event-time-timeout operator sees them, and a dropped marker would check nothing.
+    """
+    # The iterator UDF type comes from flag_first_row's hints, which pyspark's stubs miss.
+    first_row = F.arrow_udf(flag_first_row, BooleanType())  # type: ignore[call-overload]
+    first_row = first_row.asNondeterministic()
+    copies = F.when(F.col(MARKER_COLUMN), F.array(F.lit(False), F.lit(True))).otherwise(
+        F.array(F.lit(False))
+    )
+    marked = df.withColumn(MARKER_COLUMN, first_row(F.lit(True))).withColumn(
+        MARKER_COLUMN, F.explode(copies)
+    )
+    if not any(WATERMARK_METADATA_KEY in field.metadata for field in df.schema.fields):
+        return marked
+    columns = []
+    for field in df.schema.fields:
+        column = F.col(field.name)
+        if WATERMARK_METADATA_KEY in field.metadata:
+            never_late = F.timestamp_micros(F.lit(_NEVER_LATE_US)).cast(field.dataType)
+            column = F.when(F.col(MARKER_COLUMN), never_late).otherwise(column)
+            column = column.alias(field.name, metadata=field.metadata)
+        columns.append(column)
+    return marked.select(*columns, MARKER_COLUMN)
+
+
+def flag_first_row(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+    """True for the first row of a partition, false for every other (one call per partition)."""
+    first = True
+    for batch in batches:
+        flags = np.zeros(len(batch), dtype=bool)
+        if first and len(batch):
+            flags[0] = True
+            first = False
+        yield pa.array(flags)
 
 
 def _ddl(ddl: str | StructType) -> StructType:

@@ -5,7 +5,9 @@ Per-key contracts:
 
 - running_count / running_aggregate (output mode update): one output row per key that
   received rows in the batch; ``version`` is the number of batches in which the key received
-  rows, so it grows by exactly one each time the key's count changes.
+  rows, so it grows by exactly one each time the key's count changes. Both aggregate within
+  each input partition first (a stateless mapInArrow step that also emits the settings
+  markers, see ``base``), so one row per key and partition is shuffled.
 - deduplicate (append): the first row of a key is emitted; later rows of the key are dropped
   while the key is remembered. Processing time: remembered until ``ttl`` after the batch
   that emitted it. Event time: remembered until the watermark reaches the emitted row's
@@ -21,12 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
+    DataType,
     DoubleType,
     LongType,
     MapType,
@@ -34,7 +41,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from stateful_ops.base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
 from stateful_ops.errors import OperatorDefinitionError
 from stateful_ops.validation import (
     INTEGRAL_TYPES,
@@ -85,8 +92,11 @@ class RunningCount(StatefulOperator):
         keys = df.select(*self.keys)
         if any(isinstance(f.dataType, NESTED_TYPES) for f in keys.schema.fields):
             return keys
-        schema = StructType([*keys.schema.fields, StructField(PARTIAL_COUNT, LongType(), False)])
-        return keys.mapInArrow(partial_counts(list(self.keys)), schema)
+        fields = [*keys.schema.fields, StructField(PARTIAL_COUNT, LongType(), False)]
+        if self.emit_settings_markers:
+            fields.append(StructField(MARKER_COLUMN, BooleanType(), False))
+        count = partial_counts(list(self.keys), settings_marker=self.emit_settings_markers)
+        return keys.mapInArrow(count, StructType(fields))
 
     def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
         grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
@@ -111,9 +121,14 @@ class RunningCount(StatefulOperator):
 
 
 def partial_counts(
-    keys: list[str],
+    keys: list[str], settings_marker: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A mapInArrow function: rows per key (nulls are a key) in one partition's batches."""
+    """A mapInArrow function: rows per key (nulls are a key) in one partition's batches.
+
+    With ``settings_marker``, a partition that has rows also yields one settings marker: a
+    copy of its first output row with ``MARKER_COLUMN`` true (false on every count row), so
+    the marker costs one row per partition and no extra pass over the data.
+    """
 
     def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partials = []
@@ -133,9 +148,92 @@ def partial_counts(
             )
         columns = {key: combined[key] for key in keys}
         columns[PARTIAL_COUNT] = combined["count_all"].cast(pa.int64())
-        yield from pa.table(columns).to_batches()
+        counts = pa.table(columns)
+        yield from (with_marker(counts) if settings_marker else counts).to_batches()
 
     return count
+
+
+def with_marker(table: pa.Table) -> pa.Table:
+    """``table`` with ``MARKER_COLUMN`` false, plus a copy of its first row flagged true."""
+    marked = pa.concat_tables([table, table.slice(0, 1)])
+    flags = np.zeros(marked.num_rows, dtype=bool)
+    flags[-1] = True
+    return marked.append_column(MARKER_COLUMN, pa.array(flags))
+
+
+_COMBINE = {"count_all": "sum", "count": "sum", "sum": "sum", "min": "min", "max": "max"}
+
+
+def partial_aggregates(
+    keys: list[str],
+    spec: Sequence[tuple[str, str, str]],
+    schema: StructType,
+    settings_marker: bool = False,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A mapInArrow function: per key (nulls are a key), the partial aggregates of a partition.
+
+    ``spec`` lists (output name, input column, Arrow aggregate: count_all, count, sum, min or
+    max); ``schema`` gives the output types. Floating-point NaN counts as null, as in the
+    pandas path (Spark hands NaN and null to pandas alike), so both give the same state.
+    Columns are renamed to positional names while grouping, so no user column name can
+    collide with a name Arrow gives an aggregate.
+    """
+    key_names = [f"__so_key_{index}" for index in range(len(keys))]
+    sources = list(dict.fromkeys(source for _, source, fn in spec if fn != "count_all"))
+    value_names = {source: f"__so_value_{index}" for index, source in enumerate(sources)}
+    partial_names = [f"__so_partial_{index}" for index in range(len(spec))]
+    targets = [to_arrow_type(schema[name].dataType) for name, _, _ in spec]
+
+    def first_pass(table: pa.Table) -> list[pa.ChunkedArray]:
+        grouped = table.group_by(key_names, use_threads=False).aggregate(
+            [([], fn) if fn == "count_all" else (value_names[source], fn) for _, source, fn in spec]
+        )
+        partials = [
+            grouped[fn if fn == "count_all" else f"{value_names[source]}_{fn}"]
+            for _, source, fn in spec
+        ]
+        return [grouped[name] for name in key_names] + partials
+
+    def combine(table: pa.Table) -> list[pa.ChunkedArray]:
+        merged = table.group_by(key_names, use_threads=False).aggregate(
+            [(name, _COMBINE[fn]) for name, (_, _, fn) in zip(partial_names, spec, strict=True)]
+        )
+        partials = [
+            merged[f"{name}_{_COMBINE[fn]}"]
+            for name, (_, _, fn) in zip(partial_names, spec, strict=True)
+        ]
+        return [merged[name] for name in key_names] + partials
+
+    def aggregate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        partials = []
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            table = pa.Table.from_batches([batch]).select([*keys, *sources])
+            table = _nan_as_null(table.rename_columns([*key_names, *value_names.values()]))
+            partials.append(pa.table(first_pass(table), names=[*key_names, *partial_names]))
+        if not partials:
+            return
+        combined = pa.concat_tables(partials)
+        if len(partials) > 1:
+            combined = pa.table(combine(combined), names=[*key_names, *partial_names])
+        columns = [combined[name] for name in key_names]
+        columns += [
+            combined[name].cast(target) for name, target in zip(partial_names, targets, strict=True)
+        ]
+        table = pa.table(columns, names=[*keys, *(name for name, _, _ in spec)])
+        yield from (with_marker(table) if settings_marker else table).to_batches()
+
+    return aggregate
+
+
+def _nan_as_null(table: pa.Table) -> pa.Table:
+    for index, field in enumerate(table.schema):
+        if field.name.startswith("__so_value_") and pa.types.is_floating(field.type):
+            column = table.column(index)
+            table = table.set_column(index, field, pc.if_else(pc.is_nan(column), None, column))
+    return table
 
 
 class RunningAggregate(StatefulOperator):
@@ -172,6 +270,9 @@ class RunningAggregate(StatefulOperator):
             if not names:
                 raise OperatorDefinitionError(f"{self.name}: no aggregate for column {column!r}")
             self.aggs[column] = tuple(dict.fromkeys(names))
+        self.column_types: dict[str, DataType] = {}
+        # Whether prepare() sends partial aggregates (True) or the rows themselves.
+        self.partial = False
 
     def validate(self, df: DataFrame) -> None:
         for column, functions in self.aggs.items():
@@ -193,15 +294,38 @@ class RunningAggregate(StatefulOperator):
         return [f"{c}_{fn}" for c, fns in self.aggs.items() for fn in fns] + ["version"]
 
     def prepare(self, df: DataFrame) -> DataFrame:
-        return df.select(*self.keys, *self.aggs)
+        """Aggregate within each input partition first (Spark's partial aggregation).
+
+        As for ``RunningCount``: a stateless ``mapInArrow`` step turns the rows of a
+        partition into one row of partial aggregates (the state fields) per key, and adds
+        the settings marker. Nested key or value types (which Arrow cannot group or
+        aggregate) skip it and send the rows themselves.
+        """
+        selected = df.select(*self.keys, *self.aggs)
+        self.column_types = {column: df.schema[column].dataType for column in self.aggs}
+        self.partial = not any(isinstance(f.dataType, NESTED_TYPES) for f in selected.schema)
+        if not self.partial:
+            return selected
+        partial_fields = self.aggregate_fields(self.column_types)
+        fields = [*(selected.schema[key] for key in self.keys), *partial_fields]
+        if self.emit_settings_markers:
+            fields.append(StructField(MARKER_COLUMN, BooleanType(), False))
+        aggregate = partial_aggregates(
+            list(self.keys),
+            self._partial_spec(),
+            StructType(partial_fields),
+            settings_marker=self.emit_settings_markers,
+        )
+        return selected.mapInArrow(aggregate, StructType(fields))
 
     def _needs_sum(self, column: str) -> bool:
         return bool({"sum", "mean"} & set(self.aggs[column]))
 
-    def state_schema_for(self, input_schema: StructType) -> StructType:
-        fields = [*self.key_schema.fields, _long("rows")]
+    def aggregate_fields(self, column_types: Mapping[str, DataType]) -> list[StructField]:
+        """The state fields between the key columns and ``version``: the partial aggregates."""
+        fields = [_long("rows")]
         for column, functions in self.aggs.items():
-            data_type = input_schema[column].dataType
+            data_type = column_types[column]
             fields.append(_long(f"n__{column}"))
             if self._needs_sum(column):
                 sum_type = LongType() if isinstance(data_type, INTEGRAL_TYPES) else DoubleType()
@@ -209,12 +333,33 @@ class RunningAggregate(StatefulOperator):
             for extreme in ("min", "max"):
                 if extreme in functions:
                     fields.append(StructField(f"{extreme}__{column}", data_type, True))
-        return StructType([*fields, _long("version")])
+        return fields
+
+    def _partial_spec(self) -> list[tuple[str, str, str]]:
+        """(state field, input column, Arrow aggregate) of each partial aggregate."""
+        spec = [("rows", "", "count_all")]
+        for column, functions in self.aggs.items():
+            spec.append((f"n__{column}", column, "count"))
+            if self._needs_sum(column):
+                spec.append((f"sum__{column}", column, "sum"))
+            for extreme in ("min", "max"):
+                if extreme in functions:
+                    spec.append((f"{extreme}__{column}", column, extreme))
+        return spec
+
+    def _column_types(self, input_schema: StructType) -> Mapping[str, DataType]:
+        """Types of the aggregated columns: from prepare(), else from the rows' schema."""
+        return self.column_types or {c: input_schema[c].dataType for c in self.aggs}
+
+    def state_schema_for(self, input_schema: StructType) -> StructType:
+        fields = self.aggregate_fields(self._column_types(input_schema))
+        return StructType([*self.key_schema.fields, *fields, _long("version")])
 
     def output_schema_for(self, input_schema: StructType) -> StructType:
         fields = list(self.key_schema.fields)
+        column_types = self._column_types(input_schema)
         for column, functions in self.aggs.items():
-            data_type = input_schema[column].dataType
+            data_type = column_types[column]
             sum_type = LongType() if isinstance(data_type, INTEGRAL_TYPES) else DoubleType()
             result_types = {
                 "sum": sum_type,
@@ -238,6 +383,9 @@ class RunningAggregate(StatefulOperator):
         return spec
 
     def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
+        grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
+        if self.partial:
+            return grouped.agg(**self._combine_spec()).reset_index()
         first = next(iter(self.aggs))
         spec: dict[str, tuple[str, str]] = {"rows": (first, "size")}
         for column, functions in self.aggs.items():
@@ -247,7 +395,6 @@ class RunningAggregate(StatefulOperator):
             for extreme in ("min", "max"):
                 if extreme in functions:
                     spec[f"{extreme}__{column}"] = (column, extreme)
-        grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
         return grouped.agg(**spec).reset_index()
 
     def update(

@@ -37,7 +37,14 @@ from stateful_ops import (
     StateSchemaMismatchError,
     state_codec,
 )
-from stateful_ops.operators import EVENT_US, PARTIAL_COUNT, merge_sessions, partial_counts
+from stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, flag_first_row
+from stateful_ops.operators import (
+    EVENT_US,
+    PARTIAL_COUNT,
+    merge_sessions,
+    partial_aggregates,
+    partial_counts,
+)
 from stateful_ops.state_store import configure_state_store, state_store_conf
 from stateful_ops.validation import duration_ms
 
@@ -65,10 +72,12 @@ TIMEOUT_CONF = {
 class Group:
     """One key group's state across calls, as Spark would keep it between batches."""
 
-    def __init__(self, operator: StatefulOperator) -> None:
+    def __init__(self, operator: StatefulOperator, key_group: int = 0) -> None:
         self.operator = operator
+        self.key_group = key_group
         self.value: tuple[Any, ...] | None = None
         self.timeout_ms = -1
+        self.updated = False
 
     def call(
         self,
@@ -91,9 +100,10 @@ class Group:
             keyAsUnsafe=b"",
             valueSchema=GROUP_STATE_SCHEMA,
         )
-        outputs = list(self.operator._call((0,), iter(frames), state))
+        outputs = list(self.operator._call((self.key_group,), iter(frames), state))
         self.value = tuple(state._value) if state.exists else None
         self.timeout_ms = state._timeout_timestamp
+        self.updated = state._updated
         if not outputs:
             return pd.DataFrame(columns=self.operator.out_schema.names)
         return pd.concat(outputs, ignore_index=True)
@@ -200,6 +210,56 @@ def test_running_aggregate_sql_null_semantics_across_batches() -> None:
     assert rows(second) == [
         ("a", 2.0, 2 / 3, -2.0, 3.0, 3, 6, 2),
         ("b", 7.0, 7.0, 7.0, 7.0, 1, 2, 2),
+    ]
+
+
+def test_partial_aggregates_give_the_pandas_path_result_with_nulls_and_nan() -> None:
+    aggs = {"v": ["sum", "mean", "min", "max", "count"], "n": ["sum", "max"]}
+    raw = Group(bound(RunningAggregate("k", aggs), ["k"], KEYED))
+    operator = RunningAggregate("k", aggs)
+    operator.column_types = {"v": DoubleType(), "n": IntegerType()}
+    operator.partial = True
+    partial_fields = StructType(operator.aggregate_fields(operator.column_types))
+    partial = Group(bound(operator, ["k"], StructType([KEYED["k"], *partial_fields.fields])))
+    aggregate = partial_aggregates(
+        ["k"], operator._partial_spec(), partial_fields, settings_marker=True
+    )
+    batches = [
+        pa.record_batch(
+            {
+                "k": ["a", "a", "b", None, "a"],
+                "n": pa.array([1, None, 3, 4, 2], pa.int32()),
+                "v": [1.0, float("nan"), None, 2.5, None],
+            }
+        ),
+        pa.record_batch({"k": ["b"], "n": pa.array([None], pa.int32()), "v": [-1.0]}),
+    ]
+    table = pa.Table.from_batches(list(aggregate(iter([batches[0].slice(0, 0), *batches]))))
+    assert table.column_names == ["k", *partial_fields.names, MARKER_COLUMN]
+    assert table.column(MARKER_COLUMN).to_pylist() == [False] * 3 + [True]
+    assert table.schema.field("sum__n").type == pa.int64()
+    assert table.schema.field("max__n").type == pa.int32()
+    partials = table.slice(0, 3).drop_columns([MARKER_COLUMN]).to_pandas()
+    expected = [
+        ("a", 1.0, 1.0, 1.0, 1.0, 1, 3, 2, 1),
+        ("b", -1.0, -1.0, -1.0, -1.0, 1, 3, 3, 1),
+        (None, 2.5, 2.5, 2.5, 2.5, 1, 4, 4, 1),
+    ]
+    assert rows(partial.call([partials])) == expected
+    assert rows(raw.call([pa.Table.from_batches(batches).to_pandas()])) == expected
+    assert partial.value == raw.value  # same state, whichever path computed it
+    assert list(aggregate(iter([batches[0].slice(0, 0)]))) == []
+
+
+def test_partial_aggregates_survive_column_names_like_arrow_aggregate_names() -> None:
+    operator = RunningAggregate("v_count", {"v": ["sum"], "v_sum": ["count", "max"]})
+    operator.column_types = {"v": LongType(), "v_sum": DoubleType()}
+    fields = StructType(operator.aggregate_fields(operator.column_types))
+    aggregate = partial_aggregates(["v_count"], operator._partial_spec(), fields)
+    batch = pa.record_batch({"v_count": ["x", "x"], "v": [1, 2], "v_sum": [0.5, None]})
+    (out,) = aggregate(iter([batch, batch]))
+    assert out.to_pylist() == [
+        {"v_count": "x", "rows": 4, "n__v": 4, "sum__v": 6, "n__v_sum": 2, "max__v_sum": 0.5}
     ]
 
 
@@ -355,6 +415,104 @@ def test_state_written_by_another_operator_or_schema_is_refused() -> None:
     )
     with pytest.raises(StateSchemaMismatchError, match="format version 7"):
         counted.load_value((7, *group.value[1:]))
+
+
+# fixed settings: the settings key group that every batch with rows visits -----------------
+
+
+class NeverUpdated(RunningCount):
+    """A running count whose hooks must not run for the settings key group."""
+
+    def update(self, rows: pd.DataFrame, state: pd.DataFrame, clock: Any) -> Any:
+        raise AssertionError(f"update received {len(rows)} rows")
+
+    def on_timeout(self, state: pd.DataFrame, clock: Any) -> Any:
+        raise AssertionError("on_timeout was called")
+
+
+def test_settings_key_group_records_settings_once_and_never_reaches_update() -> None:
+    group = Group(bound(NeverUpdated("k"), ["k"], KEYED), key_group=SETTINGS_KEY_GROUP)
+    marker = spark_frame({"k": ["a"], "n": [1], "v": [1.0]})
+    assert len(group.call([marker, marker])) == 0
+    assert group.updated
+    assert group.value is not None
+    assert group.value[:2] == (state_codec.STATE_FORMAT_VERSION, "running_count")
+    assert group.keys_in_state() == 0  # an empty state table: only its schema matters
+    recorded = group.value
+    assert len(group.call([marker])) == 0
+    assert not group.updated  # checked, not rewritten
+    assert group.value == recorded
+
+
+@pytest.mark.parametrize(
+    ("key", "key_groups", "schema", "message"),
+    [
+        (
+            "k",
+            16,
+            KEYED,
+            "running_count: stored state was written with key_groups=8, this query declares"
+            " key_groups=16; keep key_groups=8 for this checkpoint or restart from a new"
+            " checkpoint location",
+        ),
+        (
+            "n",
+            8,
+            KEYED,
+            "running_count: stored state schema changed: stored columns no longer declared: k;"
+            " declared columns missing from stored state: n; restart from a new checkpoint"
+            " location",
+        ),
+        (
+            ["n", "k"],
+            8,
+            KEYED,
+            "running_count: stored state schema changed: column order differs;"
+            " restart from a new checkpoint location",
+        ),
+        (
+            ["k", "n"],
+            8,
+            StructType([KEYED["k"], StructField("n", LongType())]),
+            "running_count: stored state schema changed: retyped: n int32 -> int64;"
+            " restart from a new checkpoint location",
+        ),
+    ],
+)
+def test_settings_key_group_refuses_changes_of_the_key_to_group_mapping(
+    key: str | list[str], key_groups: int, schema: StructType, message: str
+) -> None:
+    stored_key = ["k"] if key in ("k", "n") else ["k", "n"]
+    group = Group(bound(RunningCount(stored_key), stored_key, KEYED), SETTINGS_KEY_GROUP)
+    group.call([])
+    keys = [key] if isinstance(key, str) else key
+    group.operator = bound(RunningCount(key, key_groups=key_groups), keys, schema)
+    with pytest.raises(StateSchemaMismatchError) as error:
+        group.call([spark_frame({"k": ["a"], "n": [1], "v": [1.0]})])
+    assert str(error.value) == message
+
+
+def test_partial_counts_add_one_settings_marker_per_partition() -> None:
+    count = partial_counts(["k"], settings_marker=True)
+    first = pa.record_batch({"k": ["b", "a", "b"]})
+    second = pa.record_batch({"k": ["a"]})
+    out = pa.Table.from_batches(list(count(iter([first.slice(0, 0), first, second]))))
+    assert out.column_names == ["k", PARTIAL_COUNT, MARKER_COLUMN]
+    data = [row for row in out.to_pylist() if not row[MARKER_COLUMN]]
+    markers = [row for row in out.to_pylist() if row[MARKER_COLUMN]]
+    assert sorted(data, key=repr) == [
+        {"k": "a", PARTIAL_COUNT: 2, MARKER_COLUMN: False},
+        {"k": "b", PARTIAL_COUNT: 2, MARKER_COLUMN: False},
+    ]
+    assert len(markers) == 1  # its key is a real one, so non-nullable keys stay valid
+    assert markers[0]["k"] in ("a", "b")
+    assert list(count(iter([first.slice(0, 0)]))) == []  # no rows, no marker
+
+
+def test_flag_first_row_flags_only_the_first_row_of_a_partition() -> None:
+    batches = [pa.array([], pa.bool_()), pa.array([True] * 3), pa.array([True] * 2)]
+    flags = [array.to_pylist() for array in flag_first_row(iter(batches))]
+    assert flags == [[], [True, False, False], [False, False]]
 
 
 # argument parsing ------------------------------------------------------------------------
