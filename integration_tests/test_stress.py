@@ -71,6 +71,9 @@ ACTIONS = {
     "SIGKILL the driver": 3,
 }
 RESTARTS = ("restart with other options", "restart with the other protocol", "SIGKILL the driver")
+STEP_SECONDS = 0.6
+"""The walk's clock: a step comes after a commit, or after this long, as events come in
+production whatever the job is doing."""
 
 
 def pace(condition: Callable[[], bool], at_most: float) -> bool:
@@ -119,6 +122,7 @@ class StressRig:
         self.topic = f"{name}_events"
         self.postgres = postgres
         self.url = postgres.endpoint.url
+        self.check_url = f"{self.url}?options=-c%20statement_timeout%3D15000"
         self.tables = {"counts": f"{name}_counts"}
         self.s3 = s3
         self.s3_path = f"s3://{s3.endpoint.bucket}/{name}"
@@ -126,7 +130,9 @@ class StressRig:
         self.fault_directory = tmp_path / "faults"
         self.fault_directory.mkdir()
         self.control = tmp_path / "control.json"
-        self.log_path = tmp_path / "driver.log"
+        self.work = tmp_path
+        self.starts = 0
+        self.log_path = tmp_path / "driver-0.log"
         self.checkpoint_root = tmp_path / "checkpoints"
         self.settings: dict[str, Any] = {
             "generation": 0, "max_offsets_per_trigger": 200, "trigger_ms": 300,
@@ -154,7 +160,16 @@ class StressRig:
             faults.FAULT_DIRECTORY_VARIABLE: str(self.fault_directory),
             "EOSPACK_STRESS_S3_SECRET": self.s3.endpoint.secret_access_key,
         }
+        self.starts += 1
+        self.log_path = self.work / f"driver-{self.starts}.log"
         self.driver = DriverProcess(arguments, environment=environment, log_path=self.log_path)
+
+    def driver_started(self, generation: int) -> bool:
+        """The current driver has started its queries with settings ``generation``."""
+        assert self.driver is not None
+        if self.driver.poll() is not None:
+            raise AssertionError(f"seed {self.seed}: the driver exited: {self.driver.output(3000)}")
+        return f"generation {generation} started" in self.driver.output()
 
     def driver_alive(self) -> bool:
         return self.driver is not None and self.driver.poll() is None
@@ -231,7 +246,7 @@ class StressRig:
     # Checks ------------------------------------------------------------------------------
 
     def committed_batches(self) -> int:
-        with psycopg.connect(self.url) as connection:
+        with psycopg.connect(self.check_url) as connection:
             exists = connection.execute("SELECT to_regclass('eospack_commits')").fetchone()
             if not exists or exists[0] is None:
                 return 0
@@ -251,7 +266,7 @@ class StressRig:
             self.seen_counts[key] = (count, version)
 
     def _counts(self) -> list[tuple[str, int, int]]:
-        with psycopg.connect(self.url) as connection:
+        with psycopg.connect(self.check_url) as connection:
             exists = connection.execute(
                 "SELECT to_regclass(%s)", (f'"{self.tables["counts"]}"',)
             ).fetchone()
@@ -308,9 +323,26 @@ class StressRig:
             "accessKeyId": endpoint.access_key_id, "secretAccessKey": endpoint.secret_access_key,
         }  # fmt: skip
 
+    def database_activity(self) -> str:
+        """What the database is doing (for a failure report): sessions, waits, prepared."""
+        with psycopg.connect(self.check_url, autocommit=True) as connection:
+            sessions = connection.execute(
+                "SELECT pid, application_name, state, wait_event_type, left(query, 120)"
+                " FROM pg_stat_activity WHERE datname = current_database()"
+            ).fetchall()
+            locks = connection.execute(
+                "SELECT l.pid, l.relation::regclass::text, l.mode, l.granted FROM pg_locks l"
+                " WHERE l.relation IS NOT NULL AND NOT l.granted"
+            ).fetchall()
+            prepared = connection.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
+        return "\n".join(
+            ["sessions:", *map(str, sessions), "waiting locks:", *map(str, locks),
+             "prepared:", *map(str, prepared)]
+        )  # fmt: skip
+
     def failures_in_log(self) -> int:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return text.count("failed, restarting:")
+        logs = self.work.glob("driver-*.log")
+        return sum(log.read_text(errors="replace").count("failed, restarting:") for log in logs)
 
     # The walk ----------------------------------------------------------------------------
 
@@ -322,8 +354,14 @@ class StressRig:
             before = self.committed_batches()
             action = self.step()
             steps += 1
-            patience = 30.0 if action in RESTARTS else 2.0
-            pace(lambda before=before: self.committed_batches() > before, at_most=patience)
+            if action in RESTARTS:
+                generation = self.settings["generation"]
+                wait_until(
+                    lambda generation=generation: self.driver_started(generation),
+                    90, f"the driver to start generation {generation} (seed {self.seed})",
+                )  # fmt: skip
+            else:
+                pace(lambda before=before: self.committed_batches() > before, at_most=STEP_SECONDS)
             self.check_counts_never_move_backwards()
             if steps % 10 == 0:
                 self.s3_ids()
@@ -407,6 +445,7 @@ def _run_walk(
     except BaseException:
         log = rig.log_path.read_text(errors="replace")[-3000:] if rig.log_path.exists() else ""
         print(f"stress walk FAILED, seed={seed}; driver log tail:\n{log}")
+        print(rig.database_activity())
         raise
     finally:
         rig.close()

@@ -28,6 +28,7 @@ snapshot size grows with keys per bucket (see README for figures).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,6 +53,17 @@ from pyspark.sql.types import (
 from stateful_ops import state_codec
 from stateful_ops.errors import OperatorDefinitionError
 from stateful_ops.validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
+
+# Spark's applyInPandasWithState worker pads its output with an all-NA frame before a
+# pd.concat, and pandas 2.x warns about that on every call: harmless noise from Spark's own
+# code (pyspark/worker.py), printed once per stateful micro-batch. Only that warning, from
+# that module, is silenced, in the worker processes that run these operators.
+warnings.filterwarnings(
+    "ignore",
+    message="The behavior of DataFrame concatenation with empty or all-NA entries",
+    category=FutureWarning,
+    module="pyspark.worker",
+)
 
 DEFAULT_KEY_GROUPS = 8
 KEY_GROUP_COLUMN = "__so_key_group"

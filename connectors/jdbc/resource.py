@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -74,6 +75,7 @@ from connectors.jdbc.options import JdbcSinkOptions
 logger = logging.getLogger("eospack.jdbc")
 
 Connection = Any  # psycopg.Connection (autocommit) or sqlite3.Connection (autocommit)
+BUSY_PREPARED_SECONDS = 10.0
 Result = TypeVar("Result")
 
 
@@ -278,12 +280,24 @@ class JdbcResource(TransactionalResource):
         )
 
     def _finish_prepared(self, gid: str, verb: str) -> bool:
-        """COMMIT/ROLLBACK PREPARED; False when the gid is gone (SQLSTATE 42704)."""
-        try:
-            self.connection.execute(sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid)))
-        except psycopg.errors.UndefinedObject:
-            return False
-        return True
+        """COMMIT/ROLLBACK PREPARED; False when the gid is gone (SQLSTATE 42704).
+
+        Another session finishing the same gid at this moment (two tasks cleaning up the
+        same leftover, SQLSTATE 55000 "is busy") is waited for, up to
+        ``BUSY_PREPARED_SECONDS``; it then is gone, which the caller verifies.
+        """
+        statement = sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid))
+        deadline = time.monotonic() + BUSY_PREPARED_SECONDS
+        while True:
+            try:
+                self.connection.execute(statement)
+                return True
+            except psycopg.errors.UndefinedObject:
+                return False
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def prepared_pieces(self, sink_id: str) -> list[PreparedPiece]:
         """Prepared transactions and staged pieces of this sink, whatever today's protocol."""
