@@ -1,5 +1,8 @@
 """replayable-kafka against the embedded broker: schema, batch and streaming reads, admission
-control, AvailableNow, offset gaps, data loss, errors, and exactly-once across a restart.
+control, AvailableNow, offset gaps, data loss, errors, and exactly-once across a restart;
+replays of batch 0 and of batches with new partitions read the ranges first planned; topic
+re-creation (topic ids), CreatePartitions, DeleteRecords and read_committed on Apache Kafka
+(``real_kafka`` skips those on tansu).
 
 Test data is always produced with ``produce_sealed`` (the embedded broker reports exact end
 offsets only when a partition's last record batch holds one record).
@@ -15,18 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
 from connectors.kafka import reader as kafka_reader
 from connectors.kafka.options import parse_options
-from connectors.kafka.planning import OffsetRange
+from connectors.kafka.planning import OffsetRange, topic_id_text
 from eospack.services.kafka_tools import (
     Record,
+    add_partitions,
     create_topic,
+    delete_records,
+    delete_topic,
     end_offsets,
     produce_sealed,
+    produce_transaction,
+    transactional_producer,
 )
 from eospack.testing import await_query, wait_until
 
@@ -197,12 +206,21 @@ def test_max_offsets_per_trigger_sizes_batches_and_reports_lag(spark, kafka, uni
     assert recorder.sizes() == [30, 30, 30, 10]
     assert recorder.all_rows() == expected_rows(unique_name, records)
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    assert [json.loads(p["sources"][0]["endOffset"]) for p in progress] == [
+    logged = [json.loads(p["sources"][0]["endOffset"]) for p in progress]
+    # Spark's Kafka shape for the ends, and each batch's own starts beside them.
+    assert [{unique_name: offsets[unique_name]} for offsets in logged] == [
         {unique_name: {"0": 15, "1": 15}},
         {unique_name: {"0": 30, "1": 30}},
         {unique_name: {"0": 45, "1": 45}},
         {unique_name: {"0": 50, "1": 50}},
     ]
+    assert [offsets["@starts"] for offsets in logged] == [
+        {unique_name: {"0": 0, "1": 0}},
+        {unique_name: {"0": 15, "1": 15}},
+        {unique_name: {"0": 30, "1": 30}},
+        {unique_name: {"0": 45, "1": 45}},
+    ]
+    assert set(logged[0]) == {unique_name, "@starts", "@topicIds"}
     assert json.loads(progress[0]["sources"][0]["latestOffset"]) == {
         unique_name: {"0": 50, "1": 50}
     }
@@ -394,21 +412,33 @@ def test_starting_offset_beyond_the_end_is_data_loss(
 
 
 def recreate_topic(servers: str, topic: str) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000)
-    try:
-        admin.delete_topics([topic])
-    finally:
-        admin.close()
+    delete_topic(servers, topic)
     create_topic(servers, topic, partitions=1)
     wait_until(lambda: end_offsets(servers, topic) == {0: 0}, 20, "the re-created empty topic")
 
 
-@pytest.mark.parametrize("fail_on_data_loss", [True, False])
-def test_recreated_topic_is_data_loss(spark, kafka, unique_name, tmp_path, fail_on_data_loss):
+def topic_id_of(servers: str, topic: str) -> str | None:
+    consumer = KafkaConsumer(bootstrap_servers=servers)
+    try:
+        consumer.topics()
+        return topic_id_text(consumer._client.cluster.topic_id(topic))
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("fail_on_data_loss", "new_count"),
+    [(True, 3), (True, 25), (False, 25)],
+    ids=["fail-fewer-records", "fail-more-records", "continue-more-records"],
+)
+def test_recreated_topic_is_data_loss(
+    spark, kafka, unique_name, tmp_path, fail_on_data_loss, new_count
+):
     servers = servers_of(kafka)
     create_topic(servers, unique_name, partitions=1)
     old_records = make_records(1, 10, "old")
     produce_sealed(servers, unique_name, old_records)
+    old_id = topic_id_of(servers, unique_name)
     recorder = BatchRecorder()
     checkpoint = tmp_path / "checkpoint"
 
@@ -424,21 +454,54 @@ def test_recreated_topic_is_data_loss(spark, kafka, unique_name, tmp_path, fail_
     run_available_now(stream(), checkpoint, recorder)
     assert recorder.all_rows() == expected_rows(unique_name, old_records)
     recreate_topic(servers, unique_name)
-    new_records = make_records(1, 3, "new")
+    # With more records than before, offsets do not go backwards: only the id tells.
+    new_records = make_records(1, new_count, "new")
     produce_sealed(servers, unique_name, new_records)
+    new_id = topic_id_of(servers, unique_name)
+    assert None not in (old_id, new_id) and old_id != new_id
 
     if fail_on_data_loss:
         with pytest.raises(Exception) as raised:
             run_available_now(stream(), checkpoint, recorder)
         message = str(raised.value)
-        assert f"Topic-partition {unique_name}-0 went back from offset 10 to 3" in message
+        assert (
+            f"Topic {unique_name} was deleted and re-created: its topic id changed from"
+            f" {old_id} to {new_id} (the query had read {unique_name}-0 to offset 10)"
+        ) in message
         assert "failOnDataLoss=false" in message
         assert len(recorder.batches) == 1
     else:
         run_available_now(stream(), checkpoint, recorder)
+        # The new topic is read from its earliest offset.
         assert recorder.all_rows() == sorted(
             expected_rows(unique_name, old_records) + expected_rows(unique_name, new_records)
         )
+
+
+@pytest.mark.timeout(200)
+def test_a_replay_after_the_topic_was_recreated_never_reads_the_new_topic(
+    spark, real_kafka, unique_name, tmp_path
+):
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+    produce_sealed(servers, unique_name, make_records(1, 10, "old"))
+    checkpoint = tmp_path / "checkpoint"
+    recorder = BatchRecorder()
+    stream = read_stream(
+        spark, servers, subscribe=unique_name, startingOffsets="earliest", maxOffsetsPerTrigger="5"
+    )
+    run_until_failure(stream, checkpoint, fail_batch(1))  # batch 1, [5, 10), is not committed
+    recreate_topic(servers, unique_name)
+    produce_sealed(servers, unique_name, make_records(1, 20, "new"))
+
+    with pytest.raises(Exception) as raised:
+        run_available_now(stream, checkpoint, recorder)
+
+    assert (
+        f"Cannot replay {unique_name}-0 [5, 10): topic {unique_name} was deleted and re-created"
+        " after the batch was planned"
+    ) in str(raised.value)
+    assert recorder.batches == {}
 
 
 def latest_log_entry(log_dir: Path) -> int:
@@ -507,6 +570,236 @@ def test_restart_from_checkpoint_delivers_every_record_exactly_once(
     delivered = recorder.all_rows()
     assert len(delivered) == len(set(delivered)) == 300
     assert delivered == expected_rows(unique_name, records)
+
+
+def run_until_failure(stream: DataStreamReader, checkpoint: Path, on_batch, timeout: float = 90):
+    """Start a query whose foreachBatch raises; return the exception it stopped with."""
+    query = (
+        stream.load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        with pytest.raises(StreamingQueryException) as raised:
+            if not query.awaitTermination(timeout):
+                raise TimeoutError(f"the query did not fail within {timeout} s")
+    finally:
+        query.stop()
+    return raised.value
+
+
+def logged_offsets(checkpoint: Path, batch_id: int) -> dict[str, Any]:
+    """The source offset Spark logged for ``batch_id`` (last line of the offset log entry)."""
+    return json.loads((checkpoint / "offsets" / str(batch_id)).read_text().splitlines()[-1])
+
+
+def fail_batch(batch_to_fail: int) -> Callable[[DataFrame, int], None]:
+    def on_batch(df: DataFrame, batch_id: int) -> None:
+        if batch_id == batch_to_fail:
+            raise RuntimeError(f"the sink dies before batch {batch_id} commits")
+
+    return on_batch
+
+
+@pytest.mark.timeout(200)
+def test_uncommitted_batch_zero_replays_its_range_with_default_starting_offsets(
+    spark, kafka, unique_name, tmp_path
+):
+    """Spark replays an uncommitted batch 0 from a fresh initialOffset(), which with
+    startingOffsets=latest is beyond the batch's end once records arrived meanwhile."""
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    produce_sealed(servers, unique_name, make_records(2, 5, "before"))
+    checkpoint = tmp_path / "checkpoint"
+
+    run_until_failure(read_stream(spark, servers, subscribe=unique_name), checkpoint, fail_batch(0))
+    assert not (checkpoint / "commits" / "0").exists()
+    planned = logged_offsets(checkpoint, 0)
+    assert planned[unique_name] == {"0": 5, "1": 5}
+    # While the query is down, more records arrive: a fresh "latest" is now 9, 9.
+    produce_sealed(servers, unique_name, make_records(2, 4, "down"))
+    recorder = BatchRecorder()
+
+    run_available_now(read_stream(spark, servers, subscribe=unique_name), checkpoint, recorder)
+
+    assert recorder.batches[0] == []  # batch 0 read what it planned: nothing
+    assert logged_offsets(checkpoint, 0) == planned
+    delivered = recorder.all_rows()
+    assert delivered == sorted(
+        (unique_name, p, 5 + i, b"down%d-%d" % (p, i)) for p in range(2) for i in range(4)
+    )
+
+
+@pytest.mark.timeout(200)
+def test_partitions_added_mid_stream_are_read_exactly_once(spark, real_kafka, unique_name):
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+    first = make_records(1, 5, "first")
+    produce_sealed(servers, unique_name, first)
+    table = f"added_{unique_name}"
+    query = (
+        read_stream(spark, servers, subscribe=unique_name, startingOffsets="earliest")
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: spark.table(table).count() >= 5, 60, "the first records")
+        add_partitions(servers, unique_name, 3)
+        later = make_records(3, 4, "later")
+        produce_sealed(servers, unique_name, later)
+        expected = sorted(
+            expected_rows(unique_name, first)
+            + [(unique_name, 0, 5 + i, b"later0-%d" % i) for i in range(4)]
+            + [row for row in expected_rows(unique_name, later) if row[1] > 0]
+        )
+        wait_until(lambda: spark.table(table).count() >= len(expected), 60, "the new partitions")
+        assert query.exception() is None
+        assert keyed_rows(spark.table(table)) == expected
+    finally:
+        query.stop()
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_replayed_batch_reads_a_new_partitions_planned_range_after_delete_records(
+    spark, real_kafka, unique_name, tmp_path, fail_on_data_loss
+):
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+    produce_sealed(servers, unique_name, make_records(1, 3, "p0"))
+    checkpoint = tmp_path / "checkpoint"
+    recorder = BatchRecorder()
+
+    def stream() -> DataStreamReader:
+        return read_stream(
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets="earliest",
+            failOnDataLoss=str(fail_on_data_loss).lower(),
+        )
+
+    run_available_now(stream(), checkpoint, recorder)
+    add_partitions(servers, unique_name, 2)
+    produce_sealed(servers, unique_name, [Record(1, None, b"p1-%d" % i) for i in range(10)])
+    run_until_failure(stream(), checkpoint, fail_batch(1))
+    assert logged_offsets(checkpoint, 1)["@starts"] == {unique_name: {"1": 0}}
+    # Retention moves on before the replay.
+    delete_records(servers, unique_name, {1: 6})
+
+    if fail_on_data_loss:
+        with pytest.raises(Exception) as raised:
+            run_available_now(stream(), checkpoint, recorder)
+        assert (
+            f"Cannot read {unique_name}-1 [0, 10): offsets from 0 to 6 of {unique_name}-1 are"
+            " gone (earliest available is 6)"
+        ) in str(raised.value)
+        assert "failOnDataLoss=false" in str(raised.value)
+        assert 1 not in recorder.batches
+    else:
+        run_available_now(stream(), checkpoint, recorder)
+        assert [(p, o) for _, p, o, _ in recorder.batches[1]] == [(1, o) for o in range(6, 10)]
+
+
+@pytest.mark.timeout(200)
+def test_a_new_partition_whose_first_records_are_deleted_is_data_loss(
+    spark, real_kafka, unique_name, tmp_path
+):
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+    produce_sealed(servers, unique_name, make_records(1, 3, "p0"))
+    checkpoint = tmp_path / "checkpoint"
+    recorder = BatchRecorder()
+    stream = read_stream(spark, servers, subscribe=unique_name, startingOffsets="earliest")
+    run_available_now(stream, checkpoint, recorder)
+    add_partitions(servers, unique_name, 2)
+    produce_sealed(servers, unique_name, [Record(1, None, b"p1-%d" % i) for i in range(10)])
+    delete_records(servers, unique_name, {1: 4})
+
+    with pytest.raises(Exception) as raised:
+        run_available_now(stream, checkpoint, recorder)
+
+    assert (
+        f"Added partition {unique_name}-1 starts from 4 instead of 0. Some data may have been"
+        " missed. If this is expected (e.g. a deleted topic or retention), set the option"
+        " failOnDataLoss=false"
+    ) in str(raised.value)
+    assert len(recorder.batches) == 1
+
+
+def open_transaction(servers: str, topic: str, values: list[bytes]) -> KafkaProducer:
+    """A transaction with ``values`` sent and flushed but neither committed nor aborted."""
+    producer = transactional_producer(servers, transaction_timeout_ms=300_000)
+    producer.begin_transaction()
+    for value in values:
+        producer.send(topic, value=value, partition=0)
+    producer.flush()
+    return producer
+
+
+@pytest.mark.timeout(250)
+def test_read_committed_reads_exactly_the_committed_records_and_replays_them(
+    spark, real_kafka, unique_name, tmp_path
+):
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+
+    def transaction(tag: str, count: int, commit: bool) -> list[bytes]:
+        values = [f"{tag}-{i}".encode() for i in range(count)]
+        records = [Record(0, None, v) for v in values]
+        produce_transaction(servers, unique_name, records, commit=commit)
+        return values
+
+    committed = transaction("a", 3, True)  # offsets 0-2, marker 3
+    aborted = transaction("b", 2, False)  # offsets 4-5, marker 6
+    committed += transaction("c", 2, True)  # offsets 7-8, marker 9
+    pending = [b"d-0", b"d-1"]  # offsets 10-11, open while the query plans
+    producer = open_transaction(servers, unique_name, pending)
+    try:
+        assert end_offsets(servers, unique_name, "read_committed") == {0: 10}
+        checkpoint = tmp_path / "checkpoint"
+        recorder = BatchRecorder()
+
+        def stream() -> DataStreamReader:
+            return read_stream(
+                spark, servers, subscribe=unique_name, startingOffsets="earliest",
+                maxOffsetsPerTrigger="4",
+            )  # fmt: skip
+
+        run_available_now(stream(), checkpoint, recorder)
+        # Batches [0, 4), [4, 8), [8, 10): aborted records and markers skipped by position.
+        assert [[(o, v) for _, _, o, v in rows] for rows in recorder.batches.values()] == [
+            [(0, b"a-0"), (1, b"a-1"), (2, b"a-2")],
+            [(7, b"c-0")],
+            [(8, b"c-1")],
+        ]
+        assert recorder.all_rows() == [
+            (unique_name, 0, o, v) for o, v in zip([0, 1, 2, 7, 8], committed, strict=True)
+        ]
+        last = latest_log_entry(checkpoint / "offsets")
+        assert logged_offsets(checkpoint, last)[unique_name] == {"0": 10}
+        # A replay, with the transaction still open, reads the same rows.
+        forget_last_commit(checkpoint)
+        run_available_now(stream(), checkpoint, recorder)
+        assert recorder.replays == {last: True}
+        producer.commit_transaction()
+    finally:
+        producer.close()
+    run_available_now(stream(), checkpoint, recorder)
+    assert recorder.all_rows()[-2:] == [(unique_name, 0, 10, b"d-0"), (unique_name, 0, 11, b"d-1")]
+    assert not any(value in aborted for _, _, _, value in recorder.all_rows())
+    # read_uncommitted, when asked for, returns the aborted records too.
+    uncommitted = read_batch(
+        spark, servers, subscribe=unique_name, **{"kafka.isolation.level": "read_uncommitted"}
+    )
+    assert [bytes(v) for _, _, _, v in keyed_rows(uncommitted)] == [
+        b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"c-0", b"c-1", b"d-0", b"d-1",
+    ]  # fmt: skip
 
 
 def free_port() -> int:

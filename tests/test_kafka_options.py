@@ -9,7 +9,11 @@ import pyarrow as pa
 import pytest
 from kafka.consumer.fetcher import ConsumerRecord
 
-from connectors.kafka.errors import KafkaDataLossError, KafkaSourceOptionError
+from connectors.kafka.errors import (
+    KafkaDataLossError,
+    KafkaReadTimeoutError,
+    KafkaSourceOptionError,
+)
 from connectors.kafka.options import KafkaSourceOptions, parse_options
 from connectors.kafka.planning import (
     OffsetRange,
@@ -272,6 +276,15 @@ def test_kafka_options_map_to_kafka_python_keywords() -> None:
     hash(options.consumer_cache_key())
 
 
+def test_committed_records_only_and_no_topic_creation_by_default() -> None:
+    config = parse().consumer_config()
+    assert config["isolation_level"] == "read_committed"
+    assert config["allow_auto_create_topics"] is False
+    uncommitted = parse(**{"kafka.isolation.level": "READ_UNCOMMITTED"})
+    assert uncommitted.consumer_config()["isolation_level"] == "read_uncommitted"
+    assert uncommitted.metadata_consumer_config()["isolation_level"] == "read_uncommitted"
+
+
 def test_secrets_never_appear_in_repr_or_errors() -> None:
     options = parse(
         **{
@@ -330,6 +343,12 @@ def test_secrets_never_appear_in_repr_or_errors() -> None:
             "kafka.fetch.max.wait.ms",
             "soon",
             "Option kafka.fetch.max.wait.ms is 'soon': use a non-negative integer",
+        ),
+        (
+            "kafka.isolation.level",
+            "read_everything",
+            "Option kafka.isolation.level is 'read_everything': use read_committed (the"
+            " default) or read_uncommitted",
         ),
         (
             "kafka.ssl.truststore.location",
@@ -490,9 +509,13 @@ class FakePartitionLog:
     raises OffsetOutOfRange, the embedded broker returns what it has from ``earliest``.
     """
 
-    def __init__(self, earliest: int, end: int, gaps: set[int], out_of_range: bool) -> None:
+    def __init__(
+        self, earliest: int, end: int, gaps: set[int], out_of_range: bool, highwater: int = 0
+    ) -> None:
         self.earliest, self.end, self.gaps = earliest, end, gaps
         self.out_of_range = out_of_range
+        # Records up to ``end`` (the last stable offset) are readable, up to ``highwater`` exist.
+        self.highwater_offset = max(highwater, end)
         self.next_offset = 0
         self.assigned: list = []
 
@@ -527,8 +550,13 @@ class FakePartitionLog:
     def partitions_for_topic(self, topic: str) -> set[int]:
         return {3}
 
+    def highwater(self, tp: object) -> int:
+        return self.highwater_offset
 
-def read_fake(log: FakePartitionLog, offset_range: OffsetRange, fail: bool) -> list[int]:
+
+def read_fake(
+    log: FakePartitionLog, offset_range: OffsetRange, fail: bool, **extra: str
+) -> list[int]:
     from unittest import mock
 
     from kafka import KafkaConsumer
@@ -540,7 +568,8 @@ def read_fake(log: FakePartitionLog, offset_range: OffsetRange, fail: bool) -> l
     for name in ("assign", "seek", "poll", "position", "beginning_offsets", "end_offsets"):
         getattr(consumer, name).side_effect = getattr(log, name)
     consumer.partitions_for_topic.side_effect = log.partitions_for_topic
-    options = parse(failOnDataLoss=str(fail).lower())
+    consumer.highwater.side_effect = log.highwater
+    options = parse(failOnDataLoss=str(fail).lower(), **extra)
     reader = _RangeReader(options, consumer, offset_range)
     return [o for batch in reader.batches() for o in batch.column("offset").to_pylist()]
 
@@ -567,3 +596,26 @@ def test_range_reader_reports_offsets_lost_to_retention(
     with caplog.at_level(logging.WARNING):
         assert read_fake(log, OffsetRange("t", 3, 2, 12), fail=False) == [8, 9, 10, 11]
     assert "skipped 6 offsets" in caplog.text
+
+
+def test_a_range_beyond_the_last_stable_offset_waits_for_the_transaction(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from connectors.kafka import reader
+
+    monkeypatch.setattr(reader, "_STALL_CHECK_MS", 0)
+    # Planned up to 12 under read_uncommitted; a transaction open at 8 holds read_committed.
+    log = FakePartitionLog(earliest=0, end=8, gaps=set(), out_of_range=True, highwater=12)
+    with pytest.raises(KafkaReadTimeoutError) as raised:
+        read_fake(
+            log, OffsetRange("t", 3, 4, 12), fail=True, **{"kafkaConsumer.pollTimeoutMs": "50"}
+        )
+    assert str(raised.value) == (
+        "Could not read t-3 [4, 12): stuck at offset 8 for 50 ms; a transaction open at that"
+        " offset is not decided yet (read_committed), or raise kafkaConsumer.pollTimeoutMs"
+    )
+    # read_uncommitted never plans beyond the high watermark: a shorter partition is loss.
+    log = FakePartitionLog(earliest=0, end=8, gaps=set(), out_of_range=True, highwater=8)
+    with caplog.at_level(logging.WARNING):
+        assert read_fake(log, OffsetRange("t", 3, 4, 12), fail=False) == [4, 5, 6, 7]
+    assert "ends at offset 8 now" in caplog.text

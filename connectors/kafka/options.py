@@ -88,6 +88,11 @@ _THROUGHPUT_DEFAULTS: dict[str, Any] = {
     "max_poll_records": 5_000,
     "fetch_max_wait_ms": 100,
 }
+# Transactions: read only committed records, so a batch ends at the last stable offset and a
+# replay returns the same rows whatever happens to a transaction later. A user's
+# kafka.isolation.level=read_uncommitted wins (Spark's own source defaults to it).
+DEFAULT_ISOLATION_LEVEL = "read_committed"
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 DEFAULT_METADATA_TIMEOUT_MS = 10_000
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
@@ -105,6 +110,14 @@ class Subscription:
     topics: tuple[str, ...] = ()
     pattern: str | None = None
     partitions: tuple[TopicPartitionKey, ...] = ()
+
+    def covers(self, tp: TopicPartitionKey) -> bool:
+        """Whether this subscription reads ``tp`` (if it exists)."""
+        if self.kind == "subscribe":
+            return tp[0] in self.topics
+        if self.kind == "subscribePattern":
+            return re.fullmatch(self.pattern or "", tp[0]) is not None
+        return tp in self.partitions
 
     def describe(self) -> str:
         if self.kind == "subscribe":
@@ -156,6 +169,9 @@ class KafkaSourceOptions:
     def consumer_config(self) -> dict[str, Any]:
         """kafka-python settings for a consumer that owns no offsets and joins no group."""
         config: dict[str, Any] = dict(_THROUGHPUT_DEFAULTS)
+        config["isolation_level"] = DEFAULT_ISOLATION_LEVEL
+        # A source never creates the topics it reads (a deleted topic stays deleted).
+        config["allow_auto_create_topics"] = False
         config.update(self.kafka_params)
         config.update(
             bootstrap_servers=self.bootstrap_servers.split(","),
@@ -466,6 +482,15 @@ def _kafka_params(options: _Options) -> tuple[tuple[str, Any], ...]:
                 "Option kafka.ssl.keystore.location needs a PEM file (kafka-python reads no"
                 " JKS/PKCS12): convert it and set kafka.ssl.keystore.type=PEM"
             )
+        if kafka_name == "isolation.level":
+            level = value.strip().lower()
+            if level not in ISOLATION_LEVELS:
+                raise KafkaSourceOptionError(
+                    f"Option kafka.isolation.level is {value!r}: use read_committed (the"
+                    " default) or read_uncommitted"
+                )
+            params["isolation_level"] = level
+            continue
         if kafka_name == "ssl.endpoint.identification.algorithm":
             params["ssl_check_hostname"] = value.strip().lower() == "https"
             continue

@@ -1,28 +1,40 @@
 """Driver side of replayable-kafka: which topic-partitions, which offsets, which ranges.
 
 A batch is a set of half-open :class:`OffsetRange` ``[start, end)``, one per topic-partition
-(or several, with minPartitions). Its end offsets go to Spark's offset log as JSON in the
-format of Spark's own Kafka source, ``{"topic": {"0": 23}}``, and the next batch starts
-where this one ended, so a replayed batch plans exactly the same ranges. Partitions that
-appear during a query start at their earliest offset. Offsets that vanished (retention, a
-deleted or re-created topic) are data loss: with failOnDataLoss=true planning fails naming
-the topic-partition and offsets; with false it logs a warning, counts the skipped offsets
-and continues from the earliest offset still available.
+(or several, with minPartitions). The offset Spark logs for a batch describes the batch on
+its own (:class:`BatchOffsets`): the end offsets in the format of Spark's own Kafka source,
+``{"topic": {"0": 23}}``, plus ``"@starts"``, the start of every range the batch reads, and
+``"@topicIds"``, the Kafka topic id of every topic. Every start is fixed when the batch is
+planned (``latestOffset``), never looked up again: a replayed batch, batch 0 included (which
+Spark replays against a fresh ``initialOffset()``), reads exactly the ranges first planned.
+Partitions that appear during a query start at their earliest offset at planning time; an
+earliest offset above 0, offsets that went backwards, a topic whose id changed (deleted and
+re-created) and a topic that is gone are data loss: with failOnDataLoss=true planning fails
+naming the topic-partition and offsets; with false it logs a warning, counts the skipped
+offsets and plans from the earliest offset still available. A partition missing from a
+metadata answer while its topic is listed is carried forward at its offset; a topic counts as
+gone only when two metadata answers in a row do not list it. A replayed batch first checks
+that its topics still have the recorded ids: one re-created since is data loss, and the new
+topic's records are never read in place of the old one's. Offsets logged by earlier versions
+(no "@starts") are still planned as they were then (:func:`plan_ranges`).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
+from connectors.kafka.broker_calls import broker_call
 from connectors.kafka.errors import (
     KafkaBrokerUnreachableError,
     KafkaDataLossError,
@@ -40,7 +52,11 @@ from connectors.kafka.options import (
 log = logging.getLogger(__name__)
 
 PartitionOffsets = dict[TopicPartitionKey, int]
-OffsetsJson = dict[str, dict[str, int]]
+OffsetsJson = dict[str, Any]
+
+# Reserved keys of the offset JSON; "@" cannot occur in a Kafka topic name.
+STARTS_KEY = "@starts"
+TOPIC_IDS_KEY = "@topicIds"
 
 FAIL_ON_DATA_LOSS_HINT = (
     "If this is expected (e.g. a deleted topic or retention), set the option"
@@ -74,12 +90,185 @@ def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> OffsetsJson:
     return result
 
 
-def offsets_from_json(offsets: Mapping[str, Mapping[str, Any]]) -> PartitionOffsets:
+def offsets_from_json(offsets: Mapping[str, Any]) -> PartitionOffsets:
+    """The per-partition offsets of Spark's Kafka offset JSON (reserved "@" keys skipped)."""
     return {
         (topic, int(partition)): int(offset)
         for topic, partitions in offsets.items()
+        if not topic.startswith("@")
         for partition, offset in partitions.items()
     }
+
+
+def topic_id_text(topic_id: uuid.UUID | None) -> str | None:
+    """A topic id as Kafka shows it (kafka-topics.sh: URL-safe base64); None if unknown."""
+    if topic_id is None or topic_id.int == 0:
+        return None
+    return base64.urlsafe_b64encode(topic_id.bytes).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class BatchOffsets:
+    """The offset Spark logs for a batch, self-describing so that a replay needs nothing else.
+
+    ``ends``: every topic-partition the batch covers, at its end offset. ``starts``: where
+    each range starts; a partition left out reads nothing (starts at its end). ``None`` for
+    offsets logged before this format (ends only): such a batch is planned from Spark's
+    start offset as it was then. ``topic_ids``: topic name to Kafka topic id, where known.
+    """
+
+    ends: Mapping[TopicPartitionKey, int]
+    starts: Mapping[TopicPartitionKey, int] | None = field(default_factory=dict)
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> OffsetsJson:
+        """``{"t": {"0": 23}, "@starts": {"t": {"0": 20}}, "@topicIds": {"t": "..."}}``,
+        sorted, with only the starts of non-empty ranges, so equal batches give equal JSON."""
+        result: OffsetsJson = offsets_to_json(self.ends)
+        starts = self.starts or {}
+        result[STARTS_KEY] = offsets_to_json(
+            {tp: start for tp, start in starts.items() if start != self.ends.get(tp, start)}
+        )
+        if self.topic_ids:
+            result[TOPIC_IDS_KEY] = dict(sorted(self.topic_ids.items()))
+        return result
+
+    @classmethod
+    def from_json(cls, offsets: Mapping[str, Any]) -> BatchOffsets:
+        starts = offsets.get(STARTS_KEY)
+        return cls(
+            ends=offsets_from_json(offsets),
+            starts=None if starts is None else offsets_from_json(starts),
+            topic_ids=dict(offsets.get(TOPIC_IDS_KEY) or {}),
+        )
+
+    def ranges(self) -> list[OffsetRange]:
+        """Every range of the batch, in topic-partition order (empty ones included)."""
+        starts = self.starts or {}
+        return [
+            OffsetRange(topic, partition, starts.get((topic, partition), end), end)
+            for (topic, partition), end in sorted(self.ends.items())
+        ]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One metadata answer: the topic-partitions the subscription covers, every topic the
+    cluster has, and topic ids (None where the broker gives none)."""
+
+    partitions: tuple[TopicPartitionKey, ...]
+    topics: frozenset[str]
+    topic_ids: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """A cluster view and the latest offset of each of its partitions, taken together."""
+
+    view: ClusterView
+    latest: Mapping[TopicPartitionKey, int]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The next batch before admission control: where each range starts (``begins``) and
+    how far it may go (``limits``), over the same topic-partitions."""
+
+    begins: PartitionOffsets
+    limits: PartitionOffsets
+    topic_ids: dict[str, str]
+
+
+def plan_next_batch(
+    previous: BatchOffsets,
+    view: ClusterView,
+    latest: Mapping[TopicPartitionKey, int],
+    earliest_of: Callable[[list[TopicPartitionKey]], PartitionOffsets],
+    fail_on_data_loss: bool,
+) -> BatchPlan:
+    """Fix the start of every range of the batch after ``previous`` (driver side, pure).
+
+    - A partition of ``previous`` continues at its end offset; if its latest offset is now
+      below that (truncated, or re-created where ids are unknown), data loss, then it
+      starts at its earliest offset.
+    - A topic whose id differs from the one ``previous`` recorded was re-created: data
+      loss; then every partition of the new topic starts at its earliest offset.
+    - A new partition starts at its earliest offset; above 0 is data loss (as Spark).
+    - A partition missing from ``view`` while its topic is listed is carried forward at
+      its offset (metadata can miss a partition for a moment; Kafka never removes one).
+      Partitions of a topic the cluster no longer lists are gone: data loss, dropped.
+
+    ``earliest_of`` is called at most once, only for the partitions that need it.
+    """
+    ids = {topic: id_ for topic, id_ in view.topic_ids.items() if id_ is not None}
+    recreated = {
+        topic: (old, ids[topic])
+        for topic, old in previous.topic_ids.items()
+        if ids.get(topic) not in (None, old)
+    }
+    before = previous.ends
+    current = set(view.partitions)
+    new = [tp for tp in view.partitions if tp not in before or tp[0] in recreated]
+    backwards = [tp for tp in view.partitions if tp not in new and latest[tp] < before[tp]]
+    earliest = earliest_of(sorted(set(new) | set(backwards))) if new or backwards else {}
+
+    for topic, (old, new_id) in sorted(recreated.items()):
+        read = ", ".join(
+            f"{t}-{p} to offset {o}" for (t, p), o in sorted(before.items()) if t == topic
+        )
+        report_data_loss(
+            fail_on_data_loss,
+            f"Topic {topic} was deleted and re-created: its topic id changed from {old} to"
+            f" {new_id} (the query had read {read}), so records of the old topic may have"
+            " been missed",
+        )
+    gone = sorted(
+        tp
+        for tp in before
+        if tp not in current and (tp[0] not in view.topics or tp[0] in recreated)
+    )
+    unannounced = [tp for tp in gone if tp[0] not in recreated]
+    if unannounced:
+        names = ", ".join(f"{t}-{p} (at offset {before[(t, p)]})" for t, p in unannounced)
+        report_data_loss(fail_on_data_loss, f"Topic-partitions {names} are gone")
+
+    begins: PartitionOffsets = {}
+    limits: PartitionOffsets = {}
+    for tp in view.partitions:
+        topic, partition = tp
+        end = latest[tp]
+        if tp in backwards:
+            report_data_loss(
+                fail_on_data_loss,
+                f"Topic-partition {topic}-{partition} went back from offset {before[tp]} to"
+                f" {end} (re-created or truncated), so offsets from {end} to {before[tp]}"
+                " may be lost",
+            )
+            begin = earliest.get(tp, end)
+        elif tp in new:
+            begin = earliest.get(tp, 0)
+            if begin > 0 and topic not in recreated:
+                report_data_loss(
+                    fail_on_data_loss,
+                    f"Added partition {topic}-{partition} starts from {begin} instead of 0."
+                    " Some data may have been missed",
+                    skipped=begin,
+                )
+        else:
+            begin = before[tp]
+        begins[tp] = min(begin, end)
+        limits[tp] = end
+    for tp in sorted(set(before) - current - set(gone)):
+        log.info(
+            "Topic-partition %s-%s is missing from the metadata while its topic exists:"
+            " carried forward at offset %s",
+            *tp,
+            before[tp],
+        )
+        begins[tp] = limits[tp] = before[tp]
+    known = {**previous.topic_ids, **ids}
+    topic_ids = {topic: known[topic] for topic in {t for t, _ in limits} if topic in known}
+    return BatchPlan(begins, limits, topic_ids)
 
 
 def available_records(
@@ -162,9 +351,9 @@ def plan_ranges(
     earliest_of: Callable[[list[TopicPartitionKey]], PartitionOffsets],
     fail_on_data_loss: bool,
 ) -> list[OffsetRange]:
-    """The ranges of a batch from its start and end offsets (driver side).
+    """The ranges of a batch logged before offsets recorded their starts (driver side).
 
-    New partitions (in ``end`` only) start at their earliest offset; partitions that
+    New partitions (in ``end`` only) start at their earliest offset now; partitions that
     vanished (in ``start`` only) and partitions whose offsets went backwards (re-created or
     truncated) are data loss. With failOnDataLoss=false a backwards partition is read from
     its earliest offset up to ``end``.
@@ -231,11 +420,12 @@ class KafkaMetadata:
             self.close()
             raise self._unreachable(error) from None
 
-    def partitions(self, subscription: Subscription) -> list[TopicPartitionKey]:
-        """The topic-partitions the subscription covers right now (fresh metadata)."""
+    def cluster_view(self, subscription: Subscription) -> ClusterView:
+        """The topic-partitions the subscription covers right now, from one fresh metadata
+        answer (``kafka.metadata``), with every topic's id."""
 
-        def discover(consumer: KafkaConsumer) -> list[TopicPartitionKey]:
-            topics = consumer.topics()
+        def discover(consumer: KafkaConsumer) -> ClusterView:
+            topics = broker_call("kafka.metadata", consumer.topics)
             cluster = consumer._client.cluster
             if subscription.kind == "subscribe":
                 wanted = [t for t in subscription.topics if t in topics]
@@ -243,17 +433,30 @@ class KafkaMetadata:
                 pattern = re.compile(subscription.pattern or "")
                 wanted = sorted(t for t in topics if pattern.fullmatch(t))
             else:
-                present = {(t, p) for t in topics for p in (cluster.partitions_for_topic(t) or ())}
-                return [tp for tp in subscription.partitions if tp in present]
-            return sorted((t, p) for t in wanted for p in (cluster.partitions_for_topic(t) or ()))
+                wanted = sorted({t for t, _ in subscription.partitions if t in topics})
+            present = sorted(
+                (t, p) for t in wanted for p in (cluster.partitions_for_topic(t) or ())
+            )
+            if subscription.kind == "assign":
+                present = [tp for tp in subscription.partitions if tp in set(present)]
+            return ClusterView(
+                partitions=tuple(present),
+                topics=frozenset(topics),
+                topic_ids={t: topic_id_text(cluster.topic_id(t)) for t in wanted},
+            )
 
         return self._call(discover)
 
-    def check_assignment(self, subscription: Subscription) -> None:
-        """Fail if ``assign`` names a topic or partition the cluster does not have."""
+    def partitions(self, subscription: Subscription) -> list[TopicPartitionKey]:
+        """The topic-partitions the subscription covers right now (fresh metadata)."""
+        return list(self.cluster_view(subscription).partitions)
+
+    def check_assignment(self, subscription: Subscription, view: ClusterView | None = None) -> None:
+        """Fail if ``assign`` names a topic or partition the cluster does not have (in
+        ``view`` when given, else in a fresh metadata answer)."""
         if subscription.kind != "assign":
             return
-        present = set(self.partitions(subscription))
+        present = set(view.partitions if view is not None else self.partitions(subscription))
         missing = [tp for tp in subscription.partitions if tp not in present]
         if missing:
             names = ", ".join(f"{t}-{p}" for t, p in missing)
@@ -273,7 +476,11 @@ class KafkaMetadata:
         if not keys:
             return {}
         timeout = self._options.metadata_timeout_ms
-        found = self._call(lambda c: getattr(c, method)(keys, timeout_ms=timeout))
+        found = self._call(
+            lambda c: broker_call(
+                f"kafka.{method}", lambda: getattr(c, method)(keys, timeout_ms=timeout)
+            )
+        )
         return {(tp.topic, tp.partition): int(offset) for tp, offset in found.items()}
 
     def for_times(
@@ -284,7 +491,11 @@ class KafkaMetadata:
         if not query:
             return {}
         timeout = self._options.metadata_timeout_ms
-        found = self._call(lambda c: c.offsets_for_times(query, timeout_ms=timeout))
+        found = self._call(
+            lambda c: broker_call(
+                "kafka.offsets_for_times", lambda: c.offsets_for_times(query, timeout_ms=timeout)
+            )
+        )
         return {
             (tp.topic, tp.partition): (None if hit is None else int(hit.offset))
             for tp, hit in found.items()
@@ -381,12 +592,87 @@ class OffsetPlanner:
     def earliest_of(self, tps: list[TopicPartitionKey]) -> PartitionOffsets:
         return self.metadata.earliest(tps)
 
+    def snapshot(self) -> ClusterSnapshot:
+        """The subscription's partitions, topic ids and latest offsets: two broker calls."""
+        view = self.metadata.cluster_view(self.options.subscription)
+        return ClusterSnapshot(view, self.metadata.latest(view.partitions))
+
+    def initial_batch(self, bound: OffsetBound) -> BatchOffsets:
+        """The start of the first batch, from the starting option, as a batch of nothing."""
+        view = self.metadata.cluster_view(self.options.subscription)
+        self.metadata.check_assignment(self.options.subscription, view)
+        offsets = self.resolve(bound, list(view.partitions), is_start=True)
+        ids = {t: i for t, i in view.topic_ids.items() if i is not None}
+        return BatchOffsets(offsets, {}, ids)
+
+    def plan(self, previous: BatchOffsets, snapshot: ClusterSnapshot) -> BatchPlan:
+        """The next batch's starts and limits (see :func:`plan_next_batch`).
+
+        A topic of ``previous`` that the snapshot does not list is asked for once more
+        before its partitions count as gone: one metadata answer is not proof of deletion.
+        Partitions the subscription no longer covers (options changed over a restart) are
+        left out, as the user asked, not reported as lost.
+        """
+        subscription = self.options.subscription
+        dropped = sorted(tp for tp in previous.ends if not subscription.covers(tp))
+        if dropped:
+            log.info(
+                "No longer subscribed (%s): %s",
+                subscription.describe(),
+                ", ".join(f"{t}-{p}" for t, p in dropped),
+            )
+            ends = {tp: o for tp, o in previous.ends.items() if tp not in dropped}
+            previous = BatchOffsets(ends, previous.starts, previous.topic_ids)
+        view = snapshot.view
+        if any(topic not in view.topics for topic, _ in previous.ends):
+            again = self.metadata.cluster_view(self.options.subscription)
+            ids = {**again.topic_ids, **view.topic_ids}
+            view = ClusterView(view.partitions, view.topics | again.topics, ids)
+        return plan_next_batch(
+            previous, view, snapshot.latest, self.earliest_of, self.options.fail_on_data_loss
+        )
+
     def ranges(
-        self, start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKey, int]
+        self, start: Mapping[str, Any], end: Mapping[str, Any], replay: bool = True
     ) -> list[OffsetRange]:
-        """The split, non-empty ranges of a batch; data loss reported per the option."""
-        planned = plan_ranges(start, end, self.earliest_of, self.options.fail_on_data_loss)
+        """The split, non-empty ranges of the batch that ends at ``end``.
+
+        From ``end`` alone when it records its starts (every batch this version plans);
+        from ``start`` and ``end`` as before for offsets logged by earlier versions, whose
+        new partitions start at their earliest offset now. A ``replay`` (a batch this
+        process did not just plan) first checks that its topics were not re-created since.
+        """
+        batch = BatchOffsets.from_json(end)
+        if batch.starts is None:
+            previous = offsets_from_json(start)
+            fail = self.options.fail_on_data_loss
+            planned = plan_ranges(previous, batch.ends, self.earliest_of, fail)
+        else:
+            planned = batch.ranges()
+        if replay and batch.topic_ids:
+            recreated = self._recreated_since(batch, planned)
+            planned = [r for r in planned if r.topic not in recreated]
         return split_ranges(planned, self.options.min_partitions)
+
+    def _recreated_since(self, batch: BatchOffsets, planned: list[OffsetRange]) -> set[str]:
+        """Topics of ``batch`` whose id changed since it was planned: its records of them
+        are gone (data loss per the option), and the new topic's must not be read instead."""
+        current = self.metadata.cluster_view(self.options.subscription).topic_ids
+        recreated = set()
+        for topic, planned_id in sorted(batch.topic_ids.items()):
+            now = current.get(topic)
+            if now is None or now == planned_id:
+                continue
+            recreated.add(topic)
+            lost = [r for r in planned if r.topic == topic and r.size > 0]
+            report_data_loss(
+                self.options.fail_on_data_loss,
+                f"Cannot replay {', '.join(r.describe() for r in lost) or 'a batch'}: topic"
+                f" {topic} was deleted and re-created after the batch was planned (topic id"
+                f" {planned_id} is now {now}), so these records are lost",
+                skipped=sum(r.size for r in lost),
+            )
+        return recreated
 
 
 class TriggerPacer:

@@ -4,11 +4,14 @@ A range ``[start, end)`` is read by *position*: assign the partition, seek to ``
 poll until the consumer's position reaches ``end``, and drop records at or beyond ``end``.
 Offsets without a record (transaction markers, compacted records) are skipped by the
 position moving past them, never by counting records, so reading a range again returns
-exactly the same rows. Offsets below the partition's earliest offset or beyond its end are
-data loss: failOnDataLoss=true fails the task naming topic-partition and offsets; false
-logs a warning with the number of skipped offsets and reads what is still there. One
-consumer per consumer configuration is kept per Python worker process and reused by the
-next task (tasks in a worker run one at a time); a consumer that failed is closed.
+exactly the same rows; with read_committed (the default) records of aborted transactions are
+skipped the same way, and a range never goes beyond the last stable offset it was planned
+with, so every transaction in it is decided. Offsets below the partition's earliest offset
+or beyond its end are data loss: failOnDataLoss=true fails the task naming topic-partition
+and offsets; false logs a warning with the number of skipped offsets and reads what is still
+there. One consumer per consumer configuration is kept per Python worker process and reused
+by the next task (tasks in a worker run one at a time); a consumer that failed is closed.
+Every poll goes through the call-fault rig as ``kafka.poll`` (see ``broker_calls``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from connectors.kafka.broker_calls import broker_call
 from connectors.kafka.errors import KafkaReadTimeoutError
 from connectors.kafka.options import KafkaSourceOptions
 from connectors.kafka.planning import OffsetRange, report_data_loss
@@ -117,6 +121,7 @@ class _RangeReader:
         self.tp = TopicPartition(offset_range.topic, offset_range.partition)
         self.position = offset_range.start
         self.checked_earliest = False
+        self.waiting_for_transaction = False
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         consumer, tp, end = self.consumer, self.tp, self.range.end
@@ -126,7 +131,9 @@ class _RangeReader:
         last_check = last_progress
         while self.position < end:
             try:
-                polled = consumer.poll(timeout_ms=_MAX_POLL_WAIT_MS)
+                polled = broker_call(
+                    "kafka.poll", lambda: consumer.poll(timeout_ms=_MAX_POLL_WAIT_MS)
+                )
             except OffsetOutOfRangeError:
                 if not self._check_lost_offsets(force=True, seek=True):
                     raise
@@ -151,10 +158,15 @@ class _RangeReader:
                     last_progress = now
                     continue
             if (now - last_progress) * 1000 >= self.options.poll_timeout_ms:
+                cause = (
+                    "a transaction open at that offset is not decided yet (read_committed)"
+                    if self.waiting_for_transaction
+                    else f"check the brokers ({self.options.bootstrap_servers})"
+                )
                 raise KafkaReadTimeoutError(
                     f"Could not read {self.range.describe()}: stuck at offset {self.position}"
-                    f" for {self.options.poll_timeout_ms} ms; check the brokers"
-                    f" ({self.options.bootstrap_servers}), or raise kafkaConsumer.pollTimeoutMs"
+                    f" for {self.options.poll_timeout_ms} ms; {cause}, or raise"
+                    " kafkaConsumer.pollTimeoutMs"
                 )
 
     def _check_lost_offsets(self, force: bool, seek: bool) -> bool:
@@ -193,6 +205,8 @@ class _RangeReader:
                 self.consumer.seek(self.tp, upto)
             return True
         if force and latest < self.range.end and self.position >= latest:
+            if self._held_by_open_transaction():
+                return False
             report_data_loss(
                 self.options.fail_on_data_loss,
                 f"Cannot read {self.range.describe()}: {self.tp.topic}-{self.tp.partition}"
@@ -203,6 +217,16 @@ class _RangeReader:
             self.position = self.range.end
             return True
         return False
+
+    def _held_by_open_transaction(self) -> bool:
+        """With read_committed, a range planned beyond today's last stable offset (by
+        read_uncommitted, or by an earlier version) is not lost while the high watermark
+        covers it: its records are there, waiting for a transaction to be decided."""
+        if self.options.consumer_config()["isolation_level"] != "read_committed":
+            return False
+        highwater = self.consumer.highwater(self.tp)
+        self.waiting_for_transaction = highwater is not None and highwater >= self.range.end
+        return self.waiting_for_transaction
 
 
 def _within(records: list, start: int, end: int) -> list:

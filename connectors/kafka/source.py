@@ -1,21 +1,22 @@
 """``format("replayable-kafka")``: a Kafka source whose every micro-batch can be replayed.
 
 Guarantee: each micro-batch is the half-open offset range ``[start, end)`` of every
-topic-partition it covers, and its end offsets are the offsets Spark writes to its offset
-log before the batch runs. Reading a batch again (after a failure or a restart from the
-checkpoint) returns exactly the same records, so with an idempotent or transactional sink
-every record is delivered exactly once. Offsets are owned by Spark: no consumer group, no
-commits to Kafka. Limits: with startingOffsets=latest, a query that dies before its first
-batch commits resolves "latest" again on restart (as Spark's own source would without its
-metadata log); records that Kafka deleted before they were read cannot be replayed (data
-loss, see failOnDataLoss); isolation.level=read_committed depends on the broker hiding
-aborted records. Options and output schema are those of Spark's built-in Kafka source.
+topic-partition it covers, fixed when the batch is planned and written to Spark's offset
+log, starts included (see ``planning.BatchOffsets``), before the batch runs. Reading a batch
+again (after a failure or a restart from the checkpoint, batch 0 included) returns exactly
+the same records, so with an idempotent or transactional sink every record is delivered
+exactly once. Offsets are owned by Spark: no consumer group, no commits to Kafka. Records
+are read with isolation.level=read_committed unless the user asks for read_uncommitted.
+Limits: with startingOffsets=latest, a query stopped before Spark logged its first batch
+resolves "latest" again on restart; records that Kafka deleted before they were read cannot
+be replayed (data loss, see failOnDataLoss). Options and output schema are those of Spark's
+built-in Kafka source.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -34,16 +35,21 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from connectors.kafka.errors import KafkaSourceOptionError
-from connectors.kafka.options import KafkaSourceOptions, OffsetBound, parse_options
+from connectors.kafka.options import (
+    KafkaSourceOptions,
+    OffsetBound,
+    TopicPartitionKey,
+    parse_options,
+)
 from connectors.kafka.planning import (
+    BatchOffsets,
+    ClusterSnapshot,
     KafkaMetadata,
     OffsetPlanner,
     OffsetRange,
     OffsetsJson,
-    PartitionOffsets,
     TriggerPacer,
     available_records,
-    offsets_from_json,
     offsets_to_json,
     rate_limit,
     split_ranges,
@@ -138,7 +144,10 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
     """``spark.readStream``: offsets in Spark's offset log, admission control, AvailableNow.
 
     Runs on the driver (planning) and is re-created on executors only to call ``read``,
-    so it connects to Kafka lazily.
+    so it connects to Kafka lazily. ``latestOffset`` plans a batch completely (every range
+    start is fixed and logged with the end offsets); ``partitions`` reads the plan back
+    from the logged offset. For a batch it did not just plan (a replay after a restart) it
+    asks the broker one thing: whether the batch's topics still have the same ids.
     """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
@@ -149,8 +158,9 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             )
         self.options = options
         self._planner: OffsetPlanner | None = None
-        self._latest: PartitionOffsets | None = None
-        self._available_now_target: PartitionOffsets | None = None
+        self._latest: Mapping[TopicPartitionKey, int] | None = None
+        self._available_now_target: ClusterSnapshot | None = None
+        self._planned: OffsetsJson | None = None
         self._pacer = TriggerPacer(options.max_trigger_delay_ms)
 
     @property
@@ -160,10 +170,14 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return self._planner
 
     def initialOffset(self) -> OffsetsJson:
-        self.planner.metadata.check_assignment(self.options.subscription)
-        tps = self.planner.current_partitions()
         bound = self.options.starting or OffsetBound("latest", "startingOffsets")
-        return offsets_to_json(self.planner.resolve(bound, tps, is_start=True))
+        initial = self.planner.initial_batch(bound)
+        target = self._available_now_target
+        if target is not None:
+            # Resolved after the AvailableNow target was taken: the target must not be behind.
+            latest = {tp: max(end, initial.ends.get(tp, end)) for tp, end in target.latest.items()}
+            self._available_now_target = ClusterSnapshot(target.view, latest)
+        return initial.to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is not None:
@@ -172,47 +186,53 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def _fetch_latest(self) -> PartitionOffsets:
-        return self.planner.metadata.latest(self.planner.current_partitions())
-
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = self._fetch_latest()
-        log.info("Trigger.AvailableNow reads up to %s", offsets_to_json(self._available_now_target))
+        self._available_now_target = self.planner.snapshot()
+        log.info(
+            "Trigger.AvailableNow reads up to %s",
+            offsets_to_json(self._available_now_target.latest),
+        )
 
     def latestOffset(self, start: OffsetsJson, limit: ReadLimit) -> OffsetsJson:
-        start_offsets = offsets_from_json(start)
+        """Plan the next batch: ``start`` itself when there is nothing new (or not enough
+        for minOffsetsPerTrigger yet), else the self-describing offset of the batch."""
+        previous = BatchOffsets.from_json(start)
         available_now = self._available_now_target is not None
-        latest = self._available_now_target if available_now else self._fetch_latest()
-        assert latest is not None
-        self._latest = latest
-        if isinstance(limit, ReadAllAvailable):
-            return offsets_to_json(latest)
-        min_rows = (
-            limit.min_rows
-            if isinstance(limit, ReadMinRows)
-            else self.options.min_offsets_per_trigger
-        )
-        max_rows = (
-            limit.max_rows
-            if isinstance(limit, ReadMaxRows)
-            else self.options.max_offsets_per_trigger
-        )
-        new = [tp for tp in latest if tp not in start_offsets]
-        earliest_of_new = self.planner.earliest_of(new) if new and (min_rows or max_rows) else {}
-        if min_rows and not available_now:
-            available = available_records(start_offsets, latest, earliest_of_new)
-            if self._pacer.should_wait(available, min_rows):
-                return start
-        if max_rows:
-            return offsets_to_json(rate_limit(max_rows, start_offsets, latest, earliest_of_new))
-        return offsets_to_json(latest)
+        snapshot = self._available_now_target or self.planner.snapshot()
+        self._latest = snapshot.latest
+        plan = self.planner.plan(previous, snapshot)
+        ends = plan.limits
+        if not isinstance(limit, ReadAllAvailable):
+            min_rows = (
+                limit.min_rows
+                if isinstance(limit, ReadMinRows)
+                else self.options.min_offsets_per_trigger
+            )
+            max_rows = (
+                limit.max_rows
+                if isinstance(limit, ReadMaxRows)
+                else self.options.max_offsets_per_trigger
+            )
+            if min_rows and not available_now:
+                available = available_records(plan.begins, plan.limits, {})
+                if self._pacer.should_wait(available, min_rows):
+                    self._planned = start
+                    return start
+            if max_rows:
+                ends = rate_limit(max_rows, plan.begins, plan.limits, {})
+        if ends == previous.ends and plan.topic_ids == (previous.topic_ids or plan.topic_ids):
+            self._planned = start
+        else:
+            self._planned = BatchOffsets(ends, plan.begins, plan.topic_ids).to_json()
+        return self._planned
 
     def reportLatestOffset(self) -> OffsetsJson | None:
         return offsets_to_json(self._latest) if self._latest else None
 
     def partitions(self, start: OffsetsJson, end: OffsetsJson) -> Sequence[InputPartition]:
-        ranges = self.planner.ranges(offsets_from_json(start), offsets_from_json(end))
-        return [KafkaInputPartition(r) for r in ranges]
+        # A batch planned by this reader's latestOffset was checked then; others are replays.
+        replay = end != self._planned
+        return [KafkaInputPartition(r) for r in self.planner.ranges(start, end, replay)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)

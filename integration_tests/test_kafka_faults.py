@@ -1,0 +1,150 @@
+"""replayable-kafka under broker-call faults (``connectors.kafka.broker_calls``).
+
+An armed ``kafka.<call>`` fault makes one call fail as kafka-python fails: a dropped connection
+before the call applied or after (its answer lost), or a stall ending in a timeout. On the
+executor (``kafka.poll``) it fails the task; on the driver (``kafka.metadata``,
+``kafka.end_offsets``, ``kafka.beginning_offsets``) it fails planning. Either way the query
+stops; restarted from its checkpoint it must deliver every record exactly once, replayed
+batches identical. Under ``local[2,2]`` Spark retries the failed task instead, and the same
+query finishes with the same guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from commit_protocols import faults
+from eospack.services.kafka_tools import create_topic, produce_sealed
+from eospack.testing import wait_until
+from integration_tests.crash_harness import run_driver
+from integration_tests.test_kafka_source import (
+    BatchRecorder,
+    expected_rows,
+    make_records,
+    read_stream,
+    run_available_now,
+    servers_of,
+)
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).parent / "drivers" / "kafka_source_driver.py"
+STALL_SECONDS = 1.0
+
+
+def fired(directory: Path) -> list[tuple[str, str]]:
+    return [(str(entry["call"]), str(entry["mode"])) for entry in faults.injected(directory)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("call", "mode", "when", "message"),
+    [
+        ("kafka.poll", "before", "mid-stream", "injected fault: kafka.poll before"),
+        pytest.param(
+            "kafka.poll",
+            "stall",
+            "at start",
+            "injected fault: kafka.poll stall",
+            marks=pytest.mark.chaos,
+        ),
+        ("kafka.end_offsets", "after", "mid-stream", "did not answer within 10000 ms"),
+        ("kafka.metadata", "stall", "mid-stream", "(KafkaTimeoutError)"),
+        ("kafka.beginning_offsets", "before", "at start", "(KafkaConnectionError)"),
+    ],
+)
+def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_once(
+    spark: Any,
+    kafka: Any,
+    unique_name: str,
+    tmp_path: Path,
+    call_faults: Path,
+    call: str,
+    mode: faults.Mode,
+    when: str,
+    message: str,
+) -> None:
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    first, second = make_records(2, 10, "first"), make_records(2, 6, "second")
+    produce_sealed(servers, unique_name, first)
+    checkpoint = tmp_path / "checkpoint"
+    recorder = BatchRecorder()
+
+    def stream() -> Any:
+        return read_stream(
+            spark, servers, subscribe=unique_name, startingOffsets="earliest",
+            maxOffsetsPerTrigger="8",
+        )  # fmt: skip
+
+    if when == "at start":
+        faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS)
+    query = (
+        stream()
+        .load()
+        .writeStream.foreachBatch(recorder)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        if when == "mid-stream":
+            wait_until(lambda: recorder.batches, 60, "a first committed batch")
+            faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS)
+        produce_sealed(servers, unique_name, second)
+        with pytest.raises(StreamingQueryException) as raised:
+            if not query.awaitTermination(90):
+                raise TimeoutError(f"the query survived the {call} {mode} fault")
+    finally:
+        query.stop()
+    assert message in str(raised.value)
+    assert fired(call_faults) == [(call, mode)]
+
+    run_available_now(stream(), checkpoint, recorder)
+
+    assert all(recorder.replays.values()), recorder.replays
+    delivered = recorder.all_rows()
+    assert delivered == sorted(
+        expected_rows(unique_name, first)
+        + [(unique_name, r.partition, 10 + i // 2, r.value) for i, r in enumerate(second)]
+    )
+
+
+@pytest.mark.chaos  # a driver process of its own: about a minute on two busy cores
+@pytest.mark.timeout(240)
+def test_a_failed_read_is_retried_by_spark_and_the_query_finishes_exactly_once(
+    kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    records = make_records(2, 12, "v")
+    produce_sealed(servers, unique_name, records)
+    fault_directory = tmp_path / "faults"
+    # One fault: a task that failed twice would fail the job under local[2,2].
+    faults.arm(fault_directory, "kafka.poll", "after")
+    output = tmp_path / "output"
+
+    run = run_driver(
+        DRIVER,
+        [
+            "--bootstrap-servers", servers, "--topic", unique_name,
+            "--checkpoint", str(tmp_path / "checkpoint"), "--output", str(output),
+        ],
+        timeout=200,
+        environment={faults.FAULT_DIRECTORY_VARIABLE: str(fault_directory)},
+    )  # fmt: skip
+
+    assert run.succeeded, run.explain()
+    assert fired(fault_directory) == [("kafka.poll", "after")]
+    batches = sorted(output.glob("*.json"), key=lambda path: int(path.stem))
+    delivered = sorted(tuple(row) for path in batches for row in json.loads(path.read_text()))
+    assert delivered == [
+        (topic, partition, offset, value.decode())
+        for topic, partition, offset, value in expected_rows(unique_name, records)
+    ]
+    assert len(batches) == 3  # 24 offsets, 8 per batch

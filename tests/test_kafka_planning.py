@@ -1,0 +1,498 @@
+"""replayable-kafka planning without Spark or a broker: the self-describing offsets Spark logs,
+how the next batch is planned from them (new, missing, gone and re-created partitions), and
+that a replayed batch is planned from its logged offset alone.
+
+The cluster is a fake with ``spec_set``: only KafkaMetadata's real methods exist, and every
+call to the "broker" is recorded, so a test can assert that a replay asks it nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from unittest import mock
+
+import pytest
+from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+from commit_protocols import faults
+from connectors.kafka import broker_calls
+from connectors.kafka.errors import KafkaDataLossError
+from connectors.kafka.options import KafkaSourceOptions, Subscription, parse_options
+from connectors.kafka.planning import (
+    BatchOffsets,
+    ClusterView,
+    KafkaMetadata,
+    OffsetPlanner,
+    OffsetRange,
+    offsets_from_json,
+    plan_next_batch,
+    topic_id_text,
+)
+from connectors.kafka.source import ReplayableKafkaStreamReader
+
+TopicPartitionKey = tuple[str, int]
+ID_A = "AAAAAAAAAAAAAAAAAAAAAQ"
+ID_B = "AAAAAAAAAAAAAAAAAAAAAg"
+
+
+def options(**extra: str) -> KafkaSourceOptions:
+    raw = {"kafka.bootstrap.servers": "broker:9092", "subscribe": "t", **extra}
+    return parse_options({k.lower(): v for k, v in raw.items()})
+
+
+@dataclass
+class FakeCluster:
+    """Topics as a broker holds them: id and, per partition, [earliest, latest).
+
+    ``hidden`` partitions are left out of metadata answers (a partition missing for a
+    moment); ``unlisted`` topics are left out of the next ``unlisted_answers`` answers.
+    """
+
+    topics: dict[str, tuple[str | None, dict[int, tuple[int, int]]]]
+    hidden: set[TopicPartitionKey] = field(default_factory=set)
+    unlisted: set[str] = field(default_factory=set)
+    unlisted_answers: int = 0
+    calls: list[str] = field(default_factory=list)
+
+    def cluster_view(self, subscription: Subscription) -> ClusterView:
+        self.calls.append("metadata")
+        listed = set(self.topics)
+        if self.unlisted_answers > 0:
+            self.unlisted_answers -= 1
+            listed -= self.unlisted
+        wanted = sorted(t for t in subscription.topics if t in listed)
+        partitions = tuple(
+            (t, p) for t in wanted for p in sorted(self.topics[t][1]) if (t, p) not in self.hidden
+        )
+        ids = {t: self.topics[t][0] for t in wanted}
+        return ClusterView(partitions, frozenset(listed), ids)
+
+    def earliest(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        self.calls.append(f"earliest {sorted(tps)}")
+        return {(t, p): self.topics[t][1][p][0] for t, p in tps}
+
+    def latest(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        self.calls.append("latest")
+        return {(t, p): self.topics[t][1][p][1] for t, p in tps}
+
+    def check_assignment(self, subscription: Subscription, view: ClusterView | None) -> None:
+        return None
+
+    def metadata(self) -> KafkaMetadata:
+        fake = mock.create_autospec(KafkaMetadata, instance=True, spec_set=True)
+        for name in ("cluster_view", "earliest", "latest", "check_assignment"):
+            getattr(fake, name).side_effect = getattr(self, name)
+        return fake
+
+
+def stream_reader(cluster: FakeCluster, **extra: str) -> ReplayableKafkaStreamReader:
+    """A stream reader planning against ``cluster`` (subscribe=t unless ``extra`` says)."""
+    source_options = options(**extra)
+    reader = ReplayableKafkaStreamReader(source_options)
+    reader._planner = OffsetPlanner(source_options, cluster.metadata())
+    return reader
+
+
+def ranges_of(reader: ReplayableKafkaStreamReader, start: dict, end: dict) -> list[OffsetRange]:
+    return [p.offset_range for p in reader.partitions(start, end)]  # type: ignore[attr-defined]
+
+
+def round_trip(offsets: dict) -> dict:
+    """What Spark hands back: the JSON it logged, parsed again."""
+    return json.loads(json.dumps(offsets))
+
+
+# The offset format ---------------------------------------------------------------------------
+
+
+def test_logged_offsets_keep_sparks_shape_and_describe_their_starts() -> None:
+    batch = BatchOffsets(
+        ends={("t", 1): 40, ("t", 0): 23, ("u", 0): 7},
+        starts={("t", 0): 20, ("t", 1): 40, ("u", 0): 0},
+        topic_ids={"u": ID_B, "t": ID_A},
+    )
+    logged = batch.to_json()
+    assert json.dumps(logged) == json.dumps(
+        {
+            "t": {"0": 23, "1": 40},
+            "u": {"0": 7},
+            "@starts": {"t": {"0": 20}, "u": {"0": 0}},
+            "@topicIds": {"t": ID_A, "u": ID_B},
+        }
+    )
+    # Spark's Kafka shape reads back, reserved keys aside.
+    assert offsets_from_json(logged) == {("t", 0): 23, ("t", 1): 40, ("u", 0): 7}
+    again = BatchOffsets.from_json(round_trip(logged))
+    assert again.ranges() == [
+        OffsetRange("t", 0, 20, 23),
+        OffsetRange("t", 1, 40, 40),
+        OffsetRange("u", 0, 0, 7),
+    ]
+    assert again.to_json() == logged
+
+
+def test_offsets_of_earlier_versions_have_no_starts() -> None:
+    old = BatchOffsets.from_json({"t": {"0": 5}})
+    assert old.starts is None and old.topic_ids == {}
+    assert old.ends == {("t", 0): 5}
+
+
+def test_topic_ids_are_shown_as_kafka_shows_them() -> None:
+    assert topic_id_text(uuid.UUID("cd514e6f-df43-450a-9209-ee32b3375e9f")) == (
+        "zVFOb99DRQqSCe4yszdenw"  # org.apache.kafka.common.Uuid.toString()
+    )
+    assert topic_id_text(uuid.UUID(int=0)) is None
+    assert topic_id_text(None) is None
+
+
+# Planning the next batch ---------------------------------------------------------------------
+
+
+def view(partitions: list[TopicPartitionKey], ids: dict[str, str | None]) -> ClusterView:
+    return ClusterView(tuple(partitions), frozenset(ids), ids)
+
+
+def no_earliest(tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+    raise AssertionError(f"earliest offsets of {tps} were looked up")
+
+
+def test_continuing_partitions_start_where_the_last_batch_ended() -> None:
+    previous = BatchOffsets({("t", 0): 5, ("t", 1): 9}, {}, {"t": ID_A})
+    plan = plan_next_batch(
+        previous, view([("t", 0), ("t", 1)], {"t": ID_A}), {("t", 0): 8, ("t", 1): 9},
+        no_earliest, fail_on_data_loss=True,
+    )  # fmt: skip
+    assert plan.begins == {("t", 0): 5, ("t", 1): 9}
+    assert plan.limits == {("t", 0): 8, ("t", 1): 9}
+    assert plan.topic_ids == {"t": ID_A}
+
+
+def test_a_new_partition_starts_at_its_earliest_offset_fixed_at_planning() -> None:
+    previous = BatchOffsets({("t", 0): 5}, {}, {"t": ID_A})
+    asked: list[list[TopicPartitionKey]] = []
+
+    def earliest_of(tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        asked.append(tps)
+        return dict.fromkeys(tps, 0)
+
+    plan = plan_next_batch(
+        previous, view([("t", 0), ("t", 1)], {"t": ID_A}), {("t", 0): 5, ("t", 1): 4},
+        earliest_of, fail_on_data_loss=True,
+    )  # fmt: skip
+    assert asked == [[("t", 1)]]
+    assert plan.begins == {("t", 0): 5, ("t", 1): 0}
+    logged = BatchOffsets(plan.limits, plan.begins, plan.topic_ids).to_json()
+    assert logged["@starts"] == {"t": {"1": 0}}
+
+
+def test_a_new_partition_starting_above_zero_is_data_loss_as_in_spark(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    previous = BatchOffsets({("t", 0): 5}, {}, {"t": ID_A})
+    arguments = (
+        previous,
+        view([("t", 0), ("t", 1)], {"t": ID_A}),
+        {("t", 0): 5, ("t", 1): 9},
+        lambda tps: dict.fromkeys(tps, 4),
+    )
+    with pytest.raises(KafkaDataLossError) as raised:
+        plan_next_batch(*arguments, fail_on_data_loss=True)
+    assert str(raised.value) == (
+        "Added partition t-1 starts from 4 instead of 0. Some data may have been missed."
+        " If this is expected (e.g. a deleted topic or retention), set the option"
+        " failOnDataLoss=false to skip the lost offsets and continue"
+    )
+    with caplog.at_level(logging.WARNING):
+        plan = plan_next_batch(*arguments, fail_on_data_loss=False)
+    assert plan.begins[("t", 1)] == 4
+    assert "Added partition t-1 starts from 4 instead of 0" in caplog.text
+    assert "skipped 4 offsets" in caplog.text
+
+
+def test_a_partition_missing_from_metadata_is_carried_forward() -> None:
+    previous = BatchOffsets({("t", 0): 5, ("t", 1): 9}, {}, {"t": ID_A})
+    plan = plan_next_batch(
+        previous, view([("t", 0)], {"t": ID_A}), {("t", 0): 7}, no_earliest,
+        fail_on_data_loss=True,
+    )  # fmt: skip
+    assert plan.begins == {("t", 0): 5, ("t", 1): 9}
+    assert plan.limits == {("t", 0): 7, ("t", 1): 9}
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_partitions_of_a_topic_the_cluster_no_longer_lists_are_gone(
+    fail_on_data_loss: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    previous = BatchOffsets({("t", 0): 5, ("gone", 0): 4}, {}, {"t": ID_A, "gone": ID_B})
+    arguments = (previous, view([("t", 0)], {"t": ID_A}), {("t", 0): 6}, no_earliest)
+    if fail_on_data_loss:
+        with pytest.raises(KafkaDataLossError, match=r"gone-0 \(at offset 4\) are gone"):
+            plan_next_batch(*arguments, fail_on_data_loss=True)
+        return
+    with caplog.at_level(logging.WARNING):
+        plan = plan_next_batch(*arguments, fail_on_data_loss=False)
+    assert plan.limits == {("t", 0): 6}
+    assert plan.topic_ids == {"t": ID_A}
+    assert "gone-0 (at offset 4) are gone" in caplog.text
+
+
+def test_a_recreated_topic_is_detected_by_its_id_even_when_offsets_grew(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    previous = BatchOffsets({("t", 0): 5, ("t", 1): 3}, {}, {"t": ID_A})
+    # The new topic has one partition, and more records than the old one had.
+    arguments = (
+        previous,
+        view([("t", 0)], {"t": ID_B}),
+        {("t", 0): 12},
+        lambda tps: dict.fromkeys(tps, 0),
+    )
+    with pytest.raises(KafkaDataLossError) as raised:
+        plan_next_batch(*arguments, fail_on_data_loss=True)
+    assert str(raised.value).startswith(
+        f"Topic t was deleted and re-created: its topic id changed from {ID_A} to {ID_B}"
+        " (the query had read t-0 to offset 5, t-1 to offset 3), so records of the old topic"
+        " may have been missed. If this is expected"
+    )
+    with caplog.at_level(logging.WARNING):
+        plan = plan_next_batch(*arguments, fail_on_data_loss=False)
+    assert plan.begins == {("t", 0): 0}
+    assert plan.limits == {("t", 0): 12}
+    assert plan.topic_ids == {"t": ID_B}
+    assert caplog.text.count("re-created") == 1
+    assert "failOnDataLoss=false" in caplog.text
+
+
+def test_without_topic_ids_a_recreated_topic_shows_as_offsets_going_back() -> None:
+    previous = BatchOffsets({("t", 0): 10}, {}, {})
+    arguments = (previous, view([("t", 0)], {"t": None}), {("t", 0): 3})
+    with pytest.raises(KafkaDataLossError, match="t-0 went back from offset 10 to 3"):
+        plan_next_batch(*arguments, lambda tps: dict.fromkeys(tps, 0), fail_on_data_loss=True)
+    plan = plan_next_batch(*arguments, lambda tps: dict.fromkeys(tps, 0), fail_on_data_loss=False)
+    assert plan.begins == {("t", 0): 0} and plan.limits == {("t", 0): 3}
+    assert plan.topic_ids == {}
+
+
+# The stream reader on a fake cluster ---------------------------------------------------------
+
+
+def test_batch_zero_replays_the_logged_ranges_whatever_initial_offset_says_now() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10), 1: (0, 4)})})
+    first_run = stream_reader(cluster)  # startingOffsets=latest
+    initial = round_trip(first_run.initialOffset())
+    assert initial == {"t": {"0": 10, "1": 4}, "@starts": {}, "@topicIds": {"t": ID_A}}
+    cluster.topics["t"] = (ID_A, {0: (0, 15), 1: (0, 4)})
+    logged_end = round_trip(first_run.latestOffset(initial, ReadAllAvailable()))
+    assert logged_end == {
+        "t": {"0": 15, "1": 4},
+        "@starts": {"t": {"0": 10}},
+        "@topicIds": {"t": ID_A},
+    }
+    planned = ranges_of(first_run, initial, logged_end)
+    assert planned == [OffsetRange("t", 0, 10, 15)]
+
+    # The query dies before batch 0 commits; records arrive; Spark restarts it and replays
+    # batch 0 from a fresh initialOffset(), now beyond the logged end.
+    cluster.topics["t"] = (ID_A, {0: (0, 30), 1: (0, 9)})
+    restarted = stream_reader(cluster)
+    fresh_initial = round_trip(restarted.initialOffset())
+    assert fresh_initial["t"] == {"0": 30, "1": 9}
+    cluster.calls.clear()
+    assert ranges_of(restarted, fresh_initial, logged_end) == planned
+    assert cluster.calls == ["metadata"]  # topic ids only: no offset is looked up again
+
+
+def test_a_replay_never_looks_up_a_new_partitions_earliest_offset_again() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 5)})})
+    reader = stream_reader(cluster, startingOffsets="earliest")
+    start = round_trip(reader.initialOffset())
+    cluster.topics["t"] = (ID_A, {0: (0, 5), 1: (0, 6)})  # CreatePartitions, 6 records
+    end = round_trip(reader.latestOffset(start, ReadAllAvailable()))
+    assert ranges_of(reader, start, end) == [
+        OffsetRange("t", 0, 0, 5),
+        OffsetRange("t", 1, 0, 6),
+    ]
+    cluster.topics["t"] = (ID_A, {0: (0, 5), 1: (4, 6)})  # DeleteRecords before 4
+    cluster.calls.clear()
+    replayed = ranges_of(stream_reader(cluster), start, end)
+    assert replayed[1] == OffsetRange("t", 1, 0, 6)  # the reader reports the loss
+    assert cluster.calls == ["metadata"]
+
+
+def test_the_batch_just_planned_is_not_checked_again() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 5)})})
+    reader = stream_reader(cluster, startingOffsets="earliest")
+    start = round_trip(reader.initialOffset())
+    end = round_trip(reader.latestOffset(start, ReadAllAvailable()))
+    cluster.calls.clear()
+    assert ranges_of(reader, start, end) == [OffsetRange("t", 0, 0, 5)]
+    assert cluster.calls == []
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_replay_after_the_topic_was_recreated_never_reads_the_new_topic(
+    fail_on_data_loss: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 5)}), "u": (ID_A, {0: (0, 3)})})
+    subscribe = {"subscribe": "t,u", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    reader = stream_reader(cluster, startingOffsets="earliest", **subscribe)
+    start = round_trip(reader.initialOffset())
+    end = round_trip(reader.latestOffset(start, ReadAllAvailable()))
+    cluster.topics["t"] = (ID_B, {0: (0, 9)})  # deleted and re-created before the replay
+    restarted = stream_reader(cluster, **subscribe)
+    if fail_on_data_loss:
+        with pytest.raises(KafkaDataLossError) as raised:
+            ranges_of(restarted, start, end)
+        assert str(raised.value).startswith(
+            "Cannot replay t-0 [0, 5): topic t was deleted and re-created after the batch was"
+            f" planned (topic id {ID_A} is now {ID_B}), so these records are lost. If this is"
+            " expected"
+        )
+        return
+    with caplog.at_level(logging.WARNING):
+        assert ranges_of(restarted, start, end) == [OffsetRange("u", 0, 0, 3)]
+    assert "topic t was deleted and re-created" in caplog.text
+
+
+def test_nothing_new_returns_the_start_itself() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10)})})
+    reader = stream_reader(cluster, startingOffsets="earliest")
+    start = round_trip(reader.initialOffset())
+    end = round_trip(reader.latestOffset(start, ReadAllAvailable()))
+    assert end != start
+    again = reader.latestOffset(end, ReadAllAvailable())
+    assert again is end
+    # An offset logged by an earlier version, with nothing new, is kept as it is too.
+    old = {"t": {"0": 10}}
+    assert reader.latestOffset(old, ReadAllAvailable()) is old
+    assert reader.latestOffset(old, ReadMaxRows(3)) is old
+
+
+def test_rate_limited_batches_log_their_starts_and_replay_them() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 100), 1: (0, 50)})})
+    reader = stream_reader(cluster, startingOffsets="earliest", maxOffsetsPerTrigger="30")
+    start = round_trip(reader.initialOffset())
+    ends = []
+    for _ in range(3):
+        end = round_trip(reader.latestOffset(start, ReadMaxRows(30)))
+        ends.append((start, end))
+        start = end
+    sizes = [sum(r.size for r in ranges_of(reader, s, e)) for s, e in ends]
+    assert sizes == [30, 30, 30]
+    assert ends[2][1]["@starts"] == {"t": {"0": 40, "1": 20}}
+    # Each batch replays from its own offset, whatever start Spark passes.
+    for _, end in ends:
+        assert ranges_of(reader, {}, end) == ranges_of(reader, start, end)
+
+
+def test_min_offsets_per_trigger_waits_by_returning_the_start() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10)})})
+    reader = stream_reader(cluster, startingOffsets="earliest", minOffsetsPerTrigger="50")
+    start = round_trip(reader.initialOffset())
+    first = round_trip(reader.latestOffset(start, ReadMinRows(50)))  # the first trigger runs
+    assert first["t"] == {"0": 10}
+    cluster.topics["t"] = (ID_A, {0: (0, 20)})
+    assert reader.latestOffset(first, ReadMinRows(50)) is first
+
+
+def test_offsets_logged_by_an_earlier_version_replay_as_they_did() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10), 1: (2, 8)})})
+    reader = stream_reader(cluster)
+    # No "@starts": a new partition starts at its earliest offset looked up now.
+    assert ranges_of(reader, {"t": {"0": 4}}, {"t": {"0": 10, "1": 8}}) == [
+        OffsetRange("t", 0, 4, 10),
+        OffsetRange("t", 1, 2, 8),
+    ]
+    # With nothing new the old offset stays; the next batch is planned in the new format.
+    old = {"t": {"0": 10, "1": 8}}
+    assert reader.latestOffset(old, ReadAllAvailable()) is old
+    cluster.topics["t"] = (ID_A, {0: (0, 12), 1: (2, 8)})
+    assert reader.latestOffset(old, ReadAllAvailable()) == {
+        "t": {"0": 12, "1": 8},
+        "@starts": {"t": {"0": 10}},
+        "@topicIds": {"t": ID_A},
+    }
+
+
+def test_a_topic_missing_from_one_metadata_answer_is_asked_for_again() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10)})}, unlisted={"t"}, unlisted_answers=1)
+    reader = stream_reader(cluster)
+    previous = {"t": {"0": 10}, "@starts": {}, "@topicIds": {"t": ID_A}}
+    # The first answer lacks the topic, the second lists it: carried forward, no loss.
+    assert reader.latestOffset(previous, ReadAllAvailable()) is previous
+    assert cluster.calls.count("metadata") == 2
+    cluster.unlisted_answers = 2
+    with pytest.raises(KafkaDataLossError, match=r"t-0 \(at offset 10\) are gone"):
+        reader.latestOffset(previous, ReadAllAvailable())
+
+
+def test_a_partition_hidden_for_a_moment_keeps_its_offset() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10), 1: (0, 7)})}, hidden={("t", 1)})
+    reader = stream_reader(cluster, startingOffsets="earliest")
+    previous = {"t": {"0": 4, "1": 7}, "@starts": {}, "@topicIds": {"t": ID_A}}
+    end = round_trip(reader.latestOffset(previous, ReadAllAvailable()))
+    assert end["t"] == {"0": 10, "1": 7}
+    cluster.hidden.clear()
+    cluster.topics["t"] = (ID_A, {0: (0, 10), 1: (0, 9)})
+    after = round_trip(reader.latestOffset(end, ReadAllAvailable()))
+    assert ranges_of(reader, end, after) == [OffsetRange("t", 1, 7, 9)]
+
+
+# Call faults on the driver -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        ("before", KafkaConnectionError),
+        ("after", KafkaConnectionError),
+        ("stall", KafkaTimeoutError),
+    ],
+)
+def test_armed_faults_become_kafka_pythons_own_errors(
+    mode: str, error: type[Exception], tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(faults, "_DIRECTORY", str(tmp_path))
+    faults.arm(tmp_path, "kafka.end_offsets", mode)  # type: ignore[arg-type]
+    applied: list[int] = []
+    with pytest.raises(error, match=f"injected fault: kafka.end_offsets {mode}"):
+        broker_calls.broker_call("kafka.end_offsets", lambda: applied.append(1))
+    assert applied == ([1] if mode == "after" else [])
+    assert broker_calls.broker_call("kafka.end_offsets", lambda: 7) == 7  # fired once
+
+
+def test_without_a_fault_directory_calls_never_look_for_faults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(faults, "_DIRECTORY", None)
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("faults.claim was called with faults off")
+
+    monkeypatch.setattr(faults, "claim", refuse)
+    assert broker_calls.broker_call("kafka.poll", lambda: 3) == 3
+
+
+def test_partitions_no_longer_subscribed_are_left_out_not_lost() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10)}), "old": (ID_B, {0: (0, 4)})})
+    reader = stream_reader(cluster)  # subscribe=t; the checkpoint also read "old"
+    previous = {"t": {"0": 10}, "old": {"0": 4}, "@starts": {}, "@topicIds": {"t": ID_A}}
+    end = reader.latestOffset(previous, ReadAllAvailable())
+    assert end == {"t": {"0": 10}, "@starts": {}, "@topicIds": {"t": ID_A}}
+
+
+def test_subscriptions_say_which_partitions_they_cover() -> None:
+    assert options(subscribe="a,b").subscription.covers(("b", 3))
+    assert not options(subscribe="a,b").subscription.covers(("c", 0))
+    pattern = parse_options(
+        {"kafka.bootstrap.servers": "broker:9092", "subscribepattern": "orders_.*"}
+    ).subscription
+    assert pattern.covers(("orders_eu", 0)) and not pattern.covers(("returns", 0))
+    assign = parse_options(
+        {"kafka.bootstrap.servers": "broker:9092", "assign": '{"t":[0,2]}'}
+    ).subscription
+    assert assign.covers(("t", 2)) and not assign.covers(("t", 1))
