@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+from psycopg import sql
 
 from commit_protocols import (
     PreparedPiece,
@@ -110,10 +111,14 @@ class TaskWriter:
                 with connection.cursor() as cursor:
                     rows = self._write_postgres(cursor, piece_id, rows_iterator)
                     xid = postgres.current_transaction_id(cursor)
-                faults.run_call(
-                    "jdbc.prepare", connection.tpc_prepare, error=psycopg.OperationalError,
-                    lose_connection=connection.close, batch_id=task.batch_id,
-                )  # fmt: skip
+                try:
+                    faults.run_call(
+                        "jdbc.prepare", connection.tpc_prepare, error=psycopg.OperationalError,
+                        lose_connection=connection.close, batch_id=task.batch_id,
+                    )  # fmt: skip
+                except Exception:
+                    self._roll_back_own_piece(piece_id)
+                    raise
                 handle = {"gid": piece_id, "xid": xid}
             else:
                 with connection.transaction(), connection.cursor() as cursor:
@@ -125,6 +130,31 @@ class TaskWriter:
         finally:
             connection.close()  # after PREPARE the transaction lives on without us
         return replace(empty, rows=rows, handle=handle)
+
+    def _roll_back_own_piece(self, gid: str) -> None:
+        """PREPARE failed, or its answer was lost: roll back ``gid`` if it exists.
+
+        Safe because this task reports no piece, so no decision can name it. Best effort:
+        if the database cannot be reached now, the next commit of the sink rolls it back.
+        """
+        try:
+            connection = postgres.connect(self.options)
+        except Exception:
+            logger.warning("2pc-jdbc could not roll back %s now: the next commit will", gid)
+            return
+        try:
+            connection.autocommit = True
+            connection.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+            logger.warning("2pc-jdbc task failed after PREPARE: rolled back %s", gid)
+        except psycopg.errors.UndefinedObject:
+            pass  # PREPARE did not apply
+        except Exception as error:
+            logger.warning(
+                "2pc-jdbc could not roll back %s now (%s): the next commit will",
+                gid, type(error).__name__,
+            )  # fmt: skip
+        finally:
+            connection.close()
 
     def _roll_back_stale(self, connection: Any, task: TaskIdentity) -> None:
         listed = [

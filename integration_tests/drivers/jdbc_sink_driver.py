@@ -1,6 +1,8 @@
 """Crash-test driver: a directory of parquet files -> 2pc-jdbc, Trigger.AvailableNow.
 
-Run with the same arguments again after a crash: it restarts from its checkpoint.
+Run with the same arguments again after a crash: it restarts from its checkpoint. Tests
+run the runs that need no crash in their own session instead (``start_query``): the same
+query, without a JVM start.
 ``repartition(2, "id")`` gives every batch two pieces (so between_piece_commits is
 reachable) with disjoint keys (prepared upserts of one key in two tasks would wait).
 ``--checkpoint-form`` gives the checkpoint the three ways users do: the option with a
@@ -12,15 +14,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eospack.spark import local_session
 from integration_tests.jdbc_fixtures import stream_input
 
+CHECKPOINT_CONF = "spark.sql.streaming.checkpointLocation"
 
-def main() -> int:
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--input", required=True)
     parser.add_argument("--checkpoint", required=True)
@@ -32,12 +38,11 @@ def main() -> int:
     parser.add_argument("--write-mode", default="append")
     parser.add_argument("--lock-timeout", default=None)
     parser.add_argument("--master", default="local[2]")
-    arguments = parser.parse_args()
+    return parser.parse_args(argv)
 
-    conf = {}
-    if arguments.checkpoint_form == "conf":
-        conf["spark.sql.streaming.checkpointLocation"] = arguments.checkpoint
-    spark = local_session(app_name="jdbc-crash-driver", master=arguments.master, conf=conf)
+
+def start_query(spark: Any, arguments: argparse.Namespace) -> Any:
+    """Start the query on ``spark`` (this driver's session, or a test's own session)."""
     options = {
         "url": arguments.url, "user": arguments.user, "dbtable": arguments.table,
         "protocol": arguments.protocol, "writeMode": arguments.write_mode,
@@ -58,9 +63,15 @@ def main() -> int:
     elif arguments.checkpoint_form == "uri":
         writer = writer.option("checkpointLocation", Path(arguments.checkpoint).as_uri())
     else:
+        spark.conf.set(CHECKPOINT_CONF, arguments.checkpoint)
         writer = writer.queryName("jdbc_crash_driver")
-    query = writer.start()
-    query.awaitTermination()
+    return writer.start()
+
+
+def main() -> int:
+    arguments = parse_arguments()
+    spark = local_session(app_name="jdbc-crash-driver", master=arguments.master)
+    start_query(spark, arguments).awaitTermination()
     spark.stop()
     return 0
 
