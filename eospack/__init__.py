@@ -1,8 +1,12 @@
 """eospack: exactly-once streaming connectors for PySpark.
 
 The data sources register themselves through the ``pyspark_*`` modules once the package
-is installed; ``register(spark)`` does the same by hand for environments that turn
-Spark's automatic lookup off.
+is installed as a wheel (or with ``editable_mode=compat``); ``register(spark)`` does the
+same by hand, and is needed where Spark's lookup cannot see the modules: after a plain
+``pip install -e .`` (pip serves editable packages through an import hook that Spark's
+lookup of ``pyspark_*`` modules does not see), or where automatic lookup is turned off.
+Every entry point of eospack (``eospack.spark.local_session``, the demo, the benchmarks)
+calls it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Why a helper: a plain ``SparkSession.builder.getOrCreate()`` on a fresh machine starts
 Python workers with the system interpreter (no pyarrow there), keeps 200 shuffle
 partitions (slow for small local batches) and fails with a JVM stack trace when Java is
-missing or too new. ``local_session`` fixes all three and fails early with one line.
+missing or too new. ``local_session`` fixes all three and fails early with one line. It
+also registers eospack's formats explicitly: Spark's automatic lookup of ``pyspark_*``
+modules does not see packages installed by pip's default editable mode (an import hook).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+from eospack import register
 
 SUPPORTED_JAVA_MAJORS = (17, 21)
 
@@ -59,11 +64,14 @@ def local_session(
     master: str = "local[2]",
     shuffle_partitions: int = 2,
     conf: Mapping[str, str] | None = None,
+    extra_jars: Sequence[str | Path] = (),
 ) -> SparkSession:
     """Start (or return the running) local SparkSession for eospack.
 
     Guarantees: Python workers run the current interpreter, the UI is off, shuffles use
     ``shuffle_partitions`` partitions, and Java is checked before the JVM starts.
+    ``extra_jars`` (e.g. Spark's own Kafka connector) join any ``spark.jars`` of ``conf``;
+    like every setting here they only take effect when this call starts the JVM.
     """
     check_java()
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -79,8 +87,13 @@ def local_session(
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    for key, value in (conf or {}).items():
+    settings = dict(conf or {})
+    jars = [settings.get("spark.jars", ""), *(str(jar) for jar in extra_jars)]
+    if any(jars):
+        settings["spark.jars"] = ",".join(jar for jar in jars if jar)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    register(spark)
     return spark

@@ -148,3 +148,55 @@ def test_a_failed_read_is_retried_by_spark_and_the_query_finishes_exactly_once(
         for topic, partition, offset, value in expected_rows(unique_name, records)
     ]
     assert len(batches) == 3  # 24 offsets, 8 per batch
+
+
+@pytest.mark.timeout(300)
+def test_a_broker_killed_mid_query_and_restarted_on_its_log_directory_loses_nothing(
+    spark: Any, real_kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """SIGKILL of the broker JVM while a query reads (acks=all records survive it), then the
+    broker restarts on the same log directory and port. The query fails or carries on; run
+    from its checkpoint to the end it delivers every record once, replayed batches identical."""
+    from eospack.services.apache_kafka import ApacheKafka
+
+    if not isinstance(real_kafka, ApacheKafka):
+        pytest.skip("kills the embedded Apache Kafka process")
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=2)
+    first, second = make_records(2, 20, "first"), make_records(2, 6, "second")
+    produce_sealed(servers, unique_name, first, acks="all")
+    checkpoint = tmp_path / "checkpoint"
+    recorder = BatchRecorder()
+
+    def stream() -> Any:
+        return read_stream(
+            spark, servers, subscribe=unique_name, startingOffsets="earliest",
+            maxOffsetsPerTrigger="8", **{"kafka.request.timeout.ms": "3000"},
+        )  # fmt: skip
+
+    query = (
+        stream()
+        .load()
+        .writeStream.foreachBatch(recorder)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(recorder.batches) >= 2, 60, "two committed batches")
+        real_kafka.kill()
+        try:
+            wait_until(lambda: not query.isActive, 60, "the query to fail without its broker")
+        finally:
+            real_kafka.start()
+    finally:
+        query.stop()
+    produce_sealed(servers, unique_name, second, acks="all")
+
+    run_available_now(stream(), checkpoint, recorder)
+
+    assert all(recorder.replays.values()), recorder.replays
+    assert recorder.all_rows() == sorted(
+        expected_rows(unique_name, first)
+        + [(unique_name, r.partition, 20 + i // 2, r.value) for i, r in enumerate(second)]
+    )

@@ -21,3 +21,7 @@ class KafkaDataLossError(RuntimeError):
 
 class KafkaReadTimeoutError(TimeoutError):
     """A partition made no progress towards its end offset within kafkaConsumer.pollTimeoutMs."""
+
+
+class KafkaCodecMissingError(RuntimeError):
+    """Records are compressed with a codec whose Python package is missing on an executor."""

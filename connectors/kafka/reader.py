@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError
+from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError, UnsupportedCodecError
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
@@ -39,7 +40,7 @@ from pyspark.sql.types import (
 )
 
 from connectors.kafka.broker_calls import broker_call
-from connectors.kafka.errors import KafkaReadTimeoutError
+from connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
 from connectors.kafka.options import KafkaSourceOptions
 from connectors.kafka.planning import OffsetRange, report_data_loss
 
@@ -139,6 +140,8 @@ class _RangeReader:
                     raise
                 last_progress = time.monotonic()
                 continue
+            except UnsupportedCodecError as error:
+                raise codec_missing_error(self.range, error) from None
             records = polled.get(tp)
             if records:
                 if records[0].offset > self.position and not self.checked_earliest:
@@ -227,6 +230,28 @@ class _RangeReader:
         highwater = self.consumer.highwater(self.tp)
         self.waiting_for_transaction = highwater is not None and highwater >= self.range.end
         return self.waiting_for_transaction
+
+
+CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
+"""The package kafka-python decodes each codec with (gzip is in Python itself)."""
+
+
+def codec_missing_error(offset_range: OffsetRange, error: Exception) -> KafkaCodecMissingError:
+    """One line naming the range, the codec and the package to install, for kafka-python's
+    "Libraries for zstd compression codec not found"."""
+    match = re.search(r"Libraries for (\w+) compression codec", str(error))
+    codec = match.group(1) if match else "an unknown codec"
+    package = CODEC_PACKAGES.get(codec)
+    fix = (
+        f"pip install {package} (eospack depends on it through kafka-python[{codec}]; install"
+        " it wherever Spark's Python workers run)"
+        if package
+        else f"kafka-python says: {error}"
+    )
+    return KafkaCodecMissingError(
+        f"Cannot read {offset_range.describe()}: its records are compressed with {codec} and"
+        f" this Python has no {codec} decoder: {fix}"
+    )
 
 
 def _within(records: list, start: int, end: int) -> list:
