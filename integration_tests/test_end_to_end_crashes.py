@@ -80,6 +80,8 @@ def random_kill_after_progress(checkpoints: Path, rng: random.Random):
     return kill_when
 
 
+@pytest.mark.chaos  # by default: test_stress kills this pipeline's driver at random moments,
+# test_jdbc_crash and test_s3_crash kill at every fault point (the three cost 8 min here)
 @pytest.mark.timeout(900)
 def test_every_fault_point_and_random_kills_leave_counts_exactly_once(
     kafka, postgres, tmp_path, unique_name
@@ -152,6 +154,7 @@ def test_postgres_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
         postgres.stop()
 
 
+@pytest.mark.chaos  # by default: test_kafka_faults stalls and fails the broker calls
 @pytest.mark.timeout(600)
 def test_broker_unreachable_for_a_while_fails_clearly_and_recovers_exactly_once(
     postgres, tmp_path, unique_name

@@ -13,9 +13,10 @@ never returns part of a batch nor a row twice. After the final drain: every prod
 is in S3 exactly once, every key's count equals its events exactly, and no prepared
 transaction, staged row or multipart upload of the sinks is left.
 
+The default lane walks 100 steps from the fixed seed ``CI_SEED``; the chaos-marked variant
+walks for ``EOSPACK_STRESS_MINUTES`` (default 30) from a random seed and prints its figures.
 ``EOSPACK_STRESS_SEED`` replays a walk (the seed is printed at the start and on failure);
-``EOSPACK_STRESS_STEPS`` sets its length (default 100); the chaos-marked variant walks for
-``EOSPACK_STRESS_MINUTES`` (default 30) and prints its figures.
+``EOSPACK_STRESS_STEPS`` sets the default lane's length.
 """
 
 from __future__ import annotations
@@ -427,9 +428,15 @@ def _is_forked_pyspark_worker(pid: int) -> bool:
     return b"pyspark.daemon" in command and b"pyspark.daemon" in parent_command
 
 
-def _seed() -> int:
+CI_SEED = 20261123
+"""The walk CI runs (the issue asks for a small fixed seed set; timing still varies)."""
+
+
+def _seed(default: int | None = None) -> int:
     given = os.environ.get("EOSPACK_STRESS_SEED")
-    return int(given) if given else random.randrange(2**31)
+    if given:
+        return int(given)
+    return default if default is not None else random.randrange(2**31)
 
 
 def _run_walk(
@@ -459,7 +466,8 @@ def test_random_walk_delivers_every_event_exactly_once(
     kafka, postgres, s3, tmp_path, unique_name
 ):
     steps = int(os.environ.get("EOSPACK_STRESS_STEPS", "100"))
-    _run_walk(kafka, postgres, s3, tmp_path, unique_name, lambda done: done < steps, _seed())
+    seed = _seed(CI_SEED)
+    _run_walk(kafka, postgres, s3, tmp_path, unique_name, lambda done: done < steps, seed)
 
 
 @pytest.mark.chaos

@@ -40,6 +40,22 @@ def parse_arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def clear_interrupted_first_offset_write(checkpoint: Path) -> bool:
+    """Delete what a crash during the very first offset-log write leaves: ``offsets/.0.<uuid>.tmp``.
+
+    Spark 4.3 refuses to start a query whose checkpoint has no committed batch but a non-empty
+    ``offsets`` directory (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), and counts that hidden
+    temporary file, so one SIGKILL at that instant bricks the checkpoint. No batch was logged
+    yet, so removing the temporary files loses nothing (the README's troubleshooting entry).
+    """
+    offsets = checkpoint / "offsets"
+    if not offsets.is_dir() or any(not entry.name.startswith(".") for entry in offsets.iterdir()):
+        return False
+    for leftover in offsets.iterdir():
+        leftover.unlink()
+    return True
+
+
 def read_control(path: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text()))
@@ -131,6 +147,9 @@ def main() -> int:
                 error = query.exception()
                 first_line = str(error).strip().splitlines()[0][:300] if error else "stopped"
                 print(f"stress driver: query {name} failed, restarting: {first_line}", flush=True)
+                if "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in first_line:
+                    cleared = clear_interrupted_first_offset_write(pipelines.root / name)
+                    print(f"stress driver: cleared an interrupted first offset write: {cleared}")
                 queries[name] = pipelines.start(name, settings)
         time.sleep(POLL_SECONDS)  # polling the control file, not synchronisation
 
