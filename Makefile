@@ -28,8 +28,11 @@ fetch: $(STAMP)
 demo: $(STAMP) fetch
 	$(VENV)/bin/eospack demo $(ARGS)
 
+# Two workers (pytest-xdist), each with its own services and Spark session, whole files
+# each: most of a streaming test's time is waiting on triggers, JVM starts and timeouts.
+TEST_WORKERS ?= 2
 test: $(STAMP) fetch
-	$(PY) -m pytest -m "not chaos" $(ARGS)
+	$(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)

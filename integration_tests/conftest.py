@@ -19,11 +19,14 @@ import pytest
 
 from commit_protocols import faults
 
-SESSION_FAULT_DIRECTORY = Path(
-    os.environ.setdefault(
-        faults.FAULT_DIRECTORY_VARIABLE, tempfile.mkdtemp(prefix="eospack-test-faults-")
+# Under pytest-xdist each worker is its own session with its own services and Spark, so
+# each gets its own directory (a worker must never fire a fault another one armed).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER or faults.FAULT_DIRECTORY_VARIABLE not in os.environ:
+    os.environ[faults.FAULT_DIRECTORY_VARIABLE] = tempfile.mkdtemp(
+        prefix=f"eospack-test-faults-{_WORKER or 'main'}-"
     )
-)
+SESSION_FAULT_DIRECTORY = Path(os.environ[faults.FAULT_DIRECTORY_VARIABLE])
 
 
 @pytest.fixture

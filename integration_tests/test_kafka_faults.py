@@ -29,6 +29,7 @@ from integration_tests.test_kafka_source import (
     read_stream,
     run_available_now,
     servers_of,
+    start_recording,
 )
 
 pytestmark = pytest.mark.integration
@@ -84,14 +85,7 @@ def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_on
 
     if when == "at start":
         faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS)
-    query = (
-        stream()
-        .load()
-        .writeStream.foreachBatch(recorder)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query = start_recording(stream(), checkpoint, recorder)
     try:
         if when == "mid-stream":
             wait_until(lambda: recorder.batches, 60, "a first committed batch")
@@ -174,14 +168,7 @@ def test_a_broker_killed_mid_query_and_restarted_on_its_log_directory_loses_noth
             maxOffsetsPerTrigger="8", **{"kafka.request.timeout.ms": "3000"},
         )  # fmt: skip
 
-    query = (
-        stream()
-        .load()
-        .writeStream.foreachBatch(recorder)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query = start_recording(stream(), checkpoint, recorder)
     try:
         wait_until(lambda: len(recorder.batches) >= 2, 60, "two committed batches")
         real_kafka.kill()

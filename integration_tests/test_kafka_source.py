@@ -86,6 +86,19 @@ def expected_rows(topic: str, records: list[Record]) -> list[tuple[str, int, int
     return sorted(rows)
 
 
+def start_recording(
+    stream: DataStreamReader, checkpoint: Path, recorder: BatchRecorder
+) -> StreamingQuery:
+    """A long-running query (200 ms trigger) that hands every batch to ``recorder``."""
+    return (
+        stream.load()
+        .writeStream.foreachBatch(recorder)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
 def run_available_now(
     stream: DataStreamReader,
     checkpoint: Path,
@@ -543,14 +556,7 @@ def test_restart_from_checkpoint_delivers_every_record_exactly_once(
             maxOffsetsPerTrigger="30",
         )
 
-    first_run = (
-        stream()
-        .load()
-        .writeStream.foreachBatch(recorder)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    first_run = start_recording(stream(), checkpoint, recorder)
     try:
         wait_until(lambda: len(recorder.batches) >= 3, 90, "three batches of the first run")
     finally:
