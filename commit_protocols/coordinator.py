@@ -117,6 +117,8 @@ class TwoPhaseCommitCoordinator:
         if sink_id is None:
             return None
         ours = BatchDecision(sink_id, batch_id, tuple(pieces))
+        if self.resource.orphans_can_block_commit:
+            self._recover_before(ours)
         fault_point(BEFORE_DECISION, batch_id)
         if self.resource.commits_atomically:
             slot = self.resource.commit_atomically(ours)
@@ -191,6 +193,21 @@ class TwoPhaseCommitCoordinator:
                 " restarts from its checkpoint",
                 self.sink_name, batch_id, type(error).__name__, error, left,
             )  # fmt: skip
+
+    def _recover_before(self, ours: BatchDecision) -> None:
+        """Before deciding: finish decided batches and roll back every other piece of this
+        batch or earlier ones, since a crashed run's prepared piece can hold row locks the
+        commit needs (staging's move into the table would wait on it until lockTimeout).
+        Safe: a rolled-back piece is fenced first, and no decision may name it; ours are kept.
+        """
+        for decision in self.resource.unfinished_decisions(ours.sink_id):
+            self._finish(decision)
+        orphans = [
+            piece
+            for piece in self.resource.prepared_pieces(ours.sink_id)
+            if piece.batch_id <= ours.batch_id and not ours.names(piece)
+        ]
+        self.roll_back_orphans(ours.sink_id, orphans)
 
     def recover(self, sink_id: str, up_to_batch: int | None = None) -> None:
         """Finish decided batches (roll forward); roll back orphans of batches <= up_to_batch.

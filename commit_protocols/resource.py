@@ -33,6 +33,11 @@ class TransactionalResource(ABC):
     """True when ``commit_atomically`` makes decision, pieces and "done" visible in one
     step (the staging protocol); the coordinator then skips the piece-by-piece path."""
 
+    orphans_can_block_commit: bool = False
+    """True when a leftover piece can hold locks that this batch's commit needs (a prepared
+    transaction's row locks): the coordinator then rolls leftovers back before deciding,
+    at the cost of one more listing per commit."""
+
     @abstractmethod
     def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
         """What the slot of (sink, batch) holds, or None. Must be an indexed lookup.

@@ -142,6 +142,7 @@ class StressRig:
         self.produced = 0
         self.figures = Figures()
         self.seen_counts: dict[str, tuple[int, int]] = {}
+        self.committed_at_restart = 0
         self.driver: DriverProcess | None = None
         create_topic(self.servers, self.topic, partitions=2)
         self._write_control()
@@ -192,6 +193,12 @@ class StressRig:
 
     def step(self) -> str:
         action = self.random.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
+        if action in RESTARTS:
+            committed = self.committed_batches()
+            if committed <= self.committed_at_restart:
+                action = "add data"  # a restart comes only after a commit: queries progress
+            else:
+                self.committed_at_restart = committed
         self.figures.steps[action] += 1
         if action == "add data":
             self.add_data(self.random.randint(20, 300))

@@ -45,6 +45,7 @@ class InMemoryResource(TransactionalResource):
         self.rolled_back: list[str] = []
         self.slots: dict[tuple[str, int], BatchDecision] = {}
         self.calls: Counter[str] = Counter()
+        self.order: list[str] = []
         self.faults: dict[tuple[str, int], str] = {}
 
     def fail(self, name: str, nth: int = 1, mode: str = "before") -> None:
@@ -53,6 +54,7 @@ class InMemoryResource(TransactionalResource):
 
     def _faults(self, name: str, action):
         self.calls[name] += 1
+        self.order.append(name)
         mode = self.faults.pop((name, self.calls[name]), None)
         if mode == "before":
             raise ConnectionError(f"{name} failed before it applied")
@@ -187,6 +189,26 @@ def test_recovery_rolls_back_orphans_up_to_the_batch_and_keeps_later_and_foreign
     assert resource.committed == [current.transaction_id]
     assert set(resource.prepared) == {later.transaction_id, other_sink.transaction_id}
     assert orphan.transaction_id not in resource.prepared
+
+
+def test_orphans_are_rolled_back_before_the_decision_because_they_may_hold_its_locks(
+    resource,
+):
+    """A crashed run's prepared pieces (of this batch or an earlier one) can hold row locks
+    the commit needs: staging's move into the table waited on them until lockTimeout, at
+    every restart. They are rolled back before the decision; the batch's own are kept."""
+    resource.orphans_can_block_commit = True
+    earlier = resource.prepare("s1", 2, 1, attempt="0xcrashedrunx1")
+    same_batch = resource.prepare("s1", 3, 1, attempt="0xcrashedrunx2")
+    current = [resource.prepare("s1", 3, p, attempt="0xthisrunx3") for p in range(2)]
+
+    TwoPhaseCommitCoordinator(resource).commit(current, 3)
+
+    decided_at = resource.order.index("record_decision")
+    assert resource.order[:decided_at].count("rollback_piece") == 2
+    assert set(resource.rolled_back) == {earlier.transaction_id, same_batch.transaction_id}
+    assert sorted(resource.committed) == sorted(p.transaction_id for p in current)
+    assert resource.status("s1", 3) == DONE
 
 
 def test_abort_rolls_back_what_the_tasks_prepared(resource):

@@ -91,6 +91,7 @@ class JdbcResource(TransactionalResource):
         self.columns = list(columns)
         self.stage = stage
         self.dialect = options.url.dialect
+        self.orphans_can_block_commit = self.dialect == "postgresql"
         self.connection: Connection = (
             postgres.connect(options, autocommit=True)
             if self.dialect == "postgresql"
