@@ -1,14 +1,18 @@
 """``python -m benchmarks [--quick] [--only NAME ...]``: the pack against its baselines.
 
 Every benchmark runs its contenders in the same process, on the same data and the same
-embedded services, and reports medians of the repetitions after one warm-up. Results go
-to ``benchmarks/results/<date>.md`` and the summary table into README.md.
+embedded services, and reports medians of the repetitions after one warm-up. Spark's own
+JVM connectors are the peers: ``format("kafka")`` for the source and the Parquet file sink
+on S3A for 2pc-s3; their jars (``spark-kafka``, ``hadoop-aws``) come through mvn on first
+use, and a peer whose jars cannot be resolved is left out with a note. Results go to
+``benchmarks/results/<date>.md`` and the summary table into README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import shutil
 import tempfile
@@ -27,7 +31,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes, one repetition, without the end-to-end benchmark (under 3 minutes)",
+        help="small sizes, one repetition, without the end-to-end benchmark (under 4 minutes)",
     )
     parser.add_argument("--only", nargs="+", choices=ALL, default=None)
     parser.add_argument("--repetitions", type=int, default=None)
@@ -52,6 +56,7 @@ def main() -> int:
     report = Report()
     services = []
     say("starting services and Spark (local[2])")
+    report.notes.append(f"load average at the start: {_load_average()}")
     try:
         kafka = start_kafka()
         services.append(kafka)
@@ -62,12 +67,41 @@ def main() -> int:
         conf = {}
         if jdbc_sink.POSTGRES_JDBC_JAR.exists():
             conf["spark.jars"] = str(jdbc_sink.POSTGRES_JDBC_JAR)
-        spark = local_session(app_name="eospack-benchmarks", conf=conf)
+        jars = {}
+        for name, wanted in (("spark-kafka", "source"), ("hadoop-aws", "s3")):
+            if wanted in selected:
+                jars[name] = peer_jars(name, report)
+        if jars.get("hadoop-aws"):
+            conf.update(s3_sink.s3a_settings(s3.endpoint))
+        session_started = time.monotonic()
+        spark = local_session(
+            app_name="eospack-benchmarks",
+            conf=conf,
+            extra_jars=[jar for names in jars.values() for jar in names],
+        )
+        report.notes.append(
+            f"Spark session start: {time.monotonic() - session_started:.1f} s with the peers'"
+            f" jars ({', '.join(name for name, found in jars.items() if found) or 'none'})"
+        )
         bootstrap = kafka.endpoint.bootstrap_servers
 
         if "source" in selected:
             sizes = [100_000] if quick else [100_000, 300_000, 1_000_000]
-            kafka_source.run(report, spark, bootstrap, sizes, repetitions)
+            kafka_source.run(
+                report,
+                spark,
+                bootstrap,
+                sizes,
+                repetitions,
+                spark_kafka=bool(jars.get("spark-kafka")),
+                codec_size=None if quick else 1_000_000,
+                tuple_output=not quick,
+            )
+            if quick:
+                report.notes.append(
+                    "source: the lz4 and zstd topics and the tuple-output contender are"
+                    " measured in full runs only"
+                )
         if "jdbc" in selected:
             sizes = [100_000] if quick else [100_000, 300_000, 1_000_000]
             jdbc_sink.run(report, spark, postgres, workdir, sizes, repetitions)
@@ -77,7 +111,10 @@ def main() -> int:
             rows, keys = (100_000, 1_000) if quick else (1_000_000, 10_000)
             stateful.run(report, spark, workdir, rows, keys, repetitions)
         if "s3" in selected:
-            s3_sink.run(report, spark, s3, workdir, 100_000 if quick else 1_000_000, repetitions)
+            rows = 100_000 if quick else 1_000_000
+            s3_sink.run(
+                report, spark, s3, workdir, rows, repetitions, s3a=bool(jars.get("hadoop-aws"))
+            )
         if "recovery" in selected:
             pipeline.recovery(report, bootstrap, postgres, repetitions, warm_up=not quick)
         if "e2e" in selected:
@@ -94,6 +131,7 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     minutes = (time.monotonic() - started) / 60
+    report.notes.append(f"load average at the end: {_load_average()}")
     report.notes.append(
         f"{'quick' if quick else 'full'} run, {repetitions} repetition(s), {minutes:.1f} min"
     )
@@ -109,6 +147,30 @@ def main() -> int:
         update_readme(report, output)
     print(report.summary_table())
     return 0
+
+
+def peer_jars(name: str, report: Report) -> list[Path]:
+    """The jars of a JVM peer's set, fetched with mvn on first use; [] with a note if not."""
+    from eospack.services import ServiceStartError
+    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+
+    if not is_cached(name) and mvn_executable() is None:
+        report.notes.append(
+            f"jar set {name} is not cached and mvn was not found: its peer is left out"
+        )
+        return []
+    if not is_cached(name):
+        say(f"fetching jar set {name} with mvn (first use only)")
+    try:
+        return resolve_classpath(name)
+    except ServiceStartError as error:
+        report.notes.append(f"{error}: its peer is left out")
+        return []
+
+
+def _load_average() -> str:
+    """1, 5 and 15 minute load averages: other processes on the machine distort timings."""
+    return ", ".join(f"{load:.2f}" for load in os.getloadavg()) + f" ({os.cpu_count()} cores)"
 
 
 def update_readme(report: Report, output: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eospack.services.base import broker_kind
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 
 VALUE_BYTES = 100
@@ -17,10 +19,20 @@ TABLE_SCHEMA = "id long, name string, amount double, at timestamp"
 """Spark schema of ``table_rows``."""
 
 
-def fill_topic(bootstrap: str, topic: str, records: int, partitions: int = 4) -> None:
-    """``records`` values of ~100 bytes, spread evenly, each partition sealed at its end."""
+def fill_topic(
+    bootstrap: str, topic: str, records: int, partitions: int = 4, compression: str = "none"
+) -> None:
+    """``records`` values of ~100 bytes, spread evenly, compressed with ``compression``
+    (none, gzip, snappy, lz4, zstd) as the producer batches them.
+
+    On Apache Kafka through librdkafka (confluent-kafka, ~10x faster than kafka-python)
+    when installed; otherwise with kafka-python, each partition sealed at its end (tansu).
+    """
     create_topic(bootstrap, topic, partitions)
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    if broker_kind(bootstrap) == "kafka" and find_spec("confluent_kafka") is not None:
+        _fill_with_librdkafka(bootstrap, topic, records, partitions, compression, value)
+        return
     produce_sealed(
         bootstrap,
         topic,
@@ -28,7 +40,45 @@ def fill_topic(bootstrap: str, topic: str, records: int, partitions: int = 4) ->
         batch_size=512 * 1024,
         linger_ms=20,
         max_request_size=8 * 1024 * 1024,
+        compression_type=None if compression == "none" else compression,
     )
+
+
+def _fill_with_librdkafka(
+    bootstrap: str, topic: str, records: int, partitions: int, compression: str, value: bytes
+) -> None:
+    from confluent_kafka import Producer
+
+    failures: list[str] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "compression.type": compression,
+            "linger.ms": 20,
+            "batch.size": 1024 * 1024,
+            "queue.buffering.max.messages": 1_000_000,
+            "enable.idempotence": True,
+        }
+    )
+    for index in range(records):
+        while True:
+            try:
+                producer.produce(
+                    topic, value=value, partition=index % partitions, on_delivery=delivered
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if index % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(300)
+    if remaining or failures:
+        raise RuntimeError(f"{topic}: {remaining} records unsent, failures: {failures[:3]}")
 
 
 def table_rows(rows: int, offset: int = 0) -> pa.Table:

@@ -1,8 +1,10 @@
 """Named sets of JVM jars, fetched with Maven once and then read from eospack's cache.
 
-Why: Apache Kafka (the test broker) and Spark's own Kafka connector exist only as Maven
-artifacts. They serve tests, the demo and benchmarks; eospack itself needs only pip and
-Java. Each set has its own pom shipped in the package (``eospack/services/poms``).
+Why: Apache Kafka (the test broker), Spark's own Kafka connector and S3A exist only as
+Maven artifacts. They serve tests, the demo and benchmarks; eospack itself needs only pip
+and Java. Each set has its own pom shipped in the package (``eospack/services/poms``).
+``ARTIFACT_SETS`` are what ``eospack services fetch`` fetches; ``ON_DEMAND_SETS`` (S3A, whose
+AWS SDK bundle is ~690 MB) are fetched only when something resolves them.
 
 Guarantees: ``resolve_classpath`` returns paths of jars that exist. The first call for a
 set runs ``mvn`` (its output streams to stderr, so downloads show progress) into a Maven
@@ -85,7 +87,8 @@ def is_cached(name: str) -> bool:
 
 
 def resolve_classpath(name: str, progress: TextIO | None = None) -> list[Path]:
-    """The jars of the set ``name`` (``kafka-broker`` or ``spark-kafka``), fetching once.
+    """The jars of the set ``name`` (``kafka-broker``, ``spark-kafka``, ``hadoop-aws``),
+    fetching once.
 
     ``progress`` receives mvn's output while a fetch runs (default: stderr).
     """
@@ -115,11 +118,12 @@ def resolve_classpath(name: str, progress: TextIO | None = None) -> list[Path]:
 
 
 def artifact_set_named(name: str) -> ArtifactSet:
+    known = {**ARTIFACT_SETS, **ON_DEMAND_SETS}
     try:
-        return ARTIFACT_SETS[name]
+        return known[name]
     except KeyError:
         raise JarFetchError(
-            f"jar set {name!r} is not known: use one of {', '.join(sorted(ARTIFACT_SETS))}"
+            f"jar set {name!r} is not known: use one of {', '.join(sorted(known))}"
         ) from None
 
 
@@ -325,6 +329,25 @@ def _spark_kafka_version(pom: Path, repository: Path, progress: TextIO) -> dict[
     return {"spark.version": chosen}
 
 
+def _pyspark_hadoop_version() -> dict[str, str]:
+    """The Hadoop version of pyspark/jars/hadoop-client-api-<version>.jar."""
+    versions = [
+        match.group(1)
+        for name in _pyspark_jar_names()
+        if (match := re.fullmatch(r"hadoop-client-api-(\d[^/]*)\.jar", name))
+    ]
+    if not versions:
+        raise JarFetchError(
+            "jar set hadoop-aws could not be fetched: pyspark/jars has no"
+            " hadoop-client-api jar to match (is pyspark installed from pip?)"
+        )
+    return {"hadoop": versions[0]}
+
+
+def _hadoop_aws_version(pom: Path, repository: Path, progress: TextIO) -> dict[str, str]:
+    return {"hadoop.version": _pyspark_hadoop_version()["hadoop"]}
+
+
 ARTIFACT_SETS: dict[str, ArtifactSet] = {
     "kafka-broker": ArtifactSet(
         name="kafka-broker",
@@ -337,6 +360,16 @@ ARTIFACT_SETS: dict[str, ArtifactSet] = {
         pom="spark-kafka.xml",
         cache_inputs=_installed_pyspark_version,
         choose_properties=_spark_kafka_version,
+        exclude_pyspark_jars=True,
+    ),
+}
+
+ON_DEMAND_SETS: dict[str, ArtifactSet] = {
+    "hadoop-aws": ArtifactSet(
+        name="hadoop-aws",
+        pom="hadoop-aws.xml",
+        cache_inputs=_pyspark_hadoop_version,
+        choose_properties=_hadoop_aws_version,
         exclude_pyspark_jars=True,
     ),
 }
