@@ -102,6 +102,26 @@ def test_each_protocol_and_write_mode_applies_every_row_exactly_once(
     assert pg_leftovers(url, unique_name) == (0, 0)
 
 
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_batch_id_column_holds_each_rows_micro_batch(
+    spark, postgres, tmp_path, unique_name, guarantee
+):
+    """The sink adds batchIdColumn; a restart continues with the next batch's id."""
+    url = postgres.endpoint.url
+    write_input_files(tmp_path / "in", APPEND_BATCHES)
+    options = sink_options(
+        postgres, unique_name, batchIdColumn="batch_id", deliveryGuarantee=guarantee
+    )
+    run_query(spark, tmp_path / "in", tmp_path / "checkpoint", options)
+    write_input_files(tmp_path / "in", [[(100, "late", 9)]])
+    run_query(spark, tmp_path / "in", tmp_path / "checkpoint", options)
+    query = f'SELECT id, batch_id FROM "{unique_name}" ORDER BY id'
+    with psycopg.connect(url) as connection:
+        written = connection.execute(query).fetchall()
+    expected = [(row[0], batch) for batch, rows in enumerate(APPEND_BATCHES) for row in rows]
+    assert written == [*expected, (100, 3)]
+
+
 def start_error(spark: Any, tmp_path: Path, options: dict[str, str]) -> str:
     """The text of the error that fails the query at start (no row may be written)."""
     write_input_files(tmp_path / "in", APPEND_BATCHES[:1])
@@ -270,6 +290,10 @@ BAD_INPUTS = {
         {"writeMode": "upsert", "upsertKeys": "order_id"},
         "upsertKeys names 'order_id', which is not a column of the DataFrame:"
         " use one of id, name, version",
+    ),
+    "batch id column clash": (
+        {"batchIdColumn": "name"},
+        "batchIdColumn 'name' is already a column of the DataFrame: name a new column",
     ),
     "missing table": (
         {"createTableIfNotExists": "false"},

@@ -180,6 +180,16 @@ def test_sqlite_url_is_made_absolute() -> None:
             " each update",
         ),
         (
+            {"writeMode": "upsert", "upsertKeys": "id", "batchIdColumn": "id"},
+            "batchIdColumn 'id' is one of the upsertKeys: name a new column",
+        ),
+        (
+            {"batchIdColumn": 'bad"name'},
+            "batchIdColumn 'bad\"name' contains a double quote or a control character, so it"
+            " cannot be quoted safely as an SQL identifier: rename it (letters, digits,"
+            " underscores)",
+        ),
+        (
             {"deliveryGuarantee": "exactly_once"},
             "deliveryGuarantee 'exactly_once' is not supported: use one of exactly-once,"
             " at-least-once",

@@ -69,6 +69,8 @@ class JdbcSinkOptions:
     write_mode: WriteMode = "append"
     upsert_keys: tuple[str, ...] = ()
     version_column: str | None = None
+    batch_id_column: str | None = None
+    """A column the sink adds and fills with each row's micro-batch id (audit trails)."""
     exactly_once: bool = True
     protocol: Protocol = "auto"
     create_table: bool = False
@@ -228,6 +230,14 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
             f"{name} only applies to writeMode=upsert: set writeMode=upsert or remove {name}"
         )
 
+    batch_id_column = options.get("batchIdColumn")
+    if batch_id_column is not None:
+        check_identifier(batch_id_column, "batchIdColumn")
+        if batch_id_column in upsert_keys:
+            raise JdbcSinkOptionError(
+                f"batchIdColumn {batch_id_column!r} is one of the upsertKeys: name a new column"
+            )
+
     guarantee = options.choice(
         "deliveryGuarantee", ("exactly-once", "at-least-once"), "exactly-once"
     )
@@ -255,6 +265,7 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         write_mode=write_mode,  # type: ignore[arg-type]
         upsert_keys=upsert_keys,
         version_column=version_column,
+        batch_id_column=batch_id_column,
         exactly_once=guarantee == "exactly-once",
         protocol=protocol,  # type: ignore[arg-type]
         create_table=options.boolean("createTableIfNotExists", False),

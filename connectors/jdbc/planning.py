@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
 from connectors.jdbc import postgres
 from connectors.jdbc import sqlite as sqlite_db
@@ -57,6 +57,7 @@ def plan_sink(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
 
 def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
     check_columns(schema)
+    schema = with_batch_id_column(options, schema)
     dialect = options.url.dialect
     for field in schema.fields:
         column_type(dialect, field)
@@ -92,6 +93,19 @@ def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
         finally:
             connection.close()
     return SinkPlan(protocol, columns, stage)
+
+
+def with_batch_id_column(options: JdbcSinkOptions, schema: StructType) -> StructType:
+    """The columns the sink writes: the DataFrame's, plus ``batchIdColumn`` if set."""
+    name = options.batch_id_column
+    if name is None:
+        return schema
+    if name in schema.fieldNames():
+        raise JdbcSinkOptionError(
+            f"batchIdColumn {name!r} is already a column of the DataFrame: name a new column"
+            " (the sink adds it and fills it with each row's micro-batch id)"
+        )
+    return StructType([*schema.fields, StructField(name, LongType(), nullable=False)])
 
 
 def _locked_tables_error(options: JdbcSinkOptions, connection: Any) -> JdbcWriteError:

@@ -74,11 +74,25 @@ class JdbcStreamWriter(TwoPhaseCommitStreamWriter):
 
     def prepare(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> PreparedPiece:
         with self._failing_clearly(f"task {task.partition_id} of batch {task.batch_id}"):
-            return self._task_writer().prepare(self.plan.protocol, task, batches)
+            return self._task_writer().prepare(
+                self.plan.protocol, task, self._with_batch_id(task, batches)
+            )
 
     def write_directly(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> int:
         with self._failing_clearly(f"task {task.partition_id} of batch {task.batch_id}"):
-            return self._task_writer().write_directly(task, batches)
+            return self._task_writer().write_directly(task, self._with_batch_id(task, batches))
+
+    def _with_batch_id(
+        self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        """Adds ``batchIdColumn``: a replay of batch N writes N again, so it stays exact."""
+        name = self.options.batch_id_column
+        if name is None:
+            return batches
+        return (
+            batch.append_column(name, pa.array([task.batch_id] * batch.num_rows, pa.int64()))
+            for batch in batches
+        )
 
     def open_resource(self) -> TransactionalResource:
         return open_resource(self.options, self.plan.protocol, self.plan.columns, self.plan.stage)
