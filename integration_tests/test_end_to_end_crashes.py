@@ -61,7 +61,7 @@ def verify(postgres, name: str, produced: Counter[str], crashes: int):
     with psycopg.connect(postgres.endpoint.url) as connection:
         current = dict(connection.execute(f'SELECT key, "count" FROM "{name}_current"').fetchall())
         history = connection.execute(
-            f'SELECT key, "count", version FROM "{name}_history"'
+            f'SELECT key, "count", version, batch_id FROM "{name}_history"'
         ).fetchall()
         leftovers = sink_leftovers(connection)
     return check_pipeline(name, crashes, produced, current, history, 0, leftovers)

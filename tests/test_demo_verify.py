@@ -5,7 +5,7 @@ from __future__ import annotations
 from eospack.demo.verify import check_pipeline, count_decreases, verification_table
 
 PRODUCED = {"a": 3, "b": 2}
-CLEAN_HISTORY = [("a", 1, 1), ("a", 3, 2), ("b", 2, 1)]
+CLEAN_HISTORY = [("a", 1, 1, 0), ("a", 3, 2, 4), ("b", 2, 1, 4)]
 
 
 def test_a_clean_pipeline_is_verified():
@@ -25,15 +25,21 @@ def test_lost_and_doubled_counts_are_reported_per_key():
 
 
 def test_a_history_row_printed_twice_is_a_duplicate():
-    history = [*CLEAN_HISTORY, ("a", 3, 2)]
+    history = [*CLEAN_HISTORY, ("a", 3, 2, 4)]
     result = check_pipeline("p", 0, PRODUCED, {"a": 3, "b": 2}, history, 0, 0)
     assert (result.duplicated, result.verified) == (1, False)
 
 
 def test_a_count_going_backwards_is_a_regression():
-    history = [("a", 3, 1), ("a", 2, 2), ("b", 2, 1)]
+    history = [("a", 3, 1, 0), ("a", 2, 2, 1), ("b", 2, 1, 0)]
     result = check_pipeline("p", 0, PRODUCED, {"a": 3, "b": 2}, history, 1, 0)
     assert result.history_regressions == 2
+
+
+def test_regressions_follow_the_micro_batch_that_printed_them():
+    history = [("a", 3, 2, 1), ("a", 2, 3, 5), ("b", 2, 1, 0)]
+    result = check_pipeline("p", 0, PRODUCED, {"a": 3, "b": 2}, history, 0, 0)
+    assert result.history_regressions == 1
 
 
 def test_leftovers_fail_the_verdict():

@@ -3,8 +3,10 @@
 Reads the events topic with replayable-kafka, keeps a per-key ``running_count`` and
 prints it with 2pc-jdbc into two tables: ``<name>_current`` (upsert, versionColumn, so a
 printed count never moves backwards) and ``<name>_history`` (append: every printed
-(key, count, version)). It runs in rounds of Trigger.AvailableNow and exits 0 after the
-first round that started once ``--done-file`` existed: by then every event is counted.
+(key, count, version) with the micro-batch that printed it). Both are long-running queries
+over one DataFrame with a ``processingTime`` trigger, as users run them; once
+``--done-file`` exists (the sources have finished), each query processes what is left and
+the driver exits 0: by then every event is counted.
 
     python -m eospack.demo.pipeline --name count_1 --bootstrap-servers ... --jdbc-url ...
 """
@@ -16,7 +18,13 @@ import os
 import time
 from pathlib import Path
 
-ROUND_TIMEOUT_SECONDS = 300.0
+POLL_SECONDS = 0.5
+MILESTONE_PREFIX = "eospack-pipeline milestone"
+"""Lines ``<prefix> <name> <unix time>`` on stdout: where a (re)start spends its time."""
+
+
+def milestone(name: str) -> None:
+    print(f"{MILESTONE_PREFIX} {name} {time.time():.3f}", flush=True)
 
 
 def source_option(text: str) -> tuple[str, str]:
@@ -38,6 +46,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--done-file", required=True, type=Path)
     parser.add_argument("--guarantee", default="exactly-once")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=2000)
+    parser.add_argument(
+        "--trigger-interval", default="500 milliseconds", help="processingTime of both queries"
+    )
     parser.add_argument(
         "--source-option",
         action="append",
@@ -65,11 +76,14 @@ def sink_options(arguments: argparse.Namespace, table: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    milestone("python")
     arguments = parse_arguments(argv)
     from eospack.spark import local_session
     from stateful_ops import running_count
 
+    milestone("imports")
     spark = local_session(app_name=f"eospack-demo-{arguments.name}")
+    milestone("session")
     events = (
         spark.readStream.format("replayable-kafka")
         .option("kafka.bootstrap.servers", arguments.bootstrap_servers)
@@ -84,31 +98,30 @@ def main(argv: list[str] | None = None) -> int:
     current = sink_options(arguments, f"{arguments.name}_current")
     current.update(writeMode="upsert", upsertKeys="key", versionColumn="version")
     history = sink_options(arguments, f"{arguments.name}_history")
-    history.update(writeMode="append")
+    history.update(writeMode="append", batchIdColumn="batch_id")
 
-    while True:
-        last_round = arguments.done_file.exists()
-        # One query at a time: with two streaming queries over one DataFrame planned at the
-        # same moment, Spark 4.3 sometimes fails a task with "Task not serializable: Illegal
-        # size N of collection, expected N+1" (a plan collection changing during its
-        # serialization), seen about once in ten restarts.
-        for table, options in (("current", current), ("history", history)):
-            query = (
-                counts.writeStream.format("2pc-jdbc")
-                .queryName(f"{arguments.name}_{table}")
-                .outputMode("append")
-                .options(**options)
-                .option("checkpointLocation", str(arguments.checkpoint_dir / table))
-                .trigger(availableNow=True)
-                .start()
-            )
-            if not query.awaitTermination(ROUND_TIMEOUT_SECONDS):
-                raise TimeoutError(f"{query.name} did not finish a round in time")
-            if query.exception() is not None:
-                raise RuntimeError(f"{query.name} failed: {query.exception()}")
-        if last_round:
-            return 0
-        time.sleep(0.2)  # pacing between rounds while the sources still produce
+    queries = [
+        counts.writeStream.format("2pc-jdbc")
+        .queryName(f"{arguments.name}_{table}")
+        .outputMode("append")
+        .options(**options)
+        .option("checkpointLocation", str(arguments.checkpoint_dir / table))
+        .trigger(processingTime=arguments.trigger_interval)
+        .start()
+        for table, options in (("current", current), ("history", history))
+    ]
+    milestone("queries")
+    while not arguments.done_file.exists():
+        spark.streams.awaitAnyTermination(POLL_SECONDS)
+        spark.streams.resetTerminated()
+        for query in queries:
+            if not query.isActive:
+                raise RuntimeError(f"{query.name} stopped: {query.exception()}")
+    # The sources have finished: count what is there, then stop.
+    for query in queries:
+        query.processAllAvailable()
+        query.stop()
+    return 0
 
 
 if __name__ == "__main__":

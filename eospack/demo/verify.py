@@ -30,25 +30,26 @@ def check_pipeline(
     crashes: int,
     produced: Mapping[str, int],
     current: Mapping[str, int],
-    history: Iterable[tuple[str, int, int]],
+    history: Iterable[tuple[str, int, int, int]],
     observed_regressions: int,
     leftovers: int,
 ) -> PipelineResult:
     """Compare a pipeline's tables with what was produced.
 
     ``current`` maps key -> printed count; ``history`` holds every printed
-    (key, count, version) row. Lost and duplicated compare per key with ``produced``; a
-    history row printed twice for the same (key, version) is a duplicate too (what
-    at-least-once delivery does on replay). A regression is a count that goes down as
-    the version goes up in the history, or a decrease seen while sampling ``current``.
+    (key, count, version, batch_id) row. Lost and duplicated compare per key with
+    ``produced``; a history row printed twice for the same (key, version) is a duplicate too
+    (what at-least-once delivery does on replay). A regression is a count that goes down as
+    the micro-batch id goes up in the history, or a decrease seen while sampling ``current``.
     """
     lost = sum(max(count - current.get(key, 0), 0) for key, count in produced.items())
     duplicated = sum(max(count - produced.get(key, 0), 0) for key, count in current.items())
-    printed = Counter((key, version) for key, _, version in history)
+    history = list(history)
+    printed = Counter((key, version) for key, _, version, _ in history)
     duplicated += sum(times - 1 for times in printed.values())
     by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for key, count, version in history:
-        by_key[key].append((version, count))
+    for key, count, _, batch_id in history:
+        by_key[key].append((batch_id, count))
     regressions = observed_regressions
     for rows in by_key.values():
         counts = [count for _, count in sorted(set(rows))]
