@@ -1,4 +1,4 @@
-"""The ``eospack`` command: ``eospack services up|fetch`` and ``eospack demo``."""
+"""The ``eospack`` command: ``eospack services up|fetch``, ``eospack demo``, ``eospack doctor``."""
 
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def demo(arguments: argparse.Namespace) -> int:
     return run_demo(arguments)
 
 
+def doctor(_: argparse.Namespace) -> int:
+    from eospack.doctor import run_doctor
+
+    return run_doctor()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eospack", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_demo_arguments(demo_parser)
     demo_parser.set_defaults(handler=demo)
+
+    doctor_parser = commands.add_parser(
+        "doctor",
+        help="check, without starting Spark, that Java fits and that Spark's automatic lookup"
+        " finds eospack's formats",
+    )
+    doctor_parser.set_defaults(handler=doctor)
     return parser
 
 

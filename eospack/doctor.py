@@ -1,0 +1,81 @@
+"""``eospack doctor``: what would stop eospack's formats from working, found without a JVM.
+
+Why: the two usual failures on a new machine, a missing or unsupported Java and formats
+that Spark's automatic lookup cannot see, otherwise show up as JVM stack traces
+(``[DATA_SOURCE_NOT_FOUND]``) only once a query runs. Each check prints one line saying
+what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import sys
+from typing import NamedTuple, TextIO
+
+# The modules Spark's lookup imports, and the format each one's DefaultSource names.
+FORMAT_MODULES = {
+    "pyspark_replayable_kafka": "replayable-kafka",
+    "pyspark_2pc_jdbc": "2pc-jdbc",
+    "pyspark_2pc_s3": "2pc-s3",
+}
+
+FORMATS_FOUND = "formats: found by Spark's automatic lookup ({formats})"
+FORMATS_NOT_FOUND = (
+    "formats: Spark's automatic lookup cannot see eospack's pyspark_* modules (installed with"
+    " pip's default editable mode, served by an import hook): call eospack.register(spark)"
+    " after creating your session, or reinstall with"
+    " pip install -e . --config-settings editable_mode=compat, or as a wheel"
+)
+
+
+class CheckResult(NamedTuple):
+    """One check: whether it passed, and the line that says so."""
+
+    passed: bool
+    line: str
+
+
+def formats_visible_to_spark() -> bool:
+    """Whether Spark's automatic lookup of Python data sources would find all three formats.
+
+    Spark 4.3 registers Python data sources by listing the top-level modules named
+    ``pyspark_*`` with ``pkgutil.iter_modules()`` in a Python worker
+    (``pyspark/sql/worker/lookup_data_sources.py``). That listing only sees modules that
+    exist as files in a ``sys.path`` entry; modules served by an import hook (a
+    ``sys.meta_path`` finder, which is how pip's default editable mode installs eospack)
+    import fine but are not listed, and ``format("2pc-jdbc")`` then fails with
+    ``DATA_SOURCE_NOT_FOUND`` unless ``eospack.register(spark)`` is called. The answer is
+    for this interpreter's ``sys.path``; Spark's workers also have their working directory
+    on it, so a job started from the project folder may find the modules anyway.
+    """
+    listed = {
+        module.name for module in pkgutil.iter_modules() if module.name.startswith("pyspark_")
+    }
+    return listed.issuperset(FORMAT_MODULES)
+
+
+def formats_check(visible: bool) -> CheckResult:
+    """The one line about the formats, given whether Spark's lookup sees them."""
+    if visible:
+        return CheckResult(True, FORMATS_FOUND.format(formats=", ".join(FORMAT_MODULES.values())))
+    return CheckResult(False, FORMATS_NOT_FOUND)
+
+
+def java_check(java_home: str | None = None) -> CheckResult:
+    """The one line about the Java Spark would start (``JAVA_HOME``, else ``java`` on PATH)."""
+    from eospack.spark import SUPPORTED_JAVA_MAJORS, JavaNotFoundError, check_java
+
+    try:
+        major = check_java(java_home)
+    except JavaNotFoundError as error:
+        return CheckResult(False, f"java: {error}")
+    supported = " or ".join(str(version) for version in SUPPORTED_JAVA_MAJORS)
+    return CheckResult(True, f"java: Java {major} (Spark 4.3 needs {supported})")
+
+
+def run_doctor(output: TextIO | None = None, java_home: str | None = None) -> int:
+    """Print one line per check (to stdout by default); return 0 when all passed, else 1."""
+    results = [java_check(java_home), formats_check(formats_visible_to_spark())]
+    for result in results:
+        print(result.line, file=output or sys.stdout, flush=True)
+    return 0 if all(result.passed for result in results) else 1

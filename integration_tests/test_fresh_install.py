@@ -1,0 +1,316 @@
+"""What a user sees after installing eospack into a fresh virtual environment.
+
+Two installs of a copy of the project, each in its own new venv, checked from a working
+directory outside the project (the current directory is on ``sys.path`` of Spark's Python
+workers and would hide the difference):
+
+- plain ``pip install -e`` (pip's default editable mode, an import hook): Spark's
+  automatic lookup misses the formats, ``eospack doctor`` says so, and
+  ``eospack.spark.local_session`` (which registers them) still writes with 2pc-jdbc;
+- a wheel: the lookup finds the formats, and a plain ``SparkSession`` writes with them.
+
+The venvs reuse this interpreter's dependencies (pyspark, pyarrow, ...) through a ``.pth``
+line naming its site-packages: such a path is appended to ``sys.path`` but the ``.pth``
+files inside it are not processed, so this project's own install does not leak in (checked
+by ``test_*_install_is_served_from_the_fresh_install``). Only eospack is built, with
+``--no-deps``, in pip's isolated build environment with the ``setuptools>=68`` that
+pyproject.toml requires, as users' pip does: this needs the package index (pip caches the
+setuptools wheel). ``--no-build-isolation`` would build with this venv's setuptools, 65.5
+here, which cannot build wheels without the ``wheel`` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eospack.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
+
+pytestmark = pytest.mark.timeout(600)
+
+PROJECT = Path(__file__).resolve().parents[1]
+# pyproject.toml's [tool.setuptools.packages.find] include (its py-modules: FORMAT_MODULES)
+PACKAGES = ("eospack", "connectors", "commit_protocols", "stateful_ops")
+FORMATS = tuple(FORMAT_MODULES.values())
+ROWS = [(1, "one"), (2, "two"), (3, "three")]
+PIP_TIMEOUT = 300
+SPARK_TIMEOUT = 240
+RESULT_PREFIX = "RESULT "
+
+# Where eospack and its pyspark_* modules come from, and how they are served.
+IMPORT_PROBE = """
+import json, sys
+import eospack, pyspark_2pc_jdbc, pyspark_2pc_s3, pyspark_replayable_kafka
+print("RESULT " + json.dumps({
+    "files": [module.__file__ for module in (
+        eospack, pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3)],
+    "sys_path": sys.path,
+    "meta_path": [getattr(finder, "__module__", "") for finder in sys.meta_path],
+}))
+"""
+
+# A Spark job as a user writes it: ``plain`` is SparkSession.builder without
+# eospack.register, ``local_session`` is eospack's helper (which registers the formats).
+# It reports the error condition ``spark.read.format(name).load()`` raises for each format
+# (an unknown format raises DATA_SOURCE_NOT_FOUND before any option is checked, from the
+# JVM as a Py4JJavaError) and, given an input directory, a database and a checkpoint,
+# streams the input through 2pc-jdbc into SQLite.
+SPARK_JOB = """
+import json, re, sys
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+session_kind = sys.argv[1]
+if session_kind == "plain":
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .getOrCreate()
+    )
+else:
+    from eospack.spark import local_session
+
+    spark = local_session(master="local[1]", shuffle_partitions=1)
+result = {"load": {}}
+for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3"):
+    try:
+        spark.read.format(name).load()
+        result["load"][name] = "loaded"
+    except Exception as error:
+        condition = error.getCondition() if isinstance(error, PySparkException) else None
+        match = re.search(r"\\[([A-Z][A-Z0-9_.]*)\\]", str(error))
+        result["load"][name] = condition or (match.group(1) if match else type(error).__name__)
+if len(sys.argv) > 2:
+    from eospack.testing import await_query
+
+    input_directory, database, checkpoint = sys.argv[2:5]
+    query = (
+        spark.readStream.schema("id BIGINT, name STRING").json(input_directory)
+        .writeStream.format("2pc-jdbc")
+        .option("url", "jdbc:sqlite:" + database)
+        .option("dbtable", "numbers")
+        .option("createTableIfNotExists", "true")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, 180)
+    result["written"] = True
+spark.stop()
+print("RESULT " + json.dumps(result))
+"""
+
+
+@dataclass(frozen=True)
+class FreshInstall:
+    """A new venv with eospack installed from ``source``; commands run in ``workdir``."""
+
+    venv: Path
+    source: Path
+    workdir: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def site_packages(self) -> Path:
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        return self.venv / "lib" / version / "site-packages"
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment as an activated venv sees it, without Python overrides."""
+        environment = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in {"PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
+        }
+        environment["VIRTUAL_ENV"] = str(self.venv)
+        environment["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{environment.get('PATH', '')}"
+        return environment
+
+    def run(self, arguments: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            arguments,
+            cwd=self.workdir,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def run_python(self, script: str, *arguments: str, timeout: float) -> dict[str, Any]:
+        """Run ``script`` with the venv's python; return the JSON of its RESULT line."""
+        path = self.workdir / "job.py"
+        path.write_text(script)
+        completed = self.run([str(self.python), str(path), *arguments], timeout)
+        results = [
+            line[len(RESULT_PREFIX) :]
+            for line in completed.stdout.splitlines()
+            if line.startswith(RESULT_PREFIX)
+        ]
+        assert completed.returncode == 0 and results, (
+            f"{path.name} {' '.join(arguments)} exited {completed.returncode}:\n"
+            f"{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}"
+        )
+        return dict(json.loads(results[-1]))
+
+    def write_rows(
+        self, session_kind: str, directory: Path
+    ) -> tuple[dict[str, str], list[tuple[Any, ...]]]:
+        """Stream ROWS through 2pc-jdbc into a new SQLite file.
+
+        Returns what loading each format raised, and the rows of the table.
+        """
+        input_directory = directory / "input"
+        input_directory.mkdir(parents=True)
+        (input_directory / "part-0.json").write_text(
+            "".join(json.dumps({"id": key, "name": name}) + "\n" for key, name in ROWS)
+        )
+        database = directory / "sink.db"
+        result = self.run_python(
+            SPARK_JOB,
+            session_kind,
+            str(input_directory),
+            str(database),
+            str(directory / "checkpoint"),
+            timeout=SPARK_TIMEOUT,
+        )
+        assert result["written"] is True
+        with sqlite3.connect(database) as connection:
+            rows = connection.execute("SELECT id, name FROM numbers ORDER BY id").fetchall()
+        return result["load"], rows
+
+
+def copy_project(destination: Path) -> Path:
+    """Copy what the build needs, so that building never writes into the repository."""
+    destination.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", *(f"{module}.py" for module in FORMAT_MODULES)):
+        shutil.copy2(PROJECT / name, destination / name)
+    for package in PACKAGES:
+        shutil.copytree(
+            PROJECT / package,
+            destination / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+        )
+    return destination
+
+
+def create_venv(root: Path) -> FreshInstall:
+    """A new venv that sees this interpreter's site-packages, and its own working directory."""
+    venv = root / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", str(venv)], check=True, timeout=PIP_TIMEOUT, cwd=root
+    )
+    workdir = root / "work"
+    workdir.mkdir()
+    install = FreshInstall(venv=venv, source=copy_project(root / "source"), workdir=workdir)
+    (install.site_packages / "eospack-test-dependencies.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n"
+    )
+    return install
+
+
+def pip(install: FreshInstall, *arguments: str) -> None:
+    completed = install.run([str(install.python), "-m", "pip", *arguments], PIP_TIMEOUT)
+    assert completed.returncode == 0, (
+        f"pip {' '.join(arguments)}:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+    )
+
+
+@pytest.fixture(scope="module")
+def editable_install(tmp_path_factory: pytest.TempPathFactory) -> FreshInstall:
+    install = create_venv(tmp_path_factory.mktemp("editable"))
+    pip(install, "install", "--no-deps", "-e", str(install.source))
+    return install
+
+
+@pytest.fixture(scope="module")
+def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> FreshInstall:
+    install = create_venv(tmp_path_factory.mktemp("wheel"))
+    wheels = install.workdir.parent / "wheels"
+    pip(install, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(install.source))
+    (wheel,) = wheels.glob("eospack-*.whl")
+    pip(install, "install", "--no-deps", str(wheel))
+    return install
+
+
+def assert_not_from_the_project(probe: dict[str, Any]) -> None:
+    """The project's own install (a path .pth naming the project) must not have leaked in."""
+    assert str(PROJECT) not in probe["sys_path"]
+    for file in probe["files"]:
+        assert not Path(file).is_relative_to(PROJECT), file
+
+
+def doctor_lines(install: FreshInstall) -> tuple[int, list[str]]:
+    completed = install.run([str(install.venv / "bin" / "eospack"), "doctor"], timeout=120)
+    assert completed.stderr == "", completed.stderr
+    return completed.returncode, completed.stdout.splitlines()
+
+
+def test_editable_install_is_served_from_the_fresh_install_by_an_import_hook(
+    editable_install: FreshInstall,
+) -> None:
+    probe = editable_install.run_python(IMPORT_PROBE, timeout=120)
+    assert_not_from_the_project(probe)
+    for file in probe["files"]:
+        assert Path(file).is_relative_to(editable_install.source), file
+    assert str(editable_install.source) not in probe["sys_path"]
+    assert any(module.startswith("__editable__") for module in probe["meta_path"]), probe
+
+
+def test_doctor_says_spark_cannot_see_an_editable_install(editable_install: FreshInstall) -> None:
+    exit_code, lines = doctor_lines(editable_install)
+    assert exit_code == 1
+    assert len(lines) == 2 and lines[0].startswith("java: Java "), lines
+    assert lines[1] == FORMATS_NOT_FOUND
+
+
+def test_plain_session_cannot_find_the_formats_of_an_editable_install(
+    editable_install: FreshInstall,
+) -> None:
+    result = editable_install.run_python(SPARK_JOB, "plain", timeout=SPARK_TIMEOUT)
+    assert result["load"] == dict.fromkeys(FORMATS, "DATA_SOURCE_NOT_FOUND")
+
+
+def test_local_session_registers_and_writes_with_an_editable_install(
+    editable_install: FreshInstall, tmp_path: Path
+) -> None:
+    load, rows = editable_install.write_rows("local_session", tmp_path)
+    assert load == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
+    assert rows == ROWS
+
+
+def test_wheel_install_is_served_from_the_fresh_install(wheel_install: FreshInstall) -> None:
+    probe = wheel_install.run_python(IMPORT_PROBE, timeout=120)
+    assert_not_from_the_project(probe)
+    for file in probe["files"]:
+        assert Path(file).is_relative_to(wheel_install.site_packages), file
+
+
+def test_doctor_finds_everything_in_a_wheel_install(wheel_install: FreshInstall) -> None:
+    exit_code, lines = doctor_lines(wheel_install)
+    assert exit_code == 0
+    assert len(lines) == 2 and lines[0].startswith("java: Java "), lines
+    assert lines[1] == FORMATS_FOUND.format(formats=", ".join(FORMATS))
+
+
+def test_plain_session_finds_and_writes_with_a_wheel_install(
+    wheel_install: FreshInstall, tmp_path: Path
+) -> None:
+    load, rows = wheel_install.write_rows("plain", tmp_path)
+    # found: the error is eospack's own (no options given, or no reader), raised in Python
+    assert load == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
+    assert rows == ROWS

@@ -1,0 +1,90 @@
+"""``eospack doctor`` without fresh venvs: the lookup check, its lines and the exit code."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from eospack import doctor
+from eospack.cli import main
+from eospack.doctor import (
+    FORMAT_MODULES,
+    FORMATS_NOT_FOUND,
+    formats_check,
+    formats_visible_to_spark,
+    run_doctor,
+)
+
+
+def test_formats_are_visible_to_spark_in_this_environment() -> None:
+    assert formats_visible_to_spark()
+
+
+@pytest.mark.parametrize(
+    ("files", "visible"),
+    [(list(FORMAT_MODULES), True), (list(FORMAT_MODULES)[:2], False), ([], False)],
+)
+def test_visibility_follows_what_sys_path_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: list[str], visible: bool
+) -> None:
+    for module in files:
+        (tmp_path / f"{module}.py").write_text("")
+    # the real modules stay importable (already imported), as under an import hook
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert formats_visible_to_spark() is visible
+
+
+def test_format_names_are_those_the_modules_register() -> None:
+    import pyspark_2pc_jdbc
+    import pyspark_2pc_s3
+    import pyspark_replayable_kafka
+
+    modules = (pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3)
+    assert {module.__name__: module.DefaultSource.name() for module in modules} == FORMAT_MODULES
+
+
+def test_found_formats_are_named_in_one_line() -> None:
+    assert formats_check(True) == (
+        True,
+        "formats: found by Spark's automatic lookup (replayable-kafka, 2pc-jdbc, 2pc-s3)",
+    )
+
+
+def test_unseen_formats_give_one_line_with_the_remedies() -> None:
+    passed, line = formats_check(False)
+    assert not passed
+    assert line == FORMATS_NOT_FOUND
+    assert "\n" not in line
+    assert line.startswith("formats: Spark's automatic lookup cannot see")
+    for remedy in ("eospack.register(spark)", "--config-settings editable_mode=compat", "wheel"):
+        assert remedy in line
+
+
+def test_doctor_fails_when_spark_cannot_see_the_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor, "formats_visible_to_spark", lambda: False)
+    output = io.StringIO()
+    assert run_doctor(output) == 1
+    lines = output.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("java: Java ")
+    assert lines[1] == FORMATS_NOT_FOUND
+
+
+def test_doctor_fails_with_one_line_when_java_is_missing(tmp_path: Path) -> None:
+    output = io.StringIO()
+    assert run_doctor(output, java_home=str(tmp_path)) == 1
+    assert output.getvalue().splitlines()[0] == (
+        "java: Java was not found: install Java 17 or 21"
+        " (e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME to one"
+    )
+
+
+def test_cli_doctor_passes_in_this_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("java: Java ")
+    assert lines[1].startswith("formats: found by Spark's automatic lookup")
