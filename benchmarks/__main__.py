@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.harness import Report, say
 
 ROOT = Path(__file__).resolve().parent.parent
-ALL = ("source", "jdbc", "latency", "stateful", "recovery", "s3", "e2e")
+ALL = ("source", "jdbc", "latency", "stateful", "recovery", "s3", "e2e", "event-latency")
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
@@ -48,7 +48,7 @@ def main() -> int:
     if quick and arguments.only is None:
         selected.discard("e2e")
     started = time.monotonic()
-    from benchmarks import jdbc_sink, kafka_source, pipeline, s3_sink, stateful
+    from benchmarks import jdbc_sink, kafka_source, latency, pipeline, s3_sink, stateful
     from eospack.services import start_kafka, start_postgres, start_s3
     from eospack.spark import local_session
 
@@ -117,6 +117,8 @@ def main() -> int:
             )
         if "recovery" in selected:
             pipeline.recovery(report, bootstrap, postgres, repetitions, warm_up=not quick)
+        if "event-latency" in selected:
+            latency.run(report, bootstrap, postgres, quick)
         if "e2e" in selected:
             events = 20_000 if quick else 150_000
             pipeline.end_to_end(report, bootstrap, postgres, events, repetitions)

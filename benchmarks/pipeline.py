@@ -10,6 +10,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ def fill_keyed_topic(bootstrap: str, topic: str, events: int, keys: int = 1000) 
 
 
 def pipeline(name: str, bootstrap: str, topic: str, postgres: Any, workdir: Path,
-             guarantee: str, per_trigger: int, done: bool) -> DriverProcess:  # fmt: skip
+             guarantee: str, per_trigger: int, done: bool,
+             extra: Sequence[str] = ()) -> DriverProcess:  # fmt: skip
+    """The demo's pipeline as its own driver process; ``extra`` are more of its arguments."""
     done_file = workdir / f"{name}.done"
     if done:
         done_file.touch()
@@ -62,6 +65,7 @@ def pipeline(name: str, bootstrap: str, topic: str, postgres: Any, workdir: Path
             guarantee,
             "--max-offsets-per-trigger",
             str(per_trigger),
+            *extra,
         ],
         log_path=workdir / f"{name}.log",
     )
@@ -160,6 +164,7 @@ def recovery(
         for repetition in range(0 if warm_up else 1, repetitions + 1):
             workdir = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
             name = f"bench_recovery_{repetition}_{int(time.time())}"
+
             def start(name: str = name, workdir: Path = workdir) -> DriverProcess:
                 return pipeline(
                     name, bootstrap, topic, postgres, workdir, "exactly-once", 2000, False

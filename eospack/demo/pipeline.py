@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 POLL_SECONDS = 0.5
+TABLES = ("current", "history")
 MILESTONE_PREFIX = "eospack-pipeline milestone"
 """Lines ``<prefix> <name> <unix time>`` on stdout: where a (re)start spends its time."""
 
@@ -48,6 +49,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=2000)
     parser.add_argument(
         "--trigger-interval", default="500 milliseconds", help="processingTime of both queries"
+    )
+    parser.add_argument(
+        "--tables",
+        nargs="+",
+        choices=TABLES,
+        default=list(TABLES),
+        help="which of the two queries to run (the latency benchmark runs history only)",
     )
     parser.add_argument(
         "--source-option",
@@ -95,20 +103,21 @@ def main(argv: list[str] | None = None) -> int:
         .selectExpr("CAST(key AS STRING) AS key")
     )
     counts = running_count(events, "key", output_mode="append")
-    current = sink_options(arguments, f"{arguments.name}_current")
-    current.update(writeMode="upsert", upsertKeys="key", versionColumn="version")
-    history = sink_options(arguments, f"{arguments.name}_history")
-    history.update(writeMode="append", batchIdColumn="batch_id")
+    table_options = {
+        "current": {"writeMode": "upsert", "upsertKeys": "key", "versionColumn": "version"},
+        "history": {"writeMode": "append", "batchIdColumn": "batch_id"},
+    }
 
     queries = [
         counts.writeStream.format("2pc-jdbc")
         .queryName(f"{arguments.name}_{table}")
         .outputMode("append")
-        .options(**options)
+        .options(**sink_options(arguments, f"{arguments.name}_{table}"))
+        .options(**table_options[table])
         .option("checkpointLocation", str(arguments.checkpoint_dir / table))
         .trigger(processingTime=arguments.trigger_interval)
         .start()
-        for table, options in (("current", current), ("history", history))
+        for table in arguments.tables
     ]
     milestone("queries")
     while not arguments.done_file.exists():
