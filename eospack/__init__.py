@@ -7,6 +7,13 @@ same by hand, and is needed where Spark's lookup cannot see the modules: after a
 lookup of ``pyspark_*`` modules does not see), or where automatic lookup is turned off.
 Every entry point of eospack (``eospack.spark.local_session``, the demo, the benchmarks)
 calls it.
+
+``register`` also closes a Spark race (``docs/spark-python-datasource-envvars-race.md``):
+two streaming queries reading one Python data source, started at the same moment, insert
+the same keys into that source's one shared, unsynchronised environment map; a lost
+insert leaves the map one entry short of its size, and every later task that carries the
+source fails with "Task not serializable: Illegal size N of collection, expected N+1".
+Registering fills in those keys before any query runs, so later writers only overwrite.
 """
 
 from __future__ import annotations
@@ -27,3 +34,39 @@ def register(spark: SparkSession) -> None:
 
     for source in (KafkaSource, JdbcSource, S3Source):
         spark.dataSource.register(source)
+        _prime_environment(spark, source.name())
+
+
+# The keys Spark 4.3's PythonStreamingSourceRunner.init() puts into the environment map of
+# the data source it starts (``PythonFunction.envVars``, shared by every query of the
+# session that uses the format); planner and executor runners write to copies.
+SOURCE_RUNNER_KEYS = (
+    "SPARK_LOCAL_DIRS",
+    "SPARK_AUTH_SOCKET_TIMEOUT",
+    "SPARK_BUFFER_SIZE",
+    "SPARK_PYTHON_RUNTIME",
+)
+
+
+def _prime_environment(spark: SparkSession, format_name: str) -> None:
+    """Insert SOURCE_RUNNER_KEYS into ``format_name``'s shared environment map now, so that
+    concurrent query starts never change the map's structure (a put of a present key only
+    replaces its value). The values are Spark's settings; the runner overwrites them with
+    its own (the block manager's directories under the local dirs) before it starts a
+    worker, and every other runner copies the map first."""
+    jvm_session = spark._jsparkSession  # type: ignore[attr-defined]
+    conf = jvm_session.sparkContext().conf()
+    local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)  # type: ignore[attr-defined]
+    values = {
+        "SPARK_LOCAL_DIRS": ",".join(local_dirs),
+        "SPARK_AUTH_SOCKET_TIMEOUT": str(
+            conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s")
+        ),
+        "SPARK_BUFFER_SIZE": str(conf.getSizeAsBytes("spark.buffer.size", "65536")),
+        "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER",
+    }
+    manager = jvm_session.sessionState().dataSourceManager()
+    environment = manager.lookupDataSource(format_name).dataSourceCls().envVars()
+    for key in SOURCE_RUNNER_KEYS:
+        if not environment.containsKey(key):
+            environment.put(key, values[key])

@@ -44,3 +44,18 @@ def test_wrong_java_version_is_reported(tmp_path):
     java.chmod(0o755)
     with pytest.raises(JavaNotFoundError, match="needs Java 17 or 21 but found Java 25"):
         check_java(java_home=str(tmp_path))
+
+
+def test_registration_fills_the_keys_concurrent_query_starts_would_insert(spark):
+    """Spark's source runner puts these keys into the format's shared environment map at
+    every query start; present beforehand, concurrent starts only overwrite values and the
+    map never loses an entry (docs/spark-python-datasource-envvars-race.md)."""
+    import eospack
+
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3"):
+        environment = manager.lookupDataSource(name).dataSourceCls().envVars()
+        present = set(environment.keySet().toArray())
+        assert present >= set(eospack.SOURCE_RUNNER_KEYS), name
+        assert environment.get("SPARK_PYTHON_RUNTIME") == "PYTHON_WORKER"
+        assert all(environment.get(key) for key in eospack.SOURCE_RUNNER_KEYS), name
