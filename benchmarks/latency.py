@@ -152,6 +152,8 @@ class VisibilityWatcher(threading.Thread):
 def batch_ranges(checkpoint: Path, topic: str) -> dict[int, dict[int, tuple[int, int]]]:
     """Batch id -> partition -> [start, end) offsets, from the query's offset log."""
     ranges: dict[int, dict[int, tuple[int, int]]] = {}
+    if not (checkpoint / "offsets").is_dir():
+        return ranges
     for entry in (checkpoint / "offsets").iterdir():
         if not entry.name.isdigit():
             continue
@@ -247,7 +249,7 @@ def run_guarantee(
                 raise RuntimeError(f"pipeline exited early:\n{driver.output(3000)}")
             if watcher.error is not None:
                 raise RuntimeError(f"polling PostgreSQL failed: {watcher.error}")
-            ranges = batch_ranges(checkpoint, topic) if checkpoint.is_dir() else {}
+            ranges = batch_ranges(checkpoint, topic)
             covered = sum(
                 end - start
                 for batch, partitions in ranges.items()
