@@ -27,13 +27,19 @@ __version__ = "0.1.0"
 
 
 def register(spark: SparkSession) -> None:
-    """Register replayable-kafka, 2pc-jdbc and 2pc-s3 with ``spark``."""
+    """Make replayable-kafka, 2pc-jdbc and 2pc-s3 usable in ``spark``, safely for queries
+    started together: each is registered unless Spark's automatic lookup found it, and its
+    environment map is primed (see the module's docstring)."""
     from pyspark_2pc_jdbc import DefaultSource as JdbcSource
     from pyspark_2pc_s3 import DefaultSource as S3Source
     from pyspark_replayable_kafka import DefaultSource as KafkaSource
 
+    manager = spark._jsparkSession.sessionState().dataSourceManager()  # type: ignore[attr-defined]
     for source in (KafkaSource, JdbcSource, S3Source):
-        spark.dataSource.register(source)
+        # Found by the automatic lookup: registering again would only make Spark warn
+        # that it "replaced a statically registered data source".
+        if not manager.dataSourceExists(source.name()):
+            spark.dataSource.register(source)
         _prime_environment(spark, source.name())
 
 
