@@ -45,6 +45,7 @@ FORMATS = tuple(FORMAT_MODULES.values())
 ROWS = [(1, "one"), (2, "two"), (3, "three")]
 PIP_TIMEOUT = 300
 SPARK_TIMEOUT = 240
+DEMO_TIMEOUT = 540
 RESULT_PREFIX = "RESULT "
 
 # Where eospack and its pyspark_* modules come from, and how they are served.
@@ -314,3 +315,20 @@ def test_plain_session_finds_and_writes_with_a_wheel_install(
     # found: the error is eospack's own (no options given, or no reader), raised in Python
     assert load == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
     assert rows == ROWS
+
+
+def test_demo_runs_to_verified_from_an_editable_install(editable_install: FreshInstall) -> None:
+    """The issue's first-run check: plain ``pip install -e .`` then ``eospack demo``.
+
+    Small (3,000 events, one crash) to keep CI short; the full default run is in README.
+    """
+    demo = [str(editable_install.venv / "bin" / "eospack"), "demo", "--crashes", "1"]
+    demo += ["--events", "3000", "--produce-seconds", "10"]
+    completed = editable_install.run(demo, timeout=DEMO_TIMEOUT)
+    output = completed.stdout
+    assert completed.returncode == 0, f"{output[-4000:]}\n{completed.stderr[-4000:]}"
+    assert "VERIFIED: both counters equal what was produced, exactly once" in output
+    assert "SIGKILL count_1 (crash 1/1)" in output
+    table = {line.split("  ")[0].strip(): line.split()[-2:] for line in output.splitlines()}
+    assert table["counted"] == ["3000", "3000"]
+    assert table["crashes"] == ["1", "0"]

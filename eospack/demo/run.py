@@ -7,6 +7,11 @@ its last start; on a fast machine while the sources still produce) and restarted
 checkpoint; count_2 is left alone. Both count while events flow (long-running queries with a
 processingTime trigger); when the sources stop, both count what is left and exit, and the
 verdict compares their tables with what was produced.
+
+The sources hold back after a first chunk until both pipelines have committed their first
+batch: a fresh Spark driver's first micro-batch takes 10-40 s on a 2-core machine (JVM
+warm-up and Spark's Python planner processes; see README, "Speed"), and a demo whose events
+were all produced before anything counted would not show counting while events flow.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ if TYPE_CHECKING:
 
 PIPELINE_DEADLINE_SECONDS = 600.0
 CHUNKS_PER_SECOND = 4
+CATCH_UP_OFFSETS_PER_TRIGGER = 10_000
+"""Per query and micro-batch: a restarted counter catches up in a batch or two."""
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +56,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--produce-seconds",
         type=float,
         default=None,
-        help="spread production over this long (default: 20 s per crash, at least 30 s)",
+        help="spread production over this long (default: 15 s per crash, at least 30 s)",
     )
     parser.add_argument(
         "--guarantee",
@@ -95,6 +102,8 @@ class Producer(threading.Thread):
         self.produced: Counter[str] = Counter()
         self.sent = 0
         self.error: BaseException | None = None
+        self.flowing = threading.Event()
+        """Set by the orchestrator once both pipelines run; the rest waits for it."""
 
     def run(self) -> None:
         from eospack.services.kafka_tools import Record, produce_sealed
@@ -108,6 +117,9 @@ class Producer(threading.Thread):
                 size = min(per_chunk, self.arguments.events - self.sent)
                 if size <= 0:
                     break
+                if chunk == 1:
+                    self.flowing.wait(PIPELINE_DEADLINE_SECONDS)
+                    started = time.monotonic() - 1 / CHUNKS_PER_SECOND
                 source = f"source-{chunk % 2 + 1}"
                 records = []
                 for index in range(size):
@@ -189,10 +201,10 @@ def _run(
     create_topic(bootstrap, topic, arguments.partitions)
     names = [f"demo_{run_id}_count_1", f"demo_{run_id}_count_2"]
     done_file = workdir / "sources-finished"
-    seconds = arguments.produce_seconds or max(30.0, 20.0 * arguments.crashes)
+    seconds = arguments.produce_seconds or max(30.0, 15.0 * arguments.crashes)
     say(
         f"{arguments.events} events over {arguments.keys} keys into {topic}"
-        f" ({arguments.partitions} partitions) during ~{seconds:.0f} s;"
+        f" ({arguments.partitions} partitions) during ~{seconds:.0f} s once both counters run;"
         f" {arguments.crashes} crashes of count_1; sinks {arguments.guarantee}"
     )
 
@@ -201,6 +213,7 @@ def _run(
             "-m", "eospack.demo.pipeline", "--name", name, "--bootstrap-servers", bootstrap,
             "--topic", topic, "--jdbc-url", jdbc_url, "--checkpoint-dir", str(workdir / name),
             "--done-file", str(done_file), "--guarantee", arguments.guarantee,
+            "--max-offsets-per-trigger", str(CATCH_UP_OFFSETS_PER_TRIGGER),
         ]  # fmt: skip
         if jdbc_user:
             command += ["--jdbc-user", jdbc_user]
@@ -231,6 +244,11 @@ def _run(
             done_file.touch()
             say(f"sources finished: {producer.sent} events; counting what is left")
         _sample(database_url, names, timeline)
+        if not producer.flowing.is_set() and all(
+            committed_batches(workdir / name) > 0 for name in names
+        ):
+            producer.flowing.set()
+            say("both counters committed their first batch; the sources produce the rest")
 
         batches = committed_batches(workdir / crashed_name)
         if crashes < arguments.crashes and crashed_name not in finished:

