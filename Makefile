@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install fetch demo test test-unit lint bench bench-deps bench-quick services clean
+.PHONY: install fetch demo test test-unit lint bench bench-quick services clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,17 +40,10 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Spark's own JDBC writer (a baseline) needs the PostgreSQL JDBC driver from Debian.
-JDBC_JAR := /usr/share/java/postgresql.jar
-bench-deps:
-	@test -f $(JDBC_JAR) || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
-		&& apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java; } \
-		|| echo "note: $(JDBC_JAR) missing; Spark's JDBC writer baseline will be skipped"
-
-bench: $(STAMP) bench-deps fetch
+bench: $(STAMP) fetch
 	$(PY) -m benchmarks $(ARGS)
 
-bench-quick: $(STAMP) bench-deps fetch
+bench-quick: $(STAMP) fetch
 	$(PY) -m benchmarks --quick $(ARGS)
 
 services: $(STAMP)

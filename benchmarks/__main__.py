@@ -2,9 +2,10 @@
 
 Every benchmark runs its contenders in the same process, on the same data and the same
 embedded services, and reports medians of the repetitions after one warm-up. Spark's own
-JVM connectors are the peers: ``format("kafka")`` for the source and the Parquet file sink
-on S3A for 2pc-s3; their jars (``spark-kafka``, ``hadoop-aws``) come through mvn on first
-use, and a peer whose jars cannot be resolved is left out with a note. Results go to
+JVM connectors are the peers: ``format("kafka")`` for the source, Spark's JDBC writer for
+2pc-jdbc and the Parquet file sink on S3A for 2pc-s3; their jars (``spark-kafka``,
+``postgresql-jdbc``, ``hadoop-aws``) come through mvn on first use, and a peer whose jars
+cannot be resolved is left out with a note. Results go to
 ``benchmarks/results/<date>.md`` and the summary table into README.md.
 """
 
@@ -65,11 +66,13 @@ def main() -> int:
         s3 = start_s3(bucket="eospack-bench")
         services.append(s3)
         conf = {}
-        if jdbc_sink.POSTGRES_JDBC_JAR.exists():
-            conf["spark.jars"] = str(jdbc_sink.POSTGRES_JDBC_JAR)
         jars = {}
-        for name, wanted in (("spark-kafka", "source"), ("hadoop-aws", "s3")):
-            if wanted in selected:
+        for name, wanted in (
+            ("spark-kafka", {"source", "recovery"}),
+            ("hadoop-aws", {"s3"}),
+            ("postgresql-jdbc", {"jdbc", "recovery"}),
+        ):
+            if wanted & selected:
                 jars[name] = peer_jars(name, report)
         if jars.get("hadoop-aws"):
             conf.update(s3_sink.s3a_settings(s3.endpoint))
@@ -104,7 +107,10 @@ def main() -> int:
                 )
         if "jdbc" in selected:
             sizes = [100_000] if quick else [100_000, 300_000, 1_000_000]
-            jdbc_sink.run(report, spark, postgres, workdir, sizes, repetitions)
+            jdbc_sink.run(
+                report, spark, postgres, workdir, sizes, repetitions,
+                spark_writer=bool(jars.get("postgresql-jdbc")),
+            )  # fmt: skip
         if "latency" in selected:
             jdbc_sink.commit_latency(report, spark, postgres, workdir, 20 if quick else 100)
         if "stateful" in selected:
@@ -116,7 +122,13 @@ def main() -> int:
                 report, spark, s3, workdir, rows, repetitions, s3a=bool(jars.get("hadoop-aws"))
             )
         if "recovery" in selected:
-            pipeline.recovery(report, bootstrap, postgres, repetitions, warm_up=not quick)
+            peer = [*jars.get("spark-kafka", []), *jars.get("postgresql-jdbc", [])]
+            if not (jars.get("spark-kafka") and jars.get("postgresql-jdbc")):
+                report.notes.append("recovery: Spark's own pipeline left out (jars missing)")
+                peer = []
+            pipeline.recovery(
+                report, bootstrap, postgres, repetitions, warm_up=not quick, peer_jars=peer
+            )
         if "event-latency" in selected:
             latency.run(report, bootstrap, postgres, quick)
         if "e2e" in selected:

@@ -19,7 +19,6 @@ from connectors.jdbc.postgres import csv_ready
 from eospack.testing import await_query
 
 TIMEOUT = 1200.0
-POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 TABLE_DDL = "(id bigint, name text, amount double precision, at timestamptz)"
 
 
@@ -105,12 +104,21 @@ CONTENDERS = {
 }
 
 
-def run(report: Report, spark, postgres, workdir: Path, sizes: list[int], repetitions: int) -> None:
+def run(
+    report: Report,
+    spark,
+    postgres,
+    workdir: Path,
+    sizes: list[int],
+    repetitions: int,
+    spark_writer: bool,
+) -> None:
+    """``spark_writer``: the session has PostgreSQL's JDBC driver, so Spark's writer runs."""
     by_size: dict[str, dict[int, Figure]] = {}
     for rows in sizes:
         directory = parquet_directory(workdir / f"rows-{rows}", rows)
         say(f"jdbc: {rows:,} rows in {-(-rows // ROWS_PER_FILE)} micro-batches into PostgreSQL")
-        figures = _run_size(report, spark, postgres, directory, rows, repetitions)
+        figures = _run_size(report, spark, postgres, directory, rows, repetitions, spark_writer)
         for label, figure in figures.items():
             by_size.setdefault(label, {})[rows] = figure
     if len(sizes) > 1:
@@ -119,7 +127,13 @@ def run(report: Report, spark, postgres, workdir: Path, sizes: list[int], repeti
 
 
 def _run_size(
-    report: Report, spark, postgres, directory: Path, rows: int, repetitions: int
+    report: Report,
+    spark,
+    postgres,
+    directory: Path,
+    rows: int,
+    repetitions: int,
+    spark_writer: bool,
 ) -> dict[str, Figure]:
     table = f"bench_jdbc_{rows}"
     figures = {}
@@ -140,7 +154,7 @@ def _run_size(
         rows,
     )  # fmt: skip
     size = f"{rows:,} rows"
-    if POSTGRES_JDBC_JAR.exists():
+    if spark_writer:
         say("jdbc: Spark's JDBC writer in foreachBatch (batchsize 10000)")
         spark_writer = Figure(
             "Spark JDBC writer",
@@ -155,10 +169,7 @@ def _run_size(
                 Comparison("2. jdbc sink vs Spark writer", size, figures[label], spark_writer, 2.0)
             )
     else:
-        report.notes.append(
-            f"{POSTGRES_JDBC_JAR} missing (apt-get install libpostgresql-jdbc-java):"
-            " Spark's JDBC writer was not measured"
-        )
+        report.notes.append("jar set postgresql-jdbc missing: Spark's JDBC writer was not measured")
     at_least_once = figures["2pc-jdbc at-least-once"]
     for label in ("2pc-jdbc prepared", "2pc-jdbc staging"):
         report.add(Comparison("2. exactly-once cost", size, figures[label], at_least_once, 0.85))

@@ -144,11 +144,29 @@ def phases(marks: dict[str, float], total: float) -> dict[str, float]:
     return result
 
 
+def spark_pipeline(name: str, bootstrap: str, topic: str, postgres: Any, workdir: Path,
+                   jars: Sequence[Path]) -> DriverProcess:  # fmt: skip
+    """The peer: the same pipeline with Spark's Kafka source, state and JDBC writer."""
+    command = [
+        "-m", "benchmarks.spark_pipeline", "--bootstrap-servers", bootstrap,
+        "--topic", topic, "--jdbc-url", postgres.endpoint.jdbc_url,
+        "--jdbc-user", postgres.endpoint.user, "--checkpoint-dir", str(workdir / name),
+        "--jars", ",".join(str(jar) for jar in jars),
+    ]  # fmt: skip
+    return DriverProcess(command, log_path=workdir / f"{name}.log")
+
+
 def recovery(
-    report: Report, bootstrap: str, postgres: Any, repetitions: int, warm_up: bool = True
+    report: Report,
+    bootstrap: str,
+    postgres: Any,
+    repetitions: int,
+    warm_up: bool = True,
+    peer_jars: Sequence[Path] = (),
 ) -> None:
     """Seconds from a driver's launch to its first commit: after a SIGKILL during a steady
-    stream, versus a fresh start, with where the time goes.
+    stream, versus a fresh start, with where the time goes; with ``peer_jars`` (Spark's
+    Kafka connector and PostgreSQL's JDBC driver) the same for Spark's own pipeline.
 
     Repetition 0 warms the machine up (JVM files, Python bytecode) and is not reported,
     unless ``warm_up`` is False (quick runs).
@@ -157,9 +175,10 @@ def recovery(
     create_topic(bootstrap, topic, 4)
     producer = SteadyProducer(bootstrap, topic, RECOVERY_RATE)
     producer.start()
-    fresh, restarted = [], []
+    fresh, restarted, peer_fresh, peer_restarted = [], [], [], []
     fresh_phases: list[dict[str, float]] = []
     restart_phases: list[dict[str, float]] = []
+    peer_phases: list[dict[str, float]] = []
     try:
         for repetition in range(0 if warm_up else 1, repetitions + 1):
             workdir = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
@@ -170,27 +189,37 @@ def recovery(
                     name, bootstrap, topic, postgres, workdir, "exactly-once", 2000, False
                 )
 
-            say(f"recovery: repetition {repetition} (0 is the warm-up): fresh start")
-            launched = time.time()
-            driver = start()
-            first = seconds_to_next_commit(driver, workdir / name, 0)
-            first_marks = milestones(driver, launched)
-            seconds_to_next_commit(driver, workdir / name, committed_batches(workdir / name))
-            driver.kill()
-            say("recovery: SIGKILLed mid-stream; restarting from the checkpoint")
-            already = committed_batches(workdir / name)
-            launched = time.time()
-            driver = start()
-            again = seconds_to_next_commit(driver, workdir / name, already)
-            again_marks = milestones(driver, launched)
-            driver.kill()
-            if producer.error is not None:
-                raise RuntimeError(f"the steady producer failed: {producer.error}")
-            if repetition > 0:
-                fresh.append(first)
-                restarted.append(again)
-                fresh_phases.append(phases(first_marks, first))
-                restart_phases.append(phases(again_marks, again))
+            def start_peer(name: str = f"{name}_spark", workdir: Path = workdir) -> DriverProcess:
+                return spark_pipeline(name, bootstrap, topic, postgres, workdir, peer_jars)
+
+            contenders = [("eospack", start, fresh, restarted, fresh_phases, restart_phases)]
+            if peer_jars:
+                contenders.append(
+                    ("Spark's own", start_peer, peer_fresh, peer_restarted, [], peer_phases)
+                )
+            for label, launch, firsts, agains, first_phases, again_phases in contenders:
+                checkpoint = workdir / (name if label == "eospack" else f"{name}_spark")
+                say(f"recovery: repetition {repetition} (0 is the warm-up): {label}, fresh start")
+                launched = time.time()
+                driver = launch()
+                first = seconds_to_next_commit(driver, checkpoint, 0)
+                first_marks = milestones(driver, launched)
+                seconds_to_next_commit(driver, checkpoint, committed_batches(checkpoint))
+                driver.kill()
+                say(f"recovery: {label} SIGKILLed mid-stream; restarting from the checkpoint")
+                already = committed_batches(checkpoint)
+                launched = time.time()
+                driver = launch()
+                again = seconds_to_next_commit(driver, checkpoint, already)
+                again_marks = milestones(driver, launched)
+                driver.kill()
+                if producer.error is not None:
+                    raise RuntimeError(f"the steady producer failed: {producer.error}")
+                if repetition > 0:
+                    firsts.append(first)
+                    agains.append(again)
+                    first_phases.append(phases(first_marks, first))
+                    again_phases.append(phases(again_marks, again))
     finally:
         producer.stopped.set()
         producer.join(30)
@@ -215,6 +244,17 @@ def recovery(
         )
     )
 
+    if peer_restarted:
+        report.add(
+            Comparison(
+                "5. recovery: restart to first commit",
+                f"demo pipeline, {RECOVERY_RATE:,} events/s",
+                Figure("restart after SIGKILL", tuple(restarted), 1, "s"),
+                Figure("Spark's own pipeline, restart", tuple(peer_restarted), 1, "s"),
+                higher_is_better=False,
+            )
+        )
+
     def breakdown(samples: list[dict[str, float]]) -> str:
         return ", ".join(
             f"{PHASES[phase]} {statistics.median(s[phase] for s in samples):.1f} s"
@@ -226,6 +266,12 @@ def recovery(
         f" {RECOVERY_RATE:,}/s throughout; medians. Restart: {breakdown(restart_phases)}."
         f" Fresh start: {breakdown(fresh_phases)}."
     )
+    if peer_phases:
+        report.notes.append(
+            "recovery peer: Spark's own pipeline (Kafka source from spark-sql-kafka,"
+            " groupBy(key).count(), Spark's JDBC writer in foreachBatch, at-least-once), two"
+            f" queries like the demo pipeline's. Restart: {breakdown(peer_phases)}."
+        )
 
 
 def end_to_end(

@@ -4,7 +4,8 @@ Why: Apache Kafka (the test broker), Spark's own Kafka connector and S3A exist o
 Maven artifacts. They serve tests, the demo and benchmarks; eospack itself needs only pip
 and Java. Each set has its own pom shipped in the package (``eospack/services/poms``).
 ``ARTIFACT_SETS`` are what ``eospack services fetch`` fetches; ``ON_DEMAND_SETS`` (S3A, whose
-AWS SDK bundle is ~690 MB) are fetched only when something resolves them.
+AWS SDK bundle is ~690 MB, and PostgreSQL's JDBC driver) are fetched only when a benchmark
+resolves them.
 
 Guarantees: ``resolve_classpath`` returns paths of jars that exist. The first call for a
 set runs ``mvn`` (its output streams to stderr, so downloads show progress) into a Maven
@@ -87,8 +88,8 @@ def is_cached(name: str) -> bool:
 
 
 def resolve_classpath(name: str, progress: TextIO | None = None) -> list[Path]:
-    """The jars of the set ``name`` (``kafka-broker``, ``spark-kafka``, ``hadoop-aws``),
-    fetching once.
+    """The jars of the set ``name`` (``kafka-broker``, ``spark-kafka``, ``hadoop-aws``,
+    ``postgresql-jdbc``), fetching once.
 
     ``progress`` receives mvn's output while a fetch runs (default: stderr).
     """
@@ -365,6 +366,12 @@ ARTIFACT_SETS: dict[str, ArtifactSet] = {
 }
 
 ON_DEMAND_SETS: dict[str, ArtifactSet] = {
+    "postgresql-jdbc": ArtifactSet(
+        name="postgresql-jdbc",
+        pom="postgresql-jdbc.xml",
+        cache_inputs=dict,
+        choose_properties=_no_properties,
+    ),
     "hadoop-aws": ArtifactSet(
         name="hadoop-aws",
         pom="hadoop-aws.xml",
