@@ -30,8 +30,9 @@ from typing import Literal, TypeVar
 FAULT_DIRECTORY_VARIABLE = "EOSPACK_FAULT_DIR"
 INJECTED_LOG = "injected.log"
 
-Mode = Literal["before", "after", "stall", "crash"]
-MODES: tuple[Mode, ...] = ("before", "after", "stall", "crash")
+Mode = Literal["before", "after", "stall", "crash", "kill-executor", "slow"]
+MODES: tuple[Mode, ...] = ("before", "after", "stall", "crash", "kill-executor", "slow")
+EXECUTOR_MAIN_CLASS = "CoarseGrainedExecutorBackend"
 
 Result = TypeVar("Result")
 
@@ -101,19 +102,44 @@ def run_call(
     the action applies, then the connection is lost and ``error`` raised (the answer is
     lost). ``stall``: the call hangs ``stall_seconds``, then fails like ``before`` (a client
     timeout). ``crash``: the action applies, then this process is SIGKILLed (a Python
-    worker, or the driver, dying right after the call).
+    worker, or the driver, dying right after the call). Two modes for a cluster's
+    executors: ``kill-executor``: the action applies, then the executor JVM that runs this
+    Python worker is SIGKILLed, and the worker with it (a lost executor); ``slow``: the
+    call waits ``stall_seconds`` and then applies normally (a straggler, for speculation).
     """
     fault = claim(call, batch_id)
     if fault is None:
         return action()
-    if fault.mode in ("after", "crash"):
+    if fault.mode == "slow":
+        time.sleep(fault.stall_seconds)
+        return action()
+    if fault.mode in ("after", "crash", "kill-executor"):
         action()
-        if fault.mode == "crash":
+        if fault.mode == "kill-executor":
+            kill_executor()
+        if fault.mode in ("crash", "kill-executor"):
             os.kill(os.getpid(), signal.SIGKILL)
     elif fault.mode == "stall":
         time.sleep(fault.stall_seconds)
     lose_connection()
     raise error(fault.describe())
+
+
+def kill_executor() -> None:
+    """SIGKILL the executor JVM among this process's ancestors; refuse in any other process
+    (in ``local[N]`` the nearest JVM is the driver, which a test kills by fault points)."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            status = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        if EXECUTOR_MAIN_CLASS.encode() in command:
+            os.kill(pid, signal.SIGKILL)
+            return
+        pid = int(status.rsplit(")", 1)[1].split()[1])
+    raise RuntimeError(f"kill-executor fault: no {EXECUTOR_MAIN_CLASS} among the ancestors")
 
 
 def arm(

@@ -131,9 +131,14 @@ def inject_fault(request: Any, event_name: str, **_: Any) -> None:
     if fault is None:
         return None
     endpoint = f"{request.url.split('?', 1)[0]} ({fault.describe()})"
-    if fault.mode in ("after", "crash"):
+    if fault.mode == "slow":
+        time.sleep(fault.stall_seconds)
+        return None
+    if fault.mode in ("after", "crash", "kill-executor"):
         _send_raw(request)
-        if fault.mode == "crash":
+        if fault.mode == "kill-executor":
+            faults.kill_executor()
+        if fault.mode in ("crash", "kill-executor"):
             os.kill(os.getpid(), signal.SIGKILL)
         raise ConnectionClosedError(endpoint_url=endpoint)
     if fault.mode == "stall":

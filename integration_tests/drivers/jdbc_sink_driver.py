@@ -24,6 +24,7 @@ from eospack.spark import local_session
 from integration_tests.jdbc_fixtures import stream_input
 
 CHECKPOINT_CONF = "spark.sql.streaming.checkpointLocation"
+EXECUTORS_LINE = "executors at the end: "
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -38,6 +39,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-mode", default="append")
     parser.add_argument("--lock-timeout", default=None)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
     return parser.parse_args(argv)
 
 
@@ -70,8 +74,12 @@ def start_query(spark: Any, arguments: argparse.Namespace) -> Any:
 
 def main() -> int:
     arguments = parse_arguments()
-    spark = local_session(app_name="jdbc-crash-driver", master=arguments.master)
+    conf = dict(setting.split("=", 1) for setting in arguments.conf)
+    spark = local_session(app_name="jdbc-crash-driver", master=arguments.master, conf=conf)
     start_query(spark, arguments).awaitTermination()
+    # the driver is in the list too: what a cluster test checks it ran on
+    executors = len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) - 1
+    print(f"{EXECUTORS_LINE}{executors}", flush=True)
     spark.stop()
     return 0
 
