@@ -34,6 +34,13 @@ def register(spark: SparkSession) -> None:
     from pyspark_2pc_s3 import DefaultSource as S3Source
     from pyspark_replayable_kafka import DefaultSource as KafkaSource
 
+    if is_spark_connect(spark):
+        # A Connect client sees no JVM: it cannot ask whether the server's lookup found a
+        # format, nor prime the server's maps. Registering sends each class to the server
+        # (which imports eospack to load it); README, "Spark Connect".
+        for source in (KafkaSource, JdbcSource, S3Source):
+            spark.dataSource.register(source)
+        return
     manager = spark._jsparkSession.sessionState().dataSourceManager()  # type: ignore[attr-defined]
     for source in (KafkaSource, JdbcSource, S3Source):
         # Found by the automatic lookup: registering again would only make Spark warn
@@ -41,6 +48,11 @@ def register(spark: SparkSession) -> None:
         if not manager.dataSourceExists(source.name()):
             spark.dataSource.register(source)
         _prime_environment(spark, source.name())
+
+
+def is_spark_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 # The keys Spark 4.3's PythonStreamingSourceRunner.init() puts into the environment map of
