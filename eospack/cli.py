@@ -1,4 +1,5 @@
-"""The ``eospack`` command: ``eospack services up|fetch``, ``eospack demo``, ``eospack doctor``."""
+"""The ``eospack`` command: ``eospack services up|fetch``, ``eospack demo``, ``eospack doctor``,
+``eospack supervise MODULE:FUNCTION``."""
 
 from __future__ import annotations
 
@@ -84,6 +85,99 @@ def doctor(_: argparse.Namespace) -> int:
     return run_doctor()
 
 
+DURATION_UNITS_SECONDS = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """``500ms``, ``10s``, ``2min`` or ``1h`` as seconds (argparse type)."""
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in DURATION_UNITS_SECONDS or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 500ms, 10s, 2min")
+    return value * DURATION_UNITS_SECONDS[unit]
+
+
+def supervise(arguments: argparse.Namespace) -> int:
+    """Import MODULE:FUNCTION, run the queries it starts, restart them by the strategy."""
+    import importlib
+    import logging
+
+    from eospack.supervisor import (
+        ExponentialDelay,
+        FailureRate,
+        FixedDelay,
+        PermanentQueryError,
+        RestartsExhaustedError,
+        RestartStrategy,
+    )
+    from eospack.supervisor import supervise as run_supervised
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    module_name, _, function_name = arguments.target.partition(":")
+    if not module_name or not function_name:
+        print(f"eospack supervise: {arguments.target!r} is not MODULE:FUNCTION", file=sys.stderr)
+        return 2
+    sys.path.insert(0, ".")
+    start_queries = getattr(importlib.import_module(module_name), function_name)
+    strategy: RestartStrategy
+    try:
+        if arguments.strategy == "fixed-delay":
+            attempts = 3 if arguments.attempts is None else arguments.attempts
+            strategy = FixedDelay(attempts, arguments.delay)
+        elif arguments.strategy == "exponential-delay":
+            strategy = ExponentialDelay(
+                arguments.initial_backoff, arguments.max_backoff, arguments.backoff_multiplier,
+                arguments.reset_backoff_after, arguments.attempts,
+            )  # fmt: skip
+        else:
+            strategy = FailureRate(
+                arguments.max_failures_per_interval, arguments.failure_rate_interval,
+                arguments.delay,
+            )  # fmt: skip
+    except ValueError as error:
+        print(f"eospack supervise: {error}", file=sys.stderr)
+        return 2
+    try:
+        restarts = run_supervised(start_queries, strategy)
+    except (PermanentQueryError, RestartsExhaustedError) as error:
+        print(f"eospack supervise: {error}", file=sys.stderr)
+        return 1
+    print(f"eospack supervise: the queries ended after {restarts} restarts", flush=True)
+    return 0
+
+
+def add_supervise_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="MODULE:FUNCTION that builds and starts the queries")
+    parser.add_argument(
+        "--strategy",
+        choices=["fixed-delay", "exponential-delay", "failure-rate"],
+        default="fixed-delay",
+    )
+    parser.add_argument(
+        "--attempts", type=int, default=None,
+        help="restarts in all (fixed-delay, default 3) or in a row (exponential-delay)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--delay", type=duration_seconds, default=10.0,
+        help="wait before each restart (fixed-delay, failure-rate; 10s)",
+    )  # fmt: skip
+    parser.add_argument("--initial-backoff", type=duration_seconds, default=1.0)
+    parser.add_argument("--max-backoff", type=duration_seconds, default=300.0)
+    parser.add_argument("--backoff-multiplier", type=float, default=2.0)
+    parser.add_argument(
+        "--reset-backoff-after", type=duration_seconds, default=3600.0,
+        help="a run up this long resets the backoff (exponential-delay; 1h)",
+    )  # fmt: skip
+    parser.add_argument("--max-failures-per-interval", type=int, default=3)
+    parser.add_argument("--failure-rate-interval", type=duration_seconds, default=300.0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eospack", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -110,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
         " finds eospack's formats",
     )
     doctor_parser.set_defaults(handler=doctor)
+
+    supervise_parser = commands.add_parser(
+        "supervise",
+        help="run the queries MODULE:FUNCTION starts and restart them by a Flink-style"
+        " strategy; errors no restart can fix stop at once",
+    )
+    add_supervise_arguments(supervise_parser)
+    supervise_parser.set_defaults(handler=supervise)
     return parser
 
 
