@@ -1,5 +1,5 @@
 """The ``eospack`` command: ``eospack services up|fetch``, ``eospack demo``, ``eospack doctor``,
-``eospack supervise MODULE:FUNCTION``."""
+``eospack supervise MODULE:FUNCTION``, ``eospack checkpoint inspect PATH``."""
 
 from __future__ import annotations
 
@@ -152,6 +152,43 @@ def supervise(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def checkpoint(arguments: argparse.Namespace) -> int:
+    """Print what a checkpoint holds (and a 2pc-jdbc sink's ledger and leftovers)."""
+    from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
+
+    jdbc = None
+    if arguments.jdbc_url or arguments.table:
+        if not (arguments.jdbc_url and arguments.table):
+            print(
+                "eospack checkpoint inspect: give --jdbc-url and --table together", file=sys.stderr
+            )
+            return 2
+        jdbc = {"url": arguments.jdbc_url, "dbtable": arguments.table}
+        if arguments.user:
+            jdbc["user"] = arguments.user
+        if arguments.sink_id:
+            jdbc["sinkId"] = arguments.sink_id
+    try:
+        report = inspect_checkpoint(arguments.path, jdbc)
+    except (CheckpointInspectError, ValueError, ConnectionError) as error:
+        print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
+        return 1
+    print(report.to_json() if arguments.json else report.to_text(), flush=True)
+    return 0
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["inspect"])
+    parser.add_argument("path", help="the query's checkpointLocation (a path or file:// URI)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL)")
+    parser.add_argument("--table", help="the 2pc-jdbc sink's dbtable")
+    parser.add_argument(
+        "--user", help="database user (password from EOSPACK_JDBC_PASSWORD, never an argument)"
+    )
+    parser.add_argument("--sink-id", help="the sink's sinkId option, if the query set one")
+
+
 def add_supervise_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="MODULE:FUNCTION that builds and starts the queries")
     parser.add_argument(
@@ -212,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_supervise_arguments(supervise_parser)
     supervise_parser.set_defaults(handler=supervise)
+
+    checkpoint_parser = commands.add_parser(
+        "checkpoint",
+        help="inspect a streaming checkpoint: batches, offsets, state, and a 2pc-jdbc sink's"
+        " ledger and leftovers (reads only)",
+    )
+    add_checkpoint_arguments(checkpoint_parser)
+    checkpoint_parser.set_defaults(handler=checkpoint)
     return parser
 
 

@@ -1,0 +1,70 @@
+"""``eospack checkpoint inspect`` on a real checkpoint: after a driver was SIGKILLed with
+batch 1 prepared, and after the restart that cleaned it up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eospack.checkpoint import inspect_checkpoint
+from eospack.cli import main
+from integration_tests.test_jdbc_faults import Pipeline
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(300)
+def test_inspect_shows_a_crashed_querys_leftovers_then_a_clean_checkpoint(
+    spark: Any, postgres: Any, tmp_path: Path, unique_name: str, call_faults: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    pipeline = Pipeline(postgres, tmp_path, unique_name, call_faults)
+    pipeline.crash("--protocol", "prepared", fault_point="after_prepare@1")
+    checkpoint = tmp_path / "checkpoint"
+    sink = {
+        "url": postgres.endpoint.jdbc_url,
+        "dbtable": unique_name,
+        "user": postgres.endpoint.user,
+    }
+
+    crashed = inspect_checkpoint(checkpoint, sink)
+    assert [(batch.batch_id, batch.committed) for batch in crashed.batches] == [
+        (0, True),
+        (1, False),
+    ]
+    assert all(batch.source_offsets for batch in crashed.batches)
+    (ledger,) = crashed.sinks
+    assert [
+        (row["batch_id"], row["status"], row["rows"], row["pieces"]) for row in ledger.batches
+    ] == [(0, "done", 6, 2)]
+    assert len(ledger.prepared_transactions) == 2
+    assert all(f"-{ledger.sink_id}-1-" in gid for gid in ledger.prepared_transactions)
+    assert ledger.cleanup.startswith("start the query again from this checkpoint")
+    text = crashed.to_text()
+    assert "1: NOT committed (replayed at restart)" in text
+    assert "left behind: 2 prepared transactions, 0 staged rows" in text
+
+    final = pipeline.run(spark, "--protocol", "prepared")
+    assert final.succeeded, final.explain()
+    exit_code = main([
+        "checkpoint", "inspect", checkpoint.as_uri(), "--json", "--jdbc-url",
+        postgres.endpoint.jdbc_url, "--table", unique_name, "--user", postgres.endpoint.user,
+    ])  # fmt: skip
+    assert exit_code == 0
+    clean = json.loads(capsys.readouterr().out)
+    assert [batch["committed"] for batch in clean["batches"]] == [True] * 4
+    (sink_report,) = clean["sinks"]
+    assert [row["status"] for row in sink_report["batches"]] == ["done"] * 4
+    assert sink_report["prepared_transactions"] == [] and sink_report["staged_rows"] == 0
+    assert sink_report["cleanup"] == "nothing to clean"
+
+
+def test_inspect_refuses_a_directory_that_is_no_checkpoint_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoint", "inspect", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "is not a streaming checkpoint" in error
