@@ -27,24 +27,30 @@ __version__ = "0.1.0"
 
 
 def register(spark: SparkSession) -> None:
-    """Make replayable-kafka, 2pc-jdbc and 2pc-s3 usable in ``spark``, safely for queries
-    started together: each is registered unless Spark's automatic lookup found it, and its
-    environment map is primed (see the module's docstring)."""
+    """Make replayable-kafka, 2pc-jdbc and 2pc-s3 usable in ``spark``: each is registered
+    unless Spark's automatic lookup found it (registering it again would only make Spark
+    warn that it "replaced a statically registered data source").
+
+    In a classic session each format's environment map is then primed against Spark's race
+    of queries started together (see the module's docstring). A Spark Connect session is
+    served as well, without the priming: its client has no JVM, so the maps live in the
+    server, out of reach (``spark._jsparkSession`` raises there). It asks the server
+    whether it resolves each format and registers the missing ones with
+    ``spark.dataSource.register``, which sends the class to the server; the server must
+    import eospack to load it. Connect registrations last as long as the Connect session.
+    """
     from pyspark_2pc_jdbc import DefaultSource as JdbcSource
     from pyspark_2pc_s3 import DefaultSource as S3Source
     from pyspark_replayable_kafka import DefaultSource as KafkaSource
 
+    sources = (KafkaSource, JdbcSource, S3Source)
     if is_spark_connect(spark):
-        # A Connect client sees no JVM: it cannot ask whether the server's lookup found a
-        # format, nor prime the server's maps. Registering sends each class to the server
-        # (which imports eospack to load it); README, "Spark Connect".
-        for source in (KafkaSource, JdbcSource, S3Source):
-            spark.dataSource.register(source)
+        for source in sources:
+            if not connect_server_resolves(spark, source.name()):
+                spark.dataSource.register(source)
         return
     manager = spark._jsparkSession.sessionState().dataSourceManager()  # type: ignore[attr-defined]
-    for source in (KafkaSource, JdbcSource, S3Source):
-        # Found by the automatic lookup: registering again would only make Spark warn
-        # that it "replaced a statically registered data source".
+    for source in sources:
         if not manager.dataSourceExists(source.name()):
             spark.dataSource.register(source)
         _prime_environment(spark, source.name())
@@ -53,6 +59,21 @@ def register(spark: SparkSession) -> None:
 def is_spark_connect(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def connect_server_resolves(spark: SparkSession, format_name: str) -> bool:
+    """Whether the server of Connect session ``spark`` finds ``format_name`` (by its
+    automatic lookup or a registration in this session). Analysing a read with a given
+    schema looks the format up without starting the data source: milliseconds, no Python
+    process. Errors other than "not found" are raised."""
+    try:
+        spark.read.schema("probe INT").format(format_name).load().schema  # noqa: B018
+    except Exception as error:
+        condition = getattr(error, "getCondition", None)
+        if callable(condition) and condition() == "DATA_SOURCE_NOT_FOUND":
+            return False
+        raise
+    return True
 
 
 # The keys Spark 4.3's PythonStreamingSourceRunner.init() puts into the environment map of

@@ -66,9 +66,11 @@ class SparkConnectServer:
             raise
 
     def stop(self) -> None:
-        """SIGKILL the server's process group (its JVM and Python workers) and wait."""
+        """SIGKILL the server's process group (its JVM and Python workers), wait, and remove
+        its log."""
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.process.wait(timeout=30)
+        self.log_file.unlink(missing_ok=True)

@@ -40,12 +40,14 @@ def test_inspect_shows_a_crashed_querys_leftovers_then_a_clean_checkpoint(
     assert [
         (row["batch_id"], row["status"], row["rows"], row["pieces"]) for row in ledger.batches
     ] == [(0, "done", 6, 2)]
-    assert len(ledger.prepared_transactions) == 2
+    # The first task past PREPARE kills the driver; the other one may not have prepared yet.
+    prepared = len(ledger.prepared_transactions)
+    assert prepared in (1, 2), ledger.prepared_transactions
     assert all(f"-{ledger.sink_id}-1-" in gid for gid in ledger.prepared_transactions)
     assert ledger.cleanup.startswith("start the query again from this checkpoint")
     text = crashed.to_text()
     assert "1: NOT committed (replayed at restart)" in text
-    assert "left behind: 2 prepared transactions, 0 staged rows" in text
+    assert f"left behind: {prepared} prepared transactions, 0 staged rows" in text
 
     final = pipeline.run(spark, "--protocol", "prepared")
     assert final.succeeded, final.explain()
