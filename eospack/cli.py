@@ -177,6 +177,53 @@ def checkpoint(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def savepoint(arguments: argparse.Namespace) -> int:
+    """Create a savepoint of a stopped query, or prepare a new checkpoint from one."""
+    from eospack.savepoint import SavepointError, create_savepoint, describe, restore_savepoint
+
+    command = f"eospack savepoint {arguments.action}"
+    try:
+        if arguments.action == "create":
+            from eospack.spark import local_session
+
+            print(f"{command}: reading the state of {arguments.source} with Spark", flush=True)
+            manifest = create_savepoint(
+                local_session("eospack savepoint"), arguments.source, arguments.target
+            )
+            print(f"{command}: wrote {arguments.target}\n{describe(manifest)}", flush=True)
+        else:
+            manifest = restore_savepoint(arguments.source, arguments.target, arguments.mode)
+            print(
+                f"{command}: {arguments.target} is ready ({arguments.mode})\n"
+                f"{describe(manifest)}\n"
+                "Start the query with checkpointLocation set to it, taking its starting"
+                " offsets and initial state from\n"
+                f"  restored = eospack.savepoint.RestoredCheckpoint({str(arguments.target)!r})\n"
+                '  .option("startingOffsets", restored.starting_offsets())\n'
+                "  running_count(..., initial_state=restored.initial_state())",
+                flush=True,
+            )
+    except (SavepointError, OSError) as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["create", "restore"])
+    parser.add_argument(
+        "source", help="create: the stopped query's checkpointLocation; restore: the savepoint"
+    )
+    parser.add_argument(
+        "target", help="create: a new directory for the savepoint; restore: a new checkpoint"
+    )
+    parser.add_argument(
+        "--mode", choices=["no-claim", "claim"], default="no-claim",
+        help="restore: no-claim copies the savepoint and never changes it (default); claim"
+        " moves it into the new checkpoint, which owns it from then on",
+    )  # fmt: skip
+
+
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["inspect"])
     parser.add_argument("path", help="the query's checkpointLocation (a path or file:// URI)")
@@ -257,6 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_checkpoint_arguments(checkpoint_parser)
     checkpoint_parser.set_defaults(handler=checkpoint)
+
+    savepoint_parser = commands.add_parser(
+        "savepoint",
+        help="create a savepoint of a stopped query (last committed batch: offsets and per-key"
+        " state), or restore one into a new checkpoint (no-claim or claim)",
+    )
+    add_savepoint_arguments(savepoint_parser)
+    savepoint_parser.set_defaults(handler=savepoint)
     return parser
 
 

@@ -11,6 +11,7 @@ from stateful_ops.errors import (
     StatefulOpsError,
     StateSchemaMismatchError,
 )
+from stateful_ops.initial_state import InitialState
 from stateful_ops.operators import (
     Deduplicate,
     RunningAggregate,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_KEY_GROUPS",
     "Clock",
     "Deduplicate",
+    "InitialState",
     "OperatorDefinitionError",
     "RunningAggregate",
     "RunningCount",

@@ -22,6 +22,7 @@ another state schema therefore fails the first batch with input rows, whichever 
 in the stateful stage, which runs before the sink's batch commit. Markers never reach
 ``update``, ``on_timeout`` or the output. A checkpoint written before settings markers existed
 has no settings row; its first batch with rows records the settings of the restarted query.
+Starting from given state (``initial_state``, a savepoint's keys): see ``initial_state``.
 Limits: each batch rewrites the whole state row of every bucket that received rows, so
 snapshot size grows with keys per bucket (see README for figures).
 """
@@ -52,6 +53,7 @@ from pyspark.sql.types import (
 
 from stateful_ops import state_codec
 from stateful_ops.errors import OperatorDefinitionError
+from stateful_ops.initial_state import InitialState, load_key_group, split_by_key_group
 from stateful_ops.validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
 
 # Spark's applyInPandasWithState worker pads its output with an all-NA frame before a
@@ -156,6 +158,7 @@ class StatefulOperator:
         key: str | Sequence[str],
         key_groups: int = DEFAULT_KEY_GROUPS,
         output_mode: str | None = None,
+        initial_state: InitialState | None = None,
     ) -> None:
         if output_mode is not None:
             if output_mode not in ("update", "append"):
@@ -171,8 +174,16 @@ class StatefulOperator:
             raise OperatorDefinitionError(
                 f"{self.name}: timeout={self.timeout!r}; use one of {', '.join(_TIMEOUTS)}"
             )
+        if initial_state is not None and not isinstance(initial_state, InitialState):
+            raise OperatorDefinitionError(
+                f"{self.name}: initial_state={initial_state!r}; pass"
+                " RestoredCheckpoint(checkpointLocation).initial_state() or None"
+            )
         self.key = key
         self.key_groups = key_groups
+        self.initial_state = initial_state
+        # Set by apply() when initial_state is given: the per-key-group split to load from.
+        self.bootstrap_directory: str | None = None
         # False only to reproduce checkpoints written before settings markers existed (tests).
         self.emit_settings_markers = True
         self.keys: tuple[str, ...] = ()
@@ -240,6 +251,9 @@ class StatefulOperator:
         self.validate(df)
         prepared = self.prepare(df)
         self.bind(keys, without_marker(prepared.schema))
+        if self.initial_state is not None:
+            self.emit_settings_markers = True
+            self.bootstrap_directory = split_by_key_group(df.sparkSession, self.initial_state, self)
         result = (
             self.bucketed(prepared)
             .groupBy(KEY_GROUP_COLUMN)
@@ -276,6 +290,13 @@ class StatefulOperator:
                 prepared = prepared.where(~F.col(MARKER_COLUMN)).drop(MARKER_COLUMN)
             return prepared.withColumn(KEY_GROUP_COLUMN, self.key_group_column())
         marked = prepared if MARKER_COLUMN in prepared.columns else with_settings_markers(prepared)
+        if self.bootstrap_directory is not None:
+            # Bootstrap markers: each marker also visits every key group (it stays flagged).
+            every_group = [SETTINGS_KEY_GROUP, *range(self.key_groups)]
+            targets = F.when(
+                F.col(MARKER_COLUMN), F.array(*[F.lit(group) for group in every_group])
+            ).otherwise(F.array(self.key_group_column()))
+            return marked.withColumn(KEY_GROUP_COLUMN, F.explode(targets))
         key_group = F.when(F.col(MARKER_COLUMN), F.lit(SETTINGS_KEY_GROUP)).otherwise(
             self.key_group_column()
         )
@@ -295,14 +316,18 @@ class StatefulOperator:
             processing_time_ms=state.getCurrentProcessingTimeMs(),
             watermark_ms=state.getCurrentWatermarkMs() if self.timeout == "event" else None,
         )
-        stored = self.load(state)
+        if self.bootstrap_directory is not None:
+            frames = (frame[~frame[MARKER_COLUMN]] for frame in frames)
         if state.hasTimedOut:
             for _ in frames:
                 pass
-            new_state, output = self.on_timeout(stored, clock)
+            new_state, output = self.on_timeout(self.load(state, bucket[0]), clock)
         else:
             rows = self.fold(frames)
-            new_state, output = self.update(rows, stored, clock)
+            if not len(rows) and state.exists and self.bootstrap_directory is not None:
+                self.rearm(state, clock)  # only bootstrap markers: nothing changes
+                return
+            new_state, output = self.update(rows, self.load(state, bucket[0]), clock)
         self.save(state, new_state, clock)
         if len(output):
             yield output[list(self.out_schema.names)]
@@ -334,8 +359,22 @@ class StatefulOperator:
         blob = state_codec.encode(self.empty_state(), self.arrow_state_schema)
         state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
 
-    def load(self, state: GroupState) -> pd.DataFrame:
-        return self.load_value(state.get) if state.exists else self.empty_state()
+    def load(self, state: GroupState, key_group: int) -> pd.DataFrame:
+        """The bucket's stored keys; for a bucket without state, its initial state if any."""
+        if state.exists:
+            return self.load_value(state.get)
+        if self.bootstrap_directory is not None:
+            initial = load_key_group(self.bootstrap_directory, key_group, self.arrow_state_schema)
+            if initial is not None:
+                return canonical(initial, self.state_schema.fields)
+        return self.empty_state()
+
+    def rearm(self, state: GroupState, clock: Clock) -> None:
+        """Set the stored state's timeout again (Spark clears it on every call)."""
+        if self.timeout != "none":
+            stored = self.load_value(state.get)
+            if len(stored):
+                self.set_timeout(state, stored, clock)
 
     def load_value(self, value: tuple[Any, ...]) -> pd.DataFrame:
         """Decode a stored group state row into the per-key state table."""
@@ -343,12 +382,18 @@ class StatefulOperator:
         return canonical(table, self.state_schema.fields)
 
     def save(self, state: GroupState, new_state: pd.DataFrame, clock: Clock) -> None:
-        if not len(new_state):
+        """Store ``new_state``; an empty one removes the row, except while bootstrapping,
+        where the row must stay to say that the bucket's initial state was loaded."""
+        if not len(new_state) and self.bootstrap_directory is None:
             state.remove()
             return
         blob = state_codec.encode(new_state[list(self.state_schema.names)], self.arrow_state_schema)
         state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
-        wake_up = self.wake_up_ms(new_state, clock)
+        if len(new_state):
+            self.set_timeout(state, new_state, clock)
+
+    def set_timeout(self, state: GroupState, stored: pd.DataFrame, clock: Clock) -> None:
+        wake_up = self.wake_up_ms(stored, clock)
         if wake_up is None:
             return
         if self.timeout == "processing":

@@ -43,6 +43,7 @@ from pyspark.sql.types import (
 
 from stateful_ops.base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
 from stateful_ops.errors import OperatorDefinitionError
+from stateful_ops.initial_state import InitialState
 from stateful_ops.validation import (
     INTEGRAL_TYPES,
     NUMERIC_TYPES,
@@ -252,8 +253,9 @@ class RunningAggregate(StatefulOperator):
         aggs: Mapping[str, str | Sequence[str]],
         key_groups: int = DEFAULT_KEY_GROUPS,
         output_mode: str | None = None,
+        initial_state: InitialState | None = None,
     ) -> None:
-        super().__init__(key, key_groups, output_mode)
+        super().__init__(key, key_groups, output_mode, initial_state)
         if not isinstance(aggs, Mapping) or not aggs:
             raise OperatorDefinitionError(
                 f'{self.name}: aggs={aggs!r}; pass a mapping like {{"amount": ["sum", "max"]}}'
@@ -440,8 +442,9 @@ class Deduplicate(StatefulOperator):
         ttl: object,
         event_time: str | None = None,
         key_groups: int = DEFAULT_KEY_GROUPS,
+        initial_state: InitialState | None = None,
     ) -> None:
-        super().__init__(key, key_groups)
+        super().__init__(key, key_groups, initial_state=initial_state)
         self.ttl_us = duration_ms(self.name, "ttl", ttl) * 1000
         self.event_time = event_time
         self.timeout = "event" if event_time is not None else "processing"
@@ -513,8 +516,9 @@ class Sessionize(StatefulOperator):
         event_time: str,
         gap: object,
         key_groups: int = DEFAULT_KEY_GROUPS,
+        initial_state: InitialState | None = None,
     ) -> None:
-        super().__init__(key, key_groups)
+        super().__init__(key, key_groups, initial_state=initial_state)
         self.gap_us = duration_ms(self.name, "gap", gap) * 1000
         self.event_time = event_time
 
@@ -585,6 +589,7 @@ def running_count(
     *,
     key_groups: int = DEFAULT_KEY_GROUPS,
     output_mode: str = "update",
+    initial_state: InitialState | None = None,
 ) -> DataFrame:
     """Key column(s), ``count`` and ``version`` per key changed in the batch.
 
@@ -592,8 +597,13 @@ def running_count(
     ``"append"`` for Python data source sinks such as 2pc-jdbc and 2pc-s3, which Spark
     runs in Append mode only. The emitted rows are the same in both: each is one
     (key, count, version) fact that is never retracted.
+
+    ``initial_state``: per-key state to start from, from a savepoint
+    (``RestoredCheckpoint(checkpointLocation).initial_state()``; see ``initial_state``).
     """
-    return RunningCount(key, key_groups=key_groups, output_mode=output_mode).apply(df)
+    return RunningCount(
+        key, key_groups=key_groups, output_mode=output_mode, initial_state=initial_state
+    ).apply(df)
 
 
 def running_aggregate(
@@ -603,12 +613,15 @@ def running_aggregate(
     *,
     key_groups: int = DEFAULT_KEY_GROUPS,
     output_mode: str = "update",
+    initial_state: InitialState | None = None,
 ) -> DataFrame:
     """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
 
-    ``output_mode``: as for ``running_count`` (``"append"`` for the 2PC sinks).
+    ``output_mode``, ``initial_state``: as for ``running_count``.
     """
-    return RunningAggregate(key, aggs, key_groups=key_groups, output_mode=output_mode).apply(df)
+    return RunningAggregate(
+        key, aggs, key_groups=key_groups, output_mode=output_mode, initial_state=initial_state
+    ).apply(df)
 
 
 def deduplicate(
@@ -618,9 +631,12 @@ def deduplicate(
     event_time: str | None = None,
     *,
     key_groups: int = DEFAULT_KEY_GROUPS,
+    initial_state: InitialState | None = None,
 ) -> DataFrame:
     """First row per key within ``ttl`` (processing time, or event time with a watermark)."""
-    return Deduplicate(key, ttl, event_time, key_groups=key_groups).apply(df)
+    return Deduplicate(
+        key, ttl, event_time, key_groups=key_groups, initial_state=initial_state
+    ).apply(df)
 
 
 def sessionize(
@@ -630,6 +646,9 @@ def sessionize(
     gap: object,
     *,
     key_groups: int = DEFAULT_KEY_GROUPS,
+    initial_state: InitialState | None = None,
 ) -> DataFrame:
     """Closed sessions per key: key column(s), ``session_start``, ``session_end``, ``count``."""
-    return Sessionize(key, event_time, gap, key_groups=key_groups).apply(df)
+    return Sessionize(
+        key, event_time, gap, key_groups=key_groups, initial_state=initial_state
+    ).apply(df)

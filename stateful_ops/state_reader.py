@@ -1,4 +1,4 @@
-"""Read the per-key state of a stateful_ops query from its checkpoint, as one pandas table.
+"""Read the per-key state of a stateful_ops query from its checkpoint.
 
 Uses Spark's state data source (``format("statestore")``) and decodes each key group's Arrow
 table, so operators' state stays inspectable although keys are packed into key groups.
@@ -20,7 +20,17 @@ def read_state(
 
     The query's stateful operator must be the first (operator id 0) of the checkpoint.
     """
-    reader = spark.read.format("statestore")
+    table = read_state_table(spark, checkpoint_location, batch_id)
+    return pd.DataFrame() if table is None else table.to_pandas()
+
+
+def read_state_table(
+    spark: SparkSession, checkpoint_location: str, batch_id: int | None = None, operator_id: int = 0
+) -> pa.Table | None:
+    """The state of operator ``operator_id`` after ``batch_id`` (default last) as one Arrow
+    table, one row per key, its schema's metadata the operator's ``key_groups`` and name
+    (``operator``); None when the operator has stored nothing (no batch with rows yet)."""
+    reader = spark.read.format("statestore").option("operatorId", operator_id)
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     rows = reader.load(checkpoint_location).select("value.groupState.*").collect()
@@ -30,7 +40,7 @@ def read_state(
             raise StateSchemaMismatchError(
                 f"{operator}: stored state has format version {format_version}; cannot read it"
             )
-        tables.append(pa.ipc.open_stream(bytes(blob)).read_all())
-    if not tables:
-        return pd.DataFrame()
-    return pa.concat_tables(tables).to_pandas()
+        table = pa.ipc.open_stream(bytes(blob)).read_all()
+        metadata = {**(table.schema.metadata or {}), b"operator": str(operator).encode()}
+        tables.append(table.replace_schema_metadata(metadata))
+    return pa.concat_tables(tables) if tables else None

@@ -361,6 +361,37 @@ def test_sessionize_closes_sessions_when_watermark_reaches_end() -> None:
     assert group.value is None
 
 
+def test_a_bootstrapped_key_group_loads_once_and_keeps_its_timeouts(tmp_path: Any) -> None:
+    """initial_state: the first visit (here only bootstrap markers) loads the key group's keys
+    and arms their timeout; a visit with only markers afterwards rewrites nothing and keeps
+    the timeout; an emptied key group keeps its row, so its keys never load again."""
+    schema = StructType([KEYED["k"], StructField("ts", TimestampType()), _long(EVENT_US)])
+    operator = bound(Sessionize("k", "ts", "10 seconds"), ["k"], schema)
+    second = 1_000_000
+    initial = pa.table(
+        {"k": ["a"], "session_start_us": [0], "session_end_us": [10 * second], "count": [2]},
+        schema=operator.arrow_state_schema,
+    )
+    with (
+        pa.OSFile(str(tmp_path / "3.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, operator.arrow_state_schema) as writer,
+    ):
+        writer.write_table(initial)
+    operator.bootstrap_directory = str(tmp_path)
+    group = Group(operator, key_group=3)
+    marker = spark_frame({"k": ["z"], "ts": [pd.NaT], EVENT_US: [0], MARKER_COLUMN: [True]})
+
+    assert len(group.call([marker], watermark_ms=5_000)) == 0
+    assert group.keys_in_state() == 1 and group.timeout_ms == 10_000 - 1
+    assert len(group.call([marker], watermark_ms=6_000)) == 0
+    assert not group.updated and group.timeout_ms == 10_000 - 1
+    closed = group.call([], watermark_ms=10_000, timed_out=True)
+    assert rows(closed) == [("a", 0, 10 * second, 2)]
+    assert group.value is not None and group.keys_in_state() == 0
+    assert len(group.call([marker], watermark_ms=20_000)) == 0
+    assert group.keys_in_state() == 0
+
+
 # state encoding and schema evolution -----------------------------------------------------
 
 

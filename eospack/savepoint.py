@@ -1,0 +1,263 @@
+"""Savepoints: a stopped query's last committed batch, owned by the user, restorable into a
+new query with other ``key_groups``, shuffle partitions or state store provider.
+
+A savepoint is a directory (local path or ``file://`` URI)::
+
+    manifest.json              written last: a directory without it is no savepoint
+    state/operator-<id>.parquet  one row per key: key columns and state fields
+
+The manifest holds the eospack version, the batch id, each source's offsets as Spark
+logged them, and per stateful operator its name, columns and rows. The state is canonical:
+one row per key, whatever ``key_groups``, ``spark.sql.shuffle.partitions`` or state store
+provider wrote it.
+
+Why a new checkpoint and not a copied one: Spark reads the shuffle partitions of a query
+from its checkpoint and cannot be handed a state store, so a query restored with other
+settings must start fresh. ``restore_savepoint`` puts the savepoint inside the new
+checkpoint directory (``eospack-savepoint/``, copied for no-claim, moved for claim);
+``RestoredCheckpoint`` hands the query its starting offsets and each operator's initial
+state (see ``stateful_ops.initial_state``). Both are read only until the query's first
+batch commits; after that the checkpoint decides, as for any query.
+
+Exactly-once across a restore: the new query starts where the savepoint's batch ended, so
+nothing the old query committed before the savepoint is read again. ``create_savepoint``
+refuses a checkpoint whose last batch is not committed (its sinks may have applied it).
+Restoring a savepoint after the old query went on replays what it did after the savepoint,
+as in Flink. The 2PC sinks derive their id from the new query's id, so the new query's
+ledger starts empty; a query that sets ``sinkId`` must set a new one when restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
+from stateful_ops.initial_state import InitialState
+from stateful_ops.state_reader import read_state_table
+
+FORMAT = "eospack-savepoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+RESTORED_DIRECTORY = "eospack-savepoint"
+"""Where ``restore_savepoint`` puts the savepoint inside the new checkpoint."""
+ClaimMode = Literal["no-claim", "claim"]
+
+
+class SavepointError(ValueError):
+    """A savepoint cannot be created or restored; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class OperatorSnapshot:
+    operator_id: int
+    name: str
+    rows: int
+    file: str
+    """Relative to the savepoint directory."""
+    columns: list[dict[str, str]]
+    key_groups: int
+    """What the old query used (informational: a restore may choose another)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    batch_id: int
+    source_offsets: list[Any]
+    """One entry per source, as Spark logged the batch (replayable-kafka: topic ->
+    partition -> end offset, plus the batch's own bookkeeping keys)."""
+    operators: list[OperatorSnapshot]
+    checkpoint: str
+    eospack_version: str
+    created_at: str
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest:
+        path = directory / MANIFEST
+        if not path.is_file():
+            raise SavepointError(
+                f"{directory} is not a savepoint (no {MANIFEST}): give a directory written by"
+                " eospack savepoint create"
+            )
+        raw = json.loads(path.read_text())
+        if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
+            raise SavepointError(
+                f"{directory} has format {raw.get('format')} version"
+                f" {raw.get('format_version')}; this eospack reads {FORMAT} version"
+                f" {FORMAT_VERSION}"
+            )
+        operators = [OperatorSnapshot(**operator) for operator in raw.pop("operators")]
+        return cls(operators=operators, **raw)
+
+
+def local_path(text: str | Path) -> Path:
+    """A local path from a path or ``file://`` URI; other schemes are refused."""
+    value = str(text)
+    scheme = urlsplit(value).scheme
+    if scheme == "file":
+        return Path(unquote(urlsplit(value).path))
+    if scheme and len(scheme) > 1:
+        raise SavepointError(
+            f"{value}: savepoints live on local or mounted file systems (a path or file://"
+            " URI); copy it there first"
+        )
+    return Path(value)
+
+
+def create_savepoint(
+    spark: SparkSession, checkpoint: str | Path, destination: str | Path
+) -> Manifest:
+    """Write a savepoint of ``checkpoint``'s last committed batch to ``destination`` (which
+    must not exist). Reads the checkpoint only; the query should be stopped."""
+    from eospack import __version__
+
+    source = local_path(checkpoint)
+    target = local_path(destination)
+    try:
+        report = inspect_checkpoint(source)
+    except CheckpointInspectError as error:
+        raise SavepointError(str(error)) from None
+    if not report.batches:
+        raise SavepointError(f"{source} has no batch yet: run the query until it commits one")
+    last = report.batches[-1]
+    if not last.committed:
+        raise SavepointError(
+            f"{source}: batch {last.batch_id} was started but not committed (its sinks may"
+            " have applied it): start the query again from this checkpoint, stop it after it"
+            " commits a batch, then create the savepoint"
+        )
+    if target.exists():
+        raise SavepointError(f"{target} exists: give a new directory for the savepoint")
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "state").mkdir(parents=True)
+    operators = []
+    for operator in report.operators:
+        operator_id = int(operator.operator_id)
+        table = read_state_table(spark, str(source), last.batch_id, operator_id)
+        if table is None:
+            continue
+        metadata = table.schema.metadata or {}
+        relative = f"state/operator-{operator_id}.parquet"
+        plain = table.replace_schema_metadata(None)
+        pq.write_table(plain, staging / relative)
+        operators.append(
+            OperatorSnapshot(
+                operator_id=operator_id,
+                name=metadata.get(b"operator", b"").decode(),
+                rows=plain.num_rows,
+                file=relative,
+                columns=[{"name": f.name, "type": str(f.type)} for f in plain.schema],
+                key_groups=int(metadata.get(b"key_groups", b"0")),
+            )
+        )
+    manifest = Manifest(
+        batch_id=last.batch_id,
+        source_offsets=last.source_offsets,
+        operators=operators,
+        checkpoint=str(source),
+        eospack_version=__version__,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        settings={"state_store_provider": report.state_store_provider or "Spark default"},
+    )
+    (staging / MANIFEST).write_text(manifest.to_json())
+    os.rename(staging, target)
+    return manifest
+
+
+def restore_savepoint(
+    savepoint: str | Path, new_checkpoint: str | Path, mode: ClaimMode = "no-claim"
+) -> Manifest:
+    """Prepare ``new_checkpoint`` (new or empty) for a query that continues from
+    ``savepoint``. ``no-claim`` copies it: the savepoint is never changed and the new
+    checkpoint shares nothing with it. ``claim`` moves it into the new checkpoint, which
+    owns it from then on (no copy; the savepoint's old path is gone)."""
+    if mode not in ("no-claim", "claim"):
+        raise SavepointError(f"--mode {mode!r}: use no-claim or claim")
+    source = local_path(savepoint)
+    manifest = Manifest.read(source)
+    target = local_path(new_checkpoint)
+    if target.exists() and any(target.iterdir()):
+        raise SavepointError(
+            f"{target} is not empty: restore into a new checkpoint directory (a query on an"
+            " existing checkpoint goes on from it and would ignore the savepoint)"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    restored = target / RESTORED_DIRECTORY
+    if mode == "no-claim":
+        staging = target / f".{RESTORED_DIRECTORY}.partial"
+        shutil.copytree(source, staging)
+        os.rename(staging, restored)
+    else:
+        shutil.move(source, restored)
+    return manifest
+
+
+class RestoredCheckpoint:
+    """What a query started on ``checkpoint_location`` takes from a restored savepoint: its
+    sources' starting offsets and its operators' initial state. On a checkpoint that no
+    restore prepared, it hands out the defaults, so one program serves both."""
+
+    def __init__(self, checkpoint_location: str | Path) -> None:
+        self.directory = local_path(checkpoint_location) / RESTORED_DIRECTORY
+        self.manifest = Manifest.read(self.directory) if self.directory.is_dir() else None
+
+    @property
+    def restored(self) -> bool:
+        return self.manifest is not None
+
+    def starting_offsets(self, default: str = "earliest", source: int = 0) -> str:
+        """replayable-kafka's ``startingOffsets`` for source ``source`` (in the order Spark
+        logs them): where the savepoint's batch ended, else ``default``."""
+        if self.manifest is None:
+            return default
+        return json.dumps(end_offsets(self.manifest.source_offsets[source]), sort_keys=True)
+
+    def initial_state(self, operator: int = 0) -> InitialState | None:
+        """The ``initial_state`` of stateful operator ``operator`` (Spark's operator id: the
+        operators' order in the query), or None."""
+        if self.manifest is None:
+            return None
+        for snapshot in self.manifest.operators:
+            if snapshot.operator_id == operator:
+                return InitialState(
+                    path=str(self.directory / snapshot.file),
+                    work_directory=str(self.directory / f"operator-{operator}-split"),
+                )
+        return None
+
+
+def end_offsets(offsets: dict[str, Any] | None) -> dict[str, Any]:
+    """A logged replayable-kafka offset without its bookkeeping keys (``@starts``, ...):
+    topic -> partition -> where the batch ended, the form ``startingOffsets`` takes."""
+    return {topic: ends for topic, ends in (offsets or {}).items() if not topic.startswith("@")}
+
+
+def describe(manifest: Manifest) -> str:
+    lines = [f"savepoint of batch {manifest.batch_id} (eospack {manifest.eospack_version})"]
+    for offsets in manifest.source_offsets:
+        ends = {
+            topic: parts for topic, parts in (offsets or {}).items() if not topic.startswith("@")
+        }
+        lines.append(f"  source offsets {json.dumps(ends, sort_keys=True)}")
+    for operator in manifest.operators:
+        lines.append(
+            f"  operator {operator.operator_id} ({operator.name}): {operator.rows} keys,"
+            f" written with key_groups={operator.key_groups}"
+        )
+    return "\n".join(lines)
