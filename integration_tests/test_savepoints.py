@@ -3,7 +3,8 @@
 A reference query runs three rounds of events on its own checkpoint (it never stops, as far
 as its output can tell). A second query runs round one, is stopped, and savepointed; the
 savepoint is restored no-claim into a new checkpoint (same settings) and claim into another
-(twice the key groups and twice the shuffle partitions), each continuing into its own copy
+(twice the key groups, twice the shuffle partitions, RocksDB instead of the default state
+store), each continuing into its own copy
 of the sink's table as it stood at the savepoint. After rounds two and three every table
 holds exactly the reference's (key, count, version) rows, nothing is left prepared, the
 no-claim savepoint is byte for byte what it was, and the claimed one has moved.
@@ -20,12 +21,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from eospack.checkpoint import inspect_checkpoint
 from eospack.cli import main
 from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint, SavepointError
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 from eospack.testing import await_query
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
 from stateful_ops import OperatorDefinitionError, read_state, running_aggregate, running_count
+from stateful_ops.state_reader import read_state_table
+from stateful_ops.state_store import state_store_conf
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +43,24 @@ class Pipeline:
         self.spark, self.postgres, self.topic = spark, postgres, topic
         self.bootstrap = kafka.endpoint.bootstrap_servers
 
-    def run(self, checkpoint: Path, table: str, key_groups: int = 8, partitions: int = 2) -> None:
+    def run(
+        self,
+        checkpoint: Path,
+        table: str,
+        key_groups: int = 8,
+        partitions: int = 2,
+        provider: str = "hdfs",
+    ) -> None:
+        """One run to the end of the topic; shuffle partitions and state store provider
+        only count for a new checkpoint (Spark keeps a checkpoint's own)."""
         restored = RestoredCheckpoint(checkpoint)
-        previous = self.spark.conf.get("spark.sql.shuffle.partitions")
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        settings = {
+            "spark.sql.shuffle.partitions": str(partitions),
+            **state_store_conf(provider, changelog=provider == "rocksdb"),
+        }
+        previous = {name: self.spark.conf.get(name, None) for name in settings}
+        for name, value in settings.items():
+            self.spark.conf.set(name, value)
         try:
             events = (
                 self.spark.readStream.format("replayable-kafka")
@@ -75,7 +93,11 @@ class Pipeline:
             )
             await_query(query, QUERY_SECONDS)
         finally:
-            self.spark.conf.set("spark.sql.shuffle.partitions", previous)
+            for name, value in previous.items():
+                if value is None:
+                    self.spark.conf.unset(name)
+                else:
+                    self.spark.conf.set(name, value)
 
 
 def produce_round(bootstrap: str, topic: str, count: int, rng: random.Random) -> Counter[str]:
@@ -140,7 +162,7 @@ def test_restored_queries_continue_like_a_query_that_never_stopped(
         produced += produce_round(bootstrap, unique_name, events, rng)
         pipeline.run(tmp_path / "reference", reference)
         pipeline.run(tmp_path / "no-claim", stopped)
-        pipeline.run(claimed, rescaled, key_groups=16, partitions=4)
+        pipeline.run(claimed, rescaled, key_groups=16, partitions=4, provider="rocksdb")
 
     expected = table_rows(url, reference)
     assert {key: count for key, (count, _) in expected.items()} == dict(produced)
@@ -157,6 +179,9 @@ def test_restored_queries_continue_like_a_query_that_never_stopped(
     states["claimed"] = read_state(spark, str(claimed))
     for state in (reference_state, *states.values()):
         assert dict(zip(state["key"], state["count"], strict=True)) == dict(produced)
+    assert "RocksDB" in (inspect_checkpoint(claimed).state_store_provider or "")
+    claimed_state = read_state_table(spark, str(claimed))
+    assert claimed_state is not None and claimed_state.schema.metadata[b"key_groups"] == b"16"
 
 
 @pytest.mark.timeout(300)
