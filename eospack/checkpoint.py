@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 STATE_FILE_SUFFIXES = (".delta", ".snapshot", ".changelog", ".zip")
 PROVIDER_SETTING = "spark.sql.streaming.stateStore.providerClass"
@@ -43,6 +46,10 @@ class OperatorState:
     partitions: int
     last_version: int | None
     bytes: int
+    name: str | None = None
+    """The rest is read through Spark (``inspect --state``), for stateful_ops operators."""
+    keys: int | None = None
+    key_groups: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class SinkLedger:
     prepared_transactions: list[str]
     staged_rows: int
     cleanup: str
+    kind: str = "2pc-jdbc"
+    multipart_uploads: list[str] = field(default_factory=list)
+    """2pc-s3: ``key (upload id)`` of each of the sink's uploads still in progress."""
 
 
 @dataclass(frozen=True)
@@ -78,28 +88,45 @@ class CheckpointReport:
             lines.append(
                 f"  operator {operator.operator_id}: {operator.partitions} partitions,"
                 f" last version {operator.last_version}, {operator.bytes:,} bytes"
+                + (
+                    f"; {operator.name}: {operator.keys} keys in {operator.key_groups} key groups"
+                    if operator.name
+                    else ""
+                )
             )
         for sink in self.sinks:
-            lines.append(f"2pc-jdbc sink {sink.sink_id} ({sink.target}):")
+            lines.append(f"{sink.kind} sink {sink.sink_id} ({sink.target}):")
             for row in sink.batches:
                 lines.append(
                     f"  batch {row['batch_id']}: {row['status']}, {row['rows']} rows,"
                     f" {row['pieces']} pieces"
                 )
-            lines.append(
-                f"  left behind: {len(sink.prepared_transactions)} prepared transactions,"
-                f" {sink.staged_rows} staged rows"
-            )
+            if sink.kind == "2pc-s3":
+                lines.append(
+                    f"  left behind: {len(sink.multipart_uploads)} multipart uploads in progress"
+                )
+            else:
+                lines.append(
+                    f"  left behind: {len(sink.prepared_transactions)} prepared transactions,"
+                    f" {sink.staged_rows} staged rows"
+                )
             lines.extend(f"    {gid}" for gid in sink.prepared_transactions)
+            lines.extend(f"    {upload}" for upload in sink.multipart_uploads)
             lines.append(f"  {sink.cleanup}")
         return "\n".join(lines)
 
 
 def inspect_checkpoint(
-    path: str | Path, jdbc_options: dict[str, str] | None = None
+    path: str | Path,
+    jdbc_options: dict[str, str] | None = None,
+    s3_options: dict[str, str] | None = None,
+    spark: SparkSession | None = None,
 ) -> CheckpointReport:
     """Read ``path`` (a local checkpoint directory or ``file://`` URI) and, with
-    ``jdbc_options`` (``url``, ``dbtable``, optional ``user`` and ``sinkId``), the sink."""
+    ``jdbc_options`` (``url``, ``dbtable``, optional ``user`` and ``sinkId``), that
+    2pc-jdbc sink; with ``s3_options`` (``path``, optional ``endpointUrl``, ``region``,
+    ``sinkId``; credentials from boto3's default chain), that 2pc-s3 sink. With ``spark``,
+    each stateful_ops operator's name, keys and key groups at the last committed batch."""
     text = str(path)
     directory = Path(unquote(urlsplit(text).path) if text.startswith("file:") else text)
     metadata = directory / "metadata"
@@ -120,8 +147,15 @@ def inspect_checkpoint(
     report = CheckpointReport(
         str(directory), query_id, batches, provider, _operators(directory / "state")
     )
+    if spark is not None:
+        last = max((batch.batch_id for batch in batches if batch.committed), default=None)
+        report.operators[:] = [
+            _with_keys(spark, directory, operator, last) for operator in report.operators
+        ]
     if jdbc_options:
         report.sinks.append(_jdbc_sink(query_id, jdbc_options))
+    if s3_options:
+        report.sinks.append(_s3_sink(query_id, s3_options))
     return report
 
 
@@ -147,6 +181,32 @@ def _operators(state: Path) -> list[OperatorState]:
             OperatorState(operator.name, len(partitions), max(versions, default=None), size)
         )
     return operators
+
+
+def _with_keys(
+    spark: SparkSession, directory: Path, operator: OperatorState, batch_id: int | None
+) -> OperatorState:
+    """``operator`` with its stateful_ops keys and key groups (unchanged for Spark's own
+    operators, whose state is not eospack's group-state table)."""
+    from pyspark.errors import AnalysisException
+
+    from stateful_ops.state_reader import read_state_table
+
+    if batch_id is None:
+        return operator
+    try:
+        table = read_state_table(spark, str(directory), batch_id, int(operator.operator_id))
+    except AnalysisException:  # not a group-state table: another kind of operator
+        return operator
+    if table is None:
+        return operator
+    metadata = table.schema.metadata or {}
+    return replace(
+        operator,
+        name=metadata.get(b"operator", b"").decode() or None,
+        keys=table.num_rows,
+        key_groups=int(metadata.get(b"key_groups", b"0")) or None,
+    )
 
 
 def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
@@ -198,3 +258,60 @@ def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
         " decided piece rolled back is data lost)"
     )
     return SinkLedger(sink_id, options.describe(), batches, prepared, staged, cleanup)
+
+
+def _s3_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
+    """2pc-s3 keeps no "done": a decided batch is finished when none of its uploads is in
+    progress (see connectors/s3/resource.py), so that is what ``status`` says."""
+    from commit_protocols import derive_sink_id
+    from commit_protocols.pieces import ABORTED
+    from connectors.s3.client import S3WriteError, s3_client
+    from connectors.s3.options import parse_sink_options
+    from connectors.s3.resource import S3Resource
+
+    options = parse_sink_options(raw)
+    sink_id = options.sink_id or derive_sink_id(query_id, options.target)
+    resource = S3Resource(options, "", s3_client(options.connection))
+    prefix = f"{options.location.manifests_prefix}{sink_id}/"
+    try:
+        names = [
+            item["Key"][len(prefix) :].removesuffix(".json")
+            for page in resource.client.get_paginator("list_objects_v2").paginate(
+                Bucket=options.location.bucket, Prefix=prefix
+            )
+            for item in page.get("Contents", ())
+        ]
+        unfinished = {decision.batch_id for decision in resource.unfinished_decisions(sink_id)}
+        batches = []
+        for batch_id in sorted(int(name) for name in names if name.isdigit()):
+            decision = resource.find_decision(sink_id, batch_id)
+            if decision is None:
+                continue
+            status = "aborted (fence)" if decision.status == ABORTED else "done"
+            if batch_id in unfinished:
+                status = "decided"
+            batches.append(
+                {
+                    "batch_id": batch_id,
+                    "status": status,
+                    "rows": sum(piece.rows for piece in decision.pieces),
+                    "pieces": len(decision.pieces),
+                }
+            )
+        uploads = [
+            f"{file['key']} ({file['upload_id']})"
+            for piece in resource.prepared_pieces(sink_id)
+            for file in piece.handle.get("files", ())
+        ]
+    except S3WriteError as error:
+        raise CheckpointInspectError(str(error)) from None
+    cleanup = (
+        "nothing to clean"
+        if not uploads
+        else "start the query again from this checkpoint: its first commit completes the"
+        " uploads a decision names and aborts the rest (never abort them by hand: a decided"
+        " upload aborted is data lost)"
+    )
+    return SinkLedger(
+        sink_id, options.location.url, batches, [], 0, cleanup, "2pc-s3", sorted(uploads)
+    )

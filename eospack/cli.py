@@ -168,8 +168,24 @@ def checkpoint(arguments: argparse.Namespace) -> int:
             jdbc["user"] = arguments.user
         if arguments.sink_id:
             jdbc["sinkId"] = arguments.sink_id
+    s3 = None
+    if arguments.s3_path:
+        s3 = {"path": arguments.s3_path}
+        for option, value in (
+            ("endpointUrl", arguments.s3_endpoint_url),
+            ("region", arguments.s3_region),
+            ("sinkId", arguments.sink_id),
+        ):
+            if value:
+                s3[option] = value
+    spark = None
+    if arguments.state:
+        from eospack.spark import local_session
+
+        print("eospack checkpoint inspect: reading operator state with Spark", file=sys.stderr)
+        spark = local_session("eospack checkpoint inspect")
     try:
-        report = inspect_checkpoint(arguments.path, jdbc)
+        report = inspect_checkpoint(arguments.path, jdbc, s3, spark)
     except (CheckpointInspectError, ValueError, ConnectionError) as error:
         print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
         return 1
@@ -228,11 +244,20 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["inspect"])
     parser.add_argument("path", help="the query's checkpointLocation (a path or file:// URI)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--state", action="store_true",
+        help="also count each stateful_ops operator's keys and key groups (starts Spark)",
+    )  # fmt: skip
     parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL)")
     parser.add_argument("--table", help="the 2pc-jdbc sink's dbtable")
     parser.add_argument(
         "--user", help="database user (password from EOSPACK_JDBC_PASSWORD, never an argument)"
     )
+    parser.add_argument(
+        "--s3-path", help="the 2pc-s3 sink's path (credentials: boto3's default chain)"
+    )
+    parser.add_argument("--s3-endpoint-url", help="the 2pc-s3 sink's endpointUrl, if set")
+    parser.add_argument("--s3-region", help="the 2pc-s3 sink's region, if set")
     parser.add_argument("--sink-id", help="the sink's sinkId option, if the query set one")
 
 

@@ -1,5 +1,5 @@
 """``eospack checkpoint inspect`` on a real checkpoint: after a driver was SIGKILLed with
-batch 1 prepared, and after the restart that cleaned it up."""
+batch 1 prepared (2pc-jdbc) or decided (2pc-s3), and after the restart that cleaned up."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from eospack.checkpoint import inspect_checkpoint
 from eospack.cli import main
 from integration_tests.test_jdbc_faults import Pipeline
+from integration_tests.test_s3_faults import Pipeline as S3Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +71,42 @@ def test_inspect_refuses_a_directory_that_is_no_checkpoint_with_one_line(
     assert main(["checkpoint", "inspect", str(tmp_path)]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "is not a streaming checkpoint" in error
+
+
+@pytest.mark.timeout(300)
+def test_inspect_shows_a_2pc_s3_sinks_decided_batch_and_its_uploads_then_nothing(
+    spark: Any, s3: Any, tmp_path: Path, unique_name: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Killed after batch 1's decision, before its uploads completed: batch 1 shows as
+    decided (not done) with its uploads in progress; after the restart, all done."""
+    endpoint = s3.endpoint
+    for variable, value in (
+        ("AWS_ACCESS_KEY_ID", endpoint.access_key_id),
+        ("AWS_SECRET_ACCESS_KEY", endpoint.secret_access_key),
+        ("AWS_DEFAULT_REGION", endpoint.region),
+    ):
+        monkeypatch.setenv(variable, value)
+    pipeline = S3Pipeline(s3, tmp_path, unique_name, batches=3)
+    assert pipeline.run_driver(fault_point="after_decision@1").was_killed
+    sink = {"path": pipeline.path, "endpointUrl": endpoint.endpoint_url}
+
+    crashed = inspect_checkpoint(pipeline.checkpoint, s3_options=sink)
+    (ledger,) = crashed.sinks
+    assert [(row["batch_id"], row["status"]) for row in ledger.batches] == [
+        (0, "done"),
+        (1, "decided"),
+    ]
+    listed = {entry.rsplit(" (", 1)[1].rstrip(")") for entry in ledger.multipart_uploads}
+    assert listed == pipeline.bucket.upload_ids()
+    assert ledger.multipart_uploads and ledger.cleanup.startswith("start the query again")
+
+    pipeline.restart_here(spark)
+    arguments = [
+        "checkpoint", "inspect", str(pipeline.checkpoint), "--s3-path", pipeline.path,
+        "--s3-endpoint-url", endpoint.endpoint_url,
+    ]  # fmt: skip
+    assert main(arguments) == 0
+    text = capsys.readouterr().out
+    assert "2pc-s3 sink" in text and "left behind: 0 multipart uploads in progress" in text
+    assert "nothing to clean" in text and endpoint.secret_access_key not in text

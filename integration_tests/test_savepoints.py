@@ -28,7 +28,6 @@ from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 from eospack.testing import await_query
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
 from stateful_ops import OperatorDefinitionError, read_state, running_aggregate, running_count
-from stateful_ops.state_reader import read_state_table
 from stateful_ops.state_store import state_store_conf
 
 pytestmark = pytest.mark.integration
@@ -179,9 +178,14 @@ def test_restored_queries_continue_like_a_query_that_never_stopped(
     states["claimed"] = read_state(spark, str(claimed))
     for state in (reference_state, *states.values()):
         assert dict(zip(state["key"], state["count"], strict=True)) == dict(produced)
-    assert "RocksDB" in (inspect_checkpoint(claimed).state_store_provider or "")
-    claimed_state = read_state_table(spark, str(claimed))
-    assert claimed_state is not None and claimed_state.schema.metadata[b"key_groups"] == b"16"
+    report = inspect_checkpoint(claimed, spark=spark)
+    assert "RocksDB" in (report.state_store_provider or "")
+    (operator,) = report.operators
+    assert (operator.name, operator.keys, operator.key_groups) == (
+        "running_count",
+        len(produced),
+        16,
+    )
 
 
 @pytest.mark.timeout(300)
