@@ -1,0 +1,1 @@
+"""2pc-kafka (in progress): Kafka transactions that the driver commits."""

@@ -1,0 +1,151 @@
+"""Kafka transactions that outlive the process that opened them: the groundwork of 2pc-kafka.
+
+A task writes its rows in a transaction and leaves it open (``begin`` then ``prepare``);
+another process, the driver, commits it later by its producer id and epoch
+(``commit_prepared``), as Flink's KafkaSink resumes a transaction after a restart. Nothing
+else can commit it, and ``fence`` (InitProducerId on the same transactional id) aborts it.
+
+Pinned against Apache Kafka 4.3 with kafka-python 3.0 by
+``integration_tests/test_kafka_transactions.py``:
+
+- a read_committed consumer sees none of a prepared transaction's records, then all of
+  them once ``commit_prepared`` ran, in whatever process;
+- ``commit_prepared`` again on a committed transaction succeeds (a lost answer is retried);
+- after a fence, or after the broker aborted the transaction because it stayed open
+  longer than its ``transaction.timeout.ms``, ``commit_prepared`` raises
+  ``TransactionFencedError``: the records are gone, and the caller must say so loudly;
+- ``open_transactions`` lists the ongoing ones under a prefix (ListTransactions).
+
+kafka-python has no public call to resume a transaction, so ``commit_prepared`` sets its
+transaction manager's producer id, epoch and state before ``commit_transaction``: private
+attributes, which is why the tests above pin this exact behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka import errors as kafka_errors
+from kafka.producer.transaction_manager import ProducerIdAndEpoch, TransactionState
+
+PREPARE_CLOSE_SECONDS = 30.0
+"""How long ``prepare`` waits for the producer's last acknowledgements before closing."""
+
+
+class TransactionFencedError(RuntimeError):
+    """The transaction can no longer be committed: its epoch moved on (fenced or timed out)."""
+
+
+@dataclass(frozen=True)
+class PreparedTransaction:
+    """What the committing process needs: written into commit messages and decisions."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    records: int
+    """A transaction without records was never registered on the broker: nothing to end."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transactional_id": self.transactional_id,
+            "producer_id": self.producer_id,
+            "epoch": self.epoch,
+            "records": self.records,
+        }
+
+    @classmethod
+    def from_json(cls, handle: Mapping[str, Any]) -> PreparedTransaction:
+        return cls(
+            str(handle["transactional_id"]),
+            int(handle["producer_id"]),
+            int(handle["epoch"]),
+            int(handle["records"]),
+        )
+
+
+def begin(config: Mapping[str, Any], transactional_id: str) -> KafkaProducer:
+    """A producer inside a new transaction of ``transactional_id``. Initialising fences
+    (and aborts) whatever an earlier producer of this id left open."""
+    producer = KafkaProducer(transactional_id=transactional_id, **config)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+    except BaseException:
+        producer.close(timeout=0)
+        raise
+    return producer
+
+
+def prepare(producer: KafkaProducer, records: int) -> PreparedTransaction:
+    """Flush the ``records`` sent in the open transaction, close the producer without ending
+    the transaction, and return how to commit it. Raises what a send failed with."""
+    producer.flush()
+    identity = producer._transaction_manager.producer_id_and_epoch
+    prepared = PreparedTransaction(
+        producer.config["transactional_id"], identity.producer_id, identity.epoch, records
+    )
+    producer.close(timeout=PREPARE_CLOSE_SECONDS)
+    return prepared
+
+
+def commit_prepared(config: Mapping[str, Any], prepared: PreparedTransaction) -> None:
+    """Commit a transaction another producer left open (EndTxn with its producer id and
+    epoch). Idempotent; raises ``TransactionFencedError`` when it was aborted instead."""
+    if not prepared.records:
+        return
+    producer = KafkaProducer(transactional_id=prepared.transactional_id, **config)
+    try:
+        manager = producer._transaction_manager
+        with manager._lock:
+            manager.set_producer_id_and_epoch(
+                ProducerIdAndEpoch(prepared.producer_id, prepared.epoch)
+            )
+            manager._transition_to(TransactionState.INITIALIZING)
+            manager._transition_to(TransactionState.READY)
+            manager._transition_to(TransactionState.IN_TRANSACTION)
+            manager._transaction_started = True
+        producer.commit_transaction()
+    except (
+        kafka_errors.ProducerFencedError,
+        kafka_errors.InvalidProducerEpochError,
+        kafka_errors.InvalidTxnStateError,
+        kafka_errors.InvalidProducerIdMappingError,
+    ) as error:
+        raise TransactionFencedError(
+            f"transaction {prepared.transactional_id} (producer {prepared.producer_id}, epoch"
+            f" {prepared.epoch}) cannot be committed: {type(error).__name__}; it was aborted"
+            " (fenced, or open longer than transaction.timeout.ms)"
+        ) from None
+    finally:
+        producer.close(timeout=0)
+
+
+def fence(config: Mapping[str, Any], transactional_id: str) -> None:
+    """Abort whatever ``transactional_id`` left open, and refuse its old epoch from now on."""
+    producer = KafkaProducer(transactional_id=transactional_id, **config)
+    try:
+        producer.init_transactions()
+    finally:
+        producer.close(timeout=0)
+
+
+def open_transactions(config: Mapping[str, Any], prefix: str) -> list[str]:
+    """The transactional ids under ``prefix`` whose transaction is open (Ongoing), sorted."""
+    admin_config = {
+        key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG
+    }
+    admin = KafkaAdminClient(**admin_config)
+    try:
+        listed = admin.list_transactions(state_filters=["Ongoing"])
+    finally:
+        admin.close()
+    return sorted(
+        listing.transactional_id
+        for listings in listed.values()
+        for listing in listings
+        if listing.transactional_id.startswith(prefix)
+    )

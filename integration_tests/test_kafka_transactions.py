@@ -1,0 +1,120 @@
+"""What 2pc-kafka will stand on, pinned against Apache Kafka: a transaction left open by a
+process that died is committed by another process from its producer id and epoch, a
+retried commit is harmless, and a fenced or timed-out transaction refuses the commit
+loudly instead of losing records silently (``connectors/kafka_sink/transactions.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer
+
+from connectors.kafka_sink.transactions import (
+    PreparedTransaction,
+    TransactionFencedError,
+    begin,
+    commit_prepared,
+    fence,
+    open_transactions,
+    prepare,
+)
+from eospack.services.kafka_tools import create_topic
+from eospack.testing import wait_until
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).parent / "drivers" / "kafka_transaction_driver.py"
+ROOT = Path(__file__).parent.parent
+
+
+def prepare_in_a_process_that_dies(
+    bootstrap: str, topic: str, transactional_id: str, records: int, timeout_ms: int = 600_000
+) -> PreparedTransaction:
+    finished = subprocess.run(
+        [sys.executable, str(DRIVER), bootstrap, topic, transactional_id, str(records),
+         str(timeout_ms)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return PreparedTransaction.from_json(json.loads(finished.stdout.strip().splitlines()[-1]))
+
+
+def values(bootstrap: str, topic: str, isolation: str) -> list[str]:
+    """Every record value of ``topic`` as a consumer with ``isolation`` sees it, sorted."""
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
+        isolation_level=isolation, consumer_timeout_ms=2000,
+    )  # fmt: skip
+    try:
+        return sorted(record.value.decode() for record in consumer)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_transaction_left_open_by_a_dead_process_is_committed_from_its_producer_id(
+    real_kafka: Any, unique_name: str
+) -> None:
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    create_topic(bootstrap, unique_name, 2)
+    config = {"bootstrap_servers": bootstrap}
+    prepared = prepare_in_a_process_that_dies(bootstrap, unique_name, f"{unique_name}-1", 20)
+    expected = sorted(f"{unique_name}-1:{index}" for index in range(20))
+
+    assert values(bootstrap, unique_name, "read_committed") == []
+    assert values(bootstrap, unique_name, "read_uncommitted") == expected
+    assert open_transactions(config, unique_name) == [f"{unique_name}-1"]
+
+    commit_prepared(config, prepared)
+    assert values(bootstrap, unique_name, "read_committed") == expected
+    commit_prepared(config, prepared)  # the answer of the first was lost: retried
+    assert values(bootstrap, unique_name, "read_committed") == expected
+    assert open_transactions(config, unique_name) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_fenced_transaction_is_gone_and_refuses_its_commit(
+    real_kafka: Any, unique_name: str
+) -> None:
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    create_topic(bootstrap, unique_name, 2)
+    config = {"bootstrap_servers": bootstrap}
+    prepared = prepare_in_a_process_that_dies(bootstrap, unique_name, f"{unique_name}-1", 5)
+    empty = prepare(begin(config, f"{unique_name}-2"), records=0)  # a task without rows
+
+    assert open_transactions(config, unique_name) == [f"{unique_name}-1"]
+    fence(config, prepared.transactional_id)
+    assert open_transactions(config, unique_name) == []
+    with pytest.raises(TransactionFencedError, match=f"{unique_name}-1 .* it was aborted"):
+        commit_prepared(config, prepared)
+    commit_prepared(config, empty)  # nothing to end, and no error
+    assert values(bootstrap, unique_name, "read_committed") == []
+
+
+@pytest.mark.timeout(180)
+def test_a_transaction_the_broker_timed_out_refuses_its_commit(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """The query stayed down longer than transaction.timeout.ms: the broker aborted the
+    transaction, and committing it must fail, never pass for done."""
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    create_topic(bootstrap, unique_name, 2)
+    config = {"bootstrap_servers": bootstrap}
+    prepared = prepare_in_a_process_that_dies(
+        bootstrap, unique_name, f"{unique_name}-1", 5, timeout_ms=1000
+    )
+    wait_until(
+        lambda: open_transactions(config, unique_name) == [],
+        60,
+        "the broker to abort the timed-out transaction",
+        poll=1.0,
+    )
+    with pytest.raises(TransactionFencedError):
+        commit_prepared(config, prepared)
+    assert values(bootstrap, unique_name, "read_committed") == []
