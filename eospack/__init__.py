@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 
 def register(spark: SparkSession) -> None:
-    """Make replayable-kafka, 2pc-jdbc and 2pc-s3 usable in ``spark``: each is registered
+    """Make replayable-kafka, 2pc-jdbc, 2pc-s3 and 2pc-kafka usable in ``spark``: each is registered
     unless Spark's automatic lookup found it (registering it again would only make Spark
     warn that it "replaced a statically registered data source").
 
@@ -40,10 +40,11 @@ def register(spark: SparkSession) -> None:
     import eospack to load it. Connect registrations last as long as the Connect session.
     """
     from pyspark_2pc_jdbc import DefaultSource as JdbcSource
+    from pyspark_2pc_kafka import DefaultSource as KafkaSinkSource
     from pyspark_2pc_s3 import DefaultSource as S3Source
     from pyspark_replayable_kafka import DefaultSource as KafkaSource
 
-    sources = (KafkaSource, JdbcSource, S3Source)
+    sources = (KafkaSource, JdbcSource, S3Source, KafkaSinkSource)
     if is_spark_connect(spark):
         for source in sources:
             if not connect_server_resolves(spark, source.name()):

@@ -17,6 +17,7 @@ FORMAT_MODULES = {
     "pyspark_replayable_kafka": "replayable-kafka",
     "pyspark_2pc_jdbc": "2pc-jdbc",
     "pyspark_2pc_s3": "2pc-s3",
+    "pyspark_2pc_kafka": "2pc-kafka",
 }
 
 FORMATS_FOUND = "formats: found by Spark's automatic lookup ({formats})"

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).parent / "drivers" / "connect_pipeline_driver.py"
 CLIENT_TIMEOUT = 300.0
 QUERY_SECONDS = 120
-FORMATS = ("replayable-kafka", "2pc-jdbc", "2pc-s3")
+FORMATS = ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka")
 CONNECT_MODE_VARIABLE = "SPARK_CONNECT_MODE_ENABLED"
 REPLACED_WARNING = "replaced a statically registered data source"
 

@@ -84,7 +84,7 @@ else:
 
     spark = local_session(master="local[1]", shuffle_partitions=1)
 result = {"load": {}}
-for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3"):
+for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka"):
     try:
         spark.read.format(name).load()
         result["load"][name] = "loaded"

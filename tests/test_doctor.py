@@ -39,17 +39,19 @@ def test_visibility_follows_what_sys_path_lists(
 
 def test_format_names_are_those_the_modules_register() -> None:
     import pyspark_2pc_jdbc
+    import pyspark_2pc_kafka
     import pyspark_2pc_s3
     import pyspark_replayable_kafka
 
-    modules = (pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3)
+    modules = (pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3, pyspark_2pc_kafka)
     assert {module.__name__: module.DefaultSource.name() for module in modules} == FORMAT_MODULES
 
 
 def test_found_formats_are_named_in_one_line() -> None:
     assert formats_check(True) == (
         True,
-        "formats: found by Spark's automatic lookup (replayable-kafka, 2pc-jdbc, 2pc-s3)",
+        "formats: found by Spark's automatic lookup"
+        " (replayable-kafka, 2pc-jdbc, 2pc-s3, 2pc-kafka)",
     )
 
 

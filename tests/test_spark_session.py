@@ -18,15 +18,21 @@ def test_formats_are_registered_without_a_register_call(spark):
     from pyspark.sql.datasource import DataSource
 
     import pyspark_2pc_jdbc
+    import pyspark_2pc_kafka
     import pyspark_2pc_s3
     import pyspark_replayable_kafka
 
     names = {
         module.DefaultSource.name()
-        for module in (pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3)
+        for module in (
+            pyspark_replayable_kafka,
+            pyspark_2pc_jdbc,
+            pyspark_2pc_s3,
+            pyspark_2pc_kafka,
+        )
         if issubclass(module.DefaultSource, DataSource)
     }
-    assert names == {"replayable-kafka", "2pc-jdbc", "2pc-s3"}
+    assert names == {"replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka"}
     registered = spark._jsparkSession.sessionState().dataSourceManager()
     for name in names:
         assert registered.dataSourceExists(name), name
@@ -53,7 +59,7 @@ def test_registration_fills_the_keys_concurrent_query_starts_would_insert(spark)
     import eospack
 
     manager = spark._jsparkSession.sessionState().dataSourceManager()
-    for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3"):
+    for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka"):
         environment = manager.lookupDataSource(name).dataSourceCls().envVars()
         present = set(environment.keySet().toArray())
         assert present >= set(eospack.SOURCE_RUNNER_KEYS), name

@@ -17,25 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kafka import KafkaConsumer
-
+from connectors.kafka.client_config import kafka_client_params, kafka_value
 from connectors.kafka.errors import KafkaSourceOptionError
 
 EARLIEST = -2
 LATEST = -1
 
 TopicPartitionKey = tuple[str, int]
-
-SECRET_KAFKA_OPTIONS = frozenset(
-    {
-        "sasl.jaas.config",
-        "sasl.plain.password",
-        "ssl.key.password",
-        "ssl.password",
-        "ssl.keystore.password",
-        "ssl.truststore.password",
-    }
-)
 
 # Kafka consumer settings this source owns or cannot honour, with the fix to offer.
 _REFUSED_KAFKA_OPTIONS = {
@@ -46,40 +34,6 @@ _REFUSED_KAFKA_OPTIONS = {
     "value.deserializer": "values are returned as binary: cast or parse the value column instead",
     "interceptor.classes": "consumer interceptors are not supported",
 }
-
-# Kafka (Java client) names whose kafka-python keyword is not the dotted name with '_'.
-_RENAMED_KAFKA_OPTIONS = {
-    "ssl.key.password": "ssl_password",
-    "ssl.truststore.location": "ssl_cafile",
-    "ssl.keystore.location": "ssl_certfile",
-}
-
-# kafka-python settings that take Python objects, or that this source sets itself.
-_UNSETTABLE_KWARGS = frozenset(
-    {
-        "bootstrap_servers",
-        "kafka_client",
-        "selector",
-        "partition_assignment_strategy",
-        "metric_reporters",
-        "default_offset_commit_callback",
-        "socket_options",
-        "ssl_context",
-        "sasl_oauth_token_provider",
-        "sasl_kerberos_name",
-        "group_instance_id",
-        "api_version",
-        "auto_commit_interval_ms",
-    }
-)
-_CONSUMER_DEFAULTS: dict[str, Any] = dict(KafkaConsumer.DEFAULT_CONFIG)
-_INT_KWARGS = frozenset(
-    k
-    for k, v in _CONSUMER_DEFAULTS.items()
-    if (isinstance(v, int) and not isinstance(v, bool))
-    or k in ("receive_buffer_bytes", "send_buffer_bytes")
-)
-_BOOL_KWARGS = frozenset(k for k, v in _CONSUMER_DEFAULTS.items() if isinstance(v, bool))
 
 # Fetch sizes that favour throughput; a user's kafka.* value wins.
 _THROUGHPUT_DEFAULTS: dict[str, Any] = {
@@ -455,93 +409,24 @@ def _metadata_timeout(options: _Options) -> int:
     value = options.get("kafka.request.timeout.ms")
     if value is None:
         return DEFAULT_METADATA_TIMEOUT_MS
-    return _kafka_value("request.timeout.ms", "request_timeout_ms", value)
+    return kafka_value(
+        "request.timeout.ms", "request_timeout_ms", value, "consumer", KafkaSourceOptionError
+    )
 
 
 def _kafka_params(options: _Options) -> tuple[tuple[str, Any], ...]:
     raw = dict(options.items_with_prefix("kafka."))
     raw.pop("bootstrap.servers", None)
     params: dict[str, Any] = {}
-    jaas = raw.pop("sasl.jaas.config", None)
-    if jaas is not None:
-        params.update(_parse_jaas(jaas))
-    truststore_type = raw.pop("ssl.truststore.type", "PEM").upper()
-    keystore_type = raw.pop("ssl.keystore.type", "PEM").upper()
-    for kafka_name, value in raw.items():
-        if kafka_name in _REFUSED_KAFKA_OPTIONS:
+    level = raw.pop("isolation.level", None)
+    if level is not None:
+        if level.strip().lower() not in ISOLATION_LEVELS:
             raise KafkaSourceOptionError(
-                f"Option kafka.{kafka_name} is not supported: {_REFUSED_KAFKA_OPTIONS[kafka_name]}"
+                f"Option kafka.isolation.level is {level!r}: use read_committed (the"
+                " default) or read_uncommitted"
             )
-        if kafka_name == "ssl.truststore.location" and truststore_type != "PEM":
-            raise KafkaSourceOptionError(
-                "Option kafka.ssl.truststore.location needs a PEM file (kafka-python reads no"
-                " JKS/PKCS12): convert it and set kafka.ssl.truststore.type=PEM"
-            )
-        if kafka_name == "ssl.keystore.location" and keystore_type != "PEM":
-            raise KafkaSourceOptionError(
-                "Option kafka.ssl.keystore.location needs a PEM file (kafka-python reads no"
-                " JKS/PKCS12): convert it and set kafka.ssl.keystore.type=PEM"
-            )
-        if kafka_name == "isolation.level":
-            level = value.strip().lower()
-            if level not in ISOLATION_LEVELS:
-                raise KafkaSourceOptionError(
-                    f"Option kafka.isolation.level is {value!r}: use read_committed (the"
-                    " default) or read_uncommitted"
-                )
-            params["isolation_level"] = level
-            continue
-        if kafka_name == "ssl.endpoint.identification.algorithm":
-            params["ssl_check_hostname"] = value.strip().lower() == "https"
-            continue
-        kwarg = _RENAMED_KAFKA_OPTIONS.get(kafka_name, kafka_name.replace(".", "_"))
-        if kwarg not in _CONSUMER_DEFAULTS or kwarg in _UNSETTABLE_KWARGS:
-            raise KafkaSourceOptionError(
-                f"Option kafka.{kafka_name} is not a consumer setting kafka-python supports:"
-                " remove it (see the kafka.* table in the replayable-kafka README)"
-            )
-        params[kwarg] = _kafka_value(kafka_name, kwarg, value)
+        params["isolation_level"] = level.strip().lower()
+    refused = _REFUSED_KAFKA_OPTIONS
+    error = KafkaSourceOptionError
+    params.update(kafka_client_params(raw, "consumer", refused, error, "replayable-kafka"))
     return tuple(sorted(params.items()))
-
-
-def _kafka_value(kafka_name: str, kwarg: str, value: str) -> Any:
-    shown = "(hidden)" if kafka_name in SECRET_KAFKA_OPTIONS else repr(value)
-    if kwarg in _INT_KWARGS:
-        try:
-            number = int(value.strip())
-        except ValueError:
-            number = -1
-        if number < 0:
-            raise KafkaSourceOptionError(
-                f"Option kafka.{kafka_name} is {shown}: use a non-negative integer"
-            )
-        return number
-    if kwarg in _BOOL_KWARGS:
-        if value.strip().lower() not in ("true", "false"):
-            raise KafkaSourceOptionError(f"Option kafka.{kafka_name} is {shown}: use true or false")
-        return value.strip().lower() == "true"
-    return value
-
-
-_JAAS = re.compile(
-    r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)"
-    r"(?P<pairs>(?:\s+\w+\s*=\s*(?:\"[^\"]*\"|[^\s;]+))*)\s*;?\s*$"
-)
-_JAAS_PAIR = re.compile(r"(\w+)\s*=\s*(?:\"([^\"]*)\"|([^\s;]+))")
-
-
-def _parse_jaas(jaas: str) -> dict[str, str]:
-    """Turn a PLAIN or SCRAM ``sasl.jaas.config`` into kafka-python's username/password."""
-    match = _JAAS.match(jaas)
-    module = match.group("module").rsplit(".", 1)[-1] if match else ""
-    if module not in ("PlainLoginModule", "ScramLoginModule") or match is None:
-        raise KafkaSourceOptionError(
-            "Option kafka.sasl.jaas.config must be a PlainLoginModule or ScramLoginModule entry"
-            ' with username="..." password="..." (other login modules are not supported)'
-        )
-    pairs = {key: quoted or bare for key, quoted, bare in _JAAS_PAIR.findall(match["pairs"])}
-    if "username" not in pairs or "password" not in pairs:
-        raise KafkaSourceOptionError(
-            'Option kafka.sasl.jaas.config needs both username="..." and password="..."'
-        )
-    return {"sasl_plain_username": pairs["username"], "sasl_plain_password": pairs["password"]}

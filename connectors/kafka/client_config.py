@@ -1,0 +1,151 @@
+"""``kafka.*`` options to kafka-python keyword arguments, for consumers and producers alike.
+
+Spark's Kafka source and sink pass ``kafka.<name>`` options to the Java client; eospack's
+formats take the same names and map them onto kafka-python's keywords (dots become
+underscores; a few are renamed; ``sasl.jaas.config`` becomes a username and password).
+A name kafka-python does not know for that client, or one the format owns itself, is
+refused with one line naming the option and the fix. Values of secret options never
+appear in errors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from kafka import KafkaConsumer, KafkaProducer
+
+SECRET_KAFKA_OPTIONS = frozenset(
+    {
+        "sasl.jaas.config",
+        "sasl.plain.password",
+        "ssl.key.password",
+        "ssl.password",
+        "ssl.keystore.password",
+        "ssl.truststore.password",
+    }
+)
+
+# Kafka (Java client) names whose kafka-python keyword is not the dotted name with '_'.
+_RENAMED_KAFKA_OPTIONS = {
+    "ssl.key.password": "ssl_password",
+    "ssl.truststore.location": "ssl_cafile",
+    "ssl.keystore.location": "ssl_certfile",
+}
+
+# kafka-python settings that take Python objects, or that the formats set themselves.
+_UNSETTABLE_KWARGS = frozenset(
+    {
+        "bootstrap_servers",
+        "kafka_client",
+        "selector",
+        "partition_assignment_strategy",
+        "metric_reporters",
+        "default_offset_commit_callback",
+        "socket_options",
+        "ssl_context",
+        "sasl_oauth_token_provider",
+        "sasl_kerberos_name",
+        "group_instance_id",
+        "api_version",
+        "auto_commit_interval_ms",
+        "key_serializer",
+        "value_serializer",
+        "partitioner",
+        "transactional_id",
+    }
+)
+
+Client = Literal["consumer", "producer"]
+_DEFAULTS: dict[Client, dict[str, Any]] = {
+    "consumer": dict(KafkaConsumer.DEFAULT_CONFIG),
+    "producer": dict(KafkaProducer.DEFAULT_CONFIG),
+}
+_ALWAYS_INT = ("receive_buffer_bytes", "send_buffer_bytes")
+
+
+def kafka_client_params(
+    options: Mapping[str, str],
+    client: Client,
+    refused: Mapping[str, str],
+    error: type[ValueError],
+    readme_section: str,
+) -> tuple[tuple[str, Any], ...]:
+    """kafka-python keywords for ``options`` (``kafka.*`` names without the prefix, and
+    without ``bootstrap.servers``); ``refused`` maps names the format owns to the fix."""
+    raw = dict(options)
+    params: dict[str, Any] = {}
+    jaas = raw.pop("sasl.jaas.config", None)
+    if jaas is not None:
+        params.update(parse_jaas(jaas, error))
+    truststore_type = raw.pop("ssl.truststore.type", "PEM").upper()
+    keystore_type = raw.pop("ssl.keystore.type", "PEM").upper()
+    defaults = _DEFAULTS[client]
+    for kafka_name, value in raw.items():
+        if kafka_name in refused:
+            raise error(f"Option kafka.{kafka_name} is not supported: {refused[kafka_name]}")
+        if kafka_name == "ssl.truststore.location" and truststore_type != "PEM":
+            raise error(
+                "Option kafka.ssl.truststore.location needs a PEM file (kafka-python reads no"
+                " JKS/PKCS12): convert it and set kafka.ssl.truststore.type=PEM"
+            )
+        if kafka_name == "ssl.keystore.location" and keystore_type != "PEM":
+            raise error(
+                "Option kafka.ssl.keystore.location needs a PEM file (kafka-python reads no"
+                " JKS/PKCS12): convert it and set kafka.ssl.keystore.type=PEM"
+            )
+        if kafka_name == "ssl.endpoint.identification.algorithm":
+            params["ssl_check_hostname"] = value.strip().lower() == "https"
+            continue
+        kwarg = _RENAMED_KAFKA_OPTIONS.get(kafka_name, kafka_name.replace(".", "_"))
+        if kwarg not in defaults or kwarg in _UNSETTABLE_KWARGS:
+            raise error(
+                f"Option kafka.{kafka_name} is not a {client} setting kafka-python supports:"
+                f" remove it (see the kafka.* table in the {readme_section} README)"
+            )
+        params[kwarg] = kafka_value(kafka_name, kwarg, value, client, error)
+    return tuple(sorted(params.items()))
+
+
+def kafka_value(
+    kafka_name: str, kwarg: str, value: str, client: Client, error: type[ValueError]
+) -> Any:
+    """``value`` as the type kafka-python's default for ``kwarg`` has."""
+    shown = "(hidden)" if kafka_name in SECRET_KAFKA_OPTIONS else repr(value)
+    default = _DEFAULTS[client].get(kwarg)
+    if kwarg in _ALWAYS_INT or (isinstance(default, int) and not isinstance(default, bool)):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise error(f"Option kafka.{kafka_name} is {shown}: use a non-negative integer")
+        return number
+    if isinstance(default, bool):
+        if value.strip().lower() not in ("true", "false"):
+            raise error(f"Option kafka.{kafka_name} is {shown}: use true or false")
+        return value.strip().lower() == "true"
+    return value
+
+
+_JAAS = re.compile(
+    r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)"
+    r"(?P<pairs>(?:\s+\w+\s*=\s*(?:\"[^\"]*\"|[^\s;]+))*)\s*;?\s*$"
+)
+_JAAS_PAIR = re.compile(r"(\w+)\s*=\s*(?:\"([^\"]*)\"|([^\s;]+))")
+
+
+def parse_jaas(jaas: str, error: type[ValueError]) -> dict[str, str]:
+    """Turn a PLAIN or SCRAM ``sasl.jaas.config`` into kafka-python's username/password."""
+    match = _JAAS.match(jaas)
+    module = match.group("module").rsplit(".", 1)[-1] if match else ""
+    if module not in ("PlainLoginModule", "ScramLoginModule") or match is None:
+        raise error(
+            "Option kafka.sasl.jaas.config must be a PlainLoginModule or ScramLoginModule entry"
+            ' with username="..." password="..." (other login modules are not supported)'
+        )
+    pairs = {key: quoted or bare for key, quoted, bare in _JAAS_PAIR.findall(match["pairs"])}
+    if "username" not in pairs or "password" not in pairs:
+        raise error('Option kafka.sasl.jaas.config needs both username="..." and password="..."')
+    return {"sasl_plain_username": pairs["username"], "sasl_plain_password": pairs["password"]}

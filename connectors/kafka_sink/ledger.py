@@ -1,0 +1,161 @@
+"""Where 2pc-kafka keeps its decisions: a compacted Kafka topic, one record per slot.
+
+A slot (sink, batch) is the record keyed ``<sinkId>/<batchId>`` whose value is the JSON
+``{"status": ..., "pieces": [...]}`` (see ``commit_protocols.pieces``); a tombstone
+forgets it. The topic has one partition and is written only in Kafka transactions.
+
+Why this is a compare-and-set slot: every ledger of a sink writes with one transactional
+id, ``eospack-ledger-<sinkId>``. Opening a ledger initialises that id, which fences any
+other process still holding it (a zombie driver of an earlier run): from then on only
+this ledger can commit writes for the sink, and what it reads after opening (with
+read_committed, to the end) is the whole truth. A fenced writer's next write fails with
+``ProducerFencedError``, so it can never overwrite what it did not read.
+
+Growth: ``mark_done`` of batch N tombstones the sink's slots below N - 1 (a replay only
+ever concerns the last batch), and compaction drops them; each open reads the topic from
+its start, so the topic stays small.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kafka_errors
+
+from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
+from connectors.kafka_sink.options import KafkaSinkOptions
+
+LEDGER_TOPIC_CONFIGS = {
+    "cleanup.policy": "compact",
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": "3600000",
+}
+READ_TIMEOUT_SECONDS = 60.0
+"""How long opening a ledger may take to read the topic to its end."""
+_TOMBSTONE = None
+
+
+class LedgerError(RuntimeError):
+    """The ledger topic cannot be created, read or written."""
+
+
+class Ledger:
+    """The slots of one sink, read once at open and kept up to date by this object's writes."""
+
+    def __init__(self, options: KafkaSinkOptions, sink_id: str) -> None:
+        self.options = options
+        self.sink_id = sink_id
+        self.topic = options.ledger_topic
+        config = options.client_config()
+        ensure_ledger_topic(config, self.topic)
+        self.producer = KafkaProducer(
+            transactional_id=f"eospack-ledger-{sink_id}", acks="all", **config
+        )
+        try:
+            self.producer.init_transactions()
+            self.slots = read_slots(config, self.topic, sink_id)
+        except BaseException:
+            self.producer.close(timeout=0)
+            raise
+
+    def write(self, slot: BatchDecision) -> BatchDecision:
+        """Write ``slot`` (its status and pieces) in one committed transaction."""
+        body = {"status": slot.status, "pieces": [piece.to_json() for piece in slot.pieces]}
+        self._commit({slot.batch_id: json.dumps(body, separators=(",", ":")).encode()})
+        self.slots[slot.batch_id] = slot
+        return slot
+
+    def mark_done(self, slot: BatchDecision) -> None:
+        """``slot`` done, and the sink's slots below ``batch_id - 1`` forgotten."""
+        old = [batch for batch in self.slots if batch < slot.batch_id - 1]
+        body = {"status": DONE, "pieces": [piece.to_json() for piece in slot.pieces]}
+        records: dict[int, bytes | None] = {batch: _TOMBSTONE for batch in old}
+        records[slot.batch_id] = json.dumps(body, separators=(",", ":")).encode()
+        self._commit(records)
+        for batch in old:
+            del self.slots[batch]
+        self.slots[slot.batch_id] = BatchDecision(slot.sink_id, slot.batch_id, slot.pieces, DONE)
+
+    def _commit(self, records: dict[int, bytes | None]) -> None:
+        try:
+            self.producer.begin_transaction()
+            for batch_id, value in sorted(records.items()):
+                self.producer.send(self.topic, key=slot_key(self.sink_id, batch_id), value=value)
+            self.producer.commit_transaction()
+        except kafka_errors.ProducerFencedError:
+            raise LedgerError(
+                f"2pc-kafka sink {self.sink_id}: another process now writes this sink's"
+                f" decisions to {self.topic} (a newer run of the query, or another query with"
+                " the same sinkId): this one stops; give each query its own sinkId (or none)"
+            ) from None
+
+    def close(self) -> None:
+        self.producer.close(timeout=0)
+
+
+def slot_key(sink_id: str, batch_id: int) -> bytes:
+    return f"{sink_id}/{batch_id}".encode()
+
+
+def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, BatchDecision]:
+    """Every slot of ``sink_id`` in ``topic``, read with read_committed to its end."""
+    partition = TopicPartition(topic, 0)
+    consumer = KafkaConsumer(
+        isolation_level="read_committed", enable_auto_commit=False, group_id=None, **config
+    )
+    prefix = f"{sink_id}/".encode()
+    slots: dict[int, BatchDecision] = {}
+    try:
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        end = consumer.end_offsets([partition])[partition]
+        deadline = time.monotonic() + READ_TIMEOUT_SECONDS
+        while consumer.position(partition) < end:
+            if time.monotonic() > deadline:
+                raise LedgerError(
+                    f"2pc-kafka could not read its ledger topic {topic} to offset {end} within"
+                    f" {READ_TIMEOUT_SECONDS:.0f} s (stopped at {consumer.position(partition)})"
+                )
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    if record.key is None or not record.key.startswith(prefix):
+                        continue
+                    batch_id = int(record.key[len(prefix) :])
+                    if record.value is None:
+                        slots.pop(batch_id, None)
+                        continue
+                    body = json.loads(record.value)
+                    pieces = tuple(PreparedPiece.from_json(piece) for piece in body["pieces"])
+                    slots[batch_id] = BatchDecision(sink_id, batch_id, pieces, body["status"])
+    finally:
+        consumer.close()
+    return slots
+
+
+def ensure_ledger_topic(config: dict[str, Any], topic: str) -> None:
+    """Create the compacted ledger topic unless it exists (replicated like the cluster allows)."""
+    admin = KafkaAdminClient(
+        **{key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG}
+    )
+    try:
+        if topic in admin.list_topics():
+            return
+        brokers = len(admin.describe_cluster()["brokers"])
+        try:
+            admin.create_topics(
+                {
+                    topic: {
+                        "num_partitions": 1,
+                        "replication_factor": min(3, brokers),
+                        "configs": LEDGER_TOPIC_CONFIGS,
+                    }
+                }
+            )
+        except kafka_errors.TopicAlreadyExistsError:
+            pass
+    finally:
+        admin.close()

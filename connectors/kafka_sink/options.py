@@ -1,0 +1,129 @@
+"""Options of ``writeStream.format("2pc-kafka")``, parsed once into a frozen, typed object.
+
+The names are those of Spark's built-in Kafka sink (``kafka.bootstrap.servers``, ``topic``,
+``kafka.*`` for the producer), plus eospack's sink options (``deliveryGuarantee``,
+``sinkId``) and ``ledgerTopic``, where the driver keeps its decisions. Keys are
+case-insensitive. Every error is one line naming the option and the fix, raised before
+any data moves; secret values never appear in errors or reprs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from commit_protocols import SinkIdentityError, validate_sink_id
+from connectors.kafka.client_config import kafka_client_params, kafka_value
+
+DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"
+DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+"""Kafka's default ``transaction.max.timeout.ms`` (15 minutes): the longest a broker lets a
+prepared transaction wait for the driver's commit, so the longest the query may stay down."""
+DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
+
+# Producer settings this sink owns, with the fix to offer.
+REFUSED_PRODUCER_OPTIONS = {
+    "transactional.id": "the sink gives each task its own transactional id",
+    "key.serializer": "write a key column of type binary or string instead",
+    "value.serializer": "write a value column of type binary or string instead",
+    "enable.idempotence": "the sink sets it: transactions need the idempotent producer",
+    "acks": "the sink sets acks=all: a record acknowledged by one broker only can be lost",
+    "interceptor.classes": "producer interceptors are not supported",
+}
+
+
+class KafkaSinkOptionError(ValueError):
+    """An option of 2pc-kafka is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class KafkaSinkOptions:
+    bootstrap_servers: str
+    topic: str | None = None
+    """Overrides the rows' ``topic`` column, as in Spark's Kafka sink."""
+    exactly_once: bool = True
+    sink_id: str | None = None
+    ledger_topic: str = DEFAULT_LEDGER_TOPIC
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    producer_params: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+
+    @property
+    def target(self) -> str:
+        """What the sink id is derived from together with the query id."""
+        return f"kafka://{self.bootstrap_servers}/{self.topic or '(topic column)'}"
+
+    def describe(self) -> str:
+        """For errors and logs: where, never who."""
+        return f"Kafka {self.bootstrap_servers}, topic {self.topic or '(topic column)'}"
+
+    def client_config(self) -> dict[str, Any]:
+        """kafka-python settings every client of this sink shares (admin, ledger, tasks)."""
+        return {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            **dict(self.producer_params),
+        }
+
+    def producer_config(self) -> dict[str, Any]:
+        """A task's producer: every record acknowledged by all in-sync replicas."""
+        config = {**self.client_config(), "acks": "all", "enable_idempotence": True}
+        if self.exactly_once:
+            config["transaction_timeout_ms"] = self.transaction_timeout_ms
+        return config
+
+
+def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
+    values = {str(key).lower(): str(value) for key, value in options.items() if value is not None}
+    bootstrap = (values.get("kafka.bootstrap.servers") or "").strip()
+    if not bootstrap:
+        raise KafkaSinkOptionError(
+            "Option kafka.bootstrap.servers is required: set it to host:port[,host:port...]"
+        )
+    guarantee = (values.get("deliveryguarantee") or "exactly-once").strip().lower()
+    if guarantee not in DELIVERY_GUARANTEES:
+        raise KafkaSinkOptionError(
+            f"Option deliveryGuarantee is {guarantee!r}: use exactly-once (default) or"
+            " at-least-once"
+        )
+    sink_id = values.get("sinkid")
+    if sink_id is not None:
+        try:
+            sink_id = validate_sink_id(sink_id.strip())
+        except SinkIdentityError as error:
+            raise KafkaSinkOptionError(str(error)) from None
+    topic = (values.get("topic") or "").strip() or None
+    ledger_topic = (values.get("ledgertopic") or DEFAULT_LEDGER_TOPIC).strip()
+    if not ledger_topic or ledger_topic == topic:
+        raise KafkaSinkOptionError(
+            "Option ledgerTopic must name a topic of its own (the sink's decisions), not the"
+            " output topic"
+        )
+    kafka_options = {
+        key.removeprefix("kafka."): value
+        for key, value in values.items()
+        if key.startswith("kafka.") and key != "kafka.bootstrap.servers"
+    }
+    timeout = kafka_options.pop("transaction.timeout.ms", None)
+    timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
+    if timeout is not None:
+        timeout_ms = kafka_value(
+            "transaction.timeout.ms", "transaction_timeout_ms", timeout, "producer",
+            KafkaSinkOptionError,
+        )  # fmt: skip
+        if timeout_ms < 1000:
+            raise KafkaSinkOptionError(
+                f"Option kafka.transaction.timeout.ms is {timeout_ms}: use at least 1000 (the"
+                " default, 900000, is the broker's usual maximum)"
+            )
+    params = kafka_client_params(
+        kafka_options, "producer", REFUSED_PRODUCER_OPTIONS, KafkaSinkOptionError, "2pc-kafka"
+    )
+    return KafkaSinkOptions(
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        exactly_once=guarantee == "exactly-once",
+        sink_id=sink_id,
+        ledger_topic=ledger_topic,
+        transaction_timeout_ms=timeout_ms,
+        producer_params=params,
+    )

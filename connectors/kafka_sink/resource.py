@@ -1,0 +1,101 @@
+"""2pc-kafka's part in the two-phase commit: pieces are Kafka transactions a task left open,
+slots live in the ledger topic (``ledger``).
+
+- commit a piece: EndTxn(commit) by its producer id and epoch (``transactions``);
+  idempotent. A decided transaction the broker aborted meanwhile (the query stayed down
+  longer than ``transaction.timeout.ms``, or someone fenced it) raises
+  ``DecidedPieceLostError``: its records are lost, and the restart says so.
+- roll a piece back: fence its transactional id (InitProducerId), which aborts it.
+- prepared pieces: the sink's open transactions, listed by the broker (ListTransactions),
+  named like every eospack transaction id, so batch and attempt are read off the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from commit_protocols import parse_transaction_id, sink_prefix
+from commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
+from commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+from connectors.kafka_sink.ledger import Ledger
+from connectors.kafka_sink.options import KafkaSinkOptions
+from connectors.kafka_sink.transactions import (
+    PreparedTransaction,
+    TransactionFencedError,
+    commit_prepared,
+    fence,
+    open_transactions,
+)
+
+
+class KafkaResource(TransactionalResource):
+    """One commit's or abort's view of a 2pc-kafka sink (one ledger per sink id)."""
+
+    def __init__(self, options: KafkaSinkOptions) -> None:
+        self.options = options
+        self.config = options.client_config()
+        self._ledgers: dict[str, Ledger] = {}
+
+    def ledger(self, sink_id: str) -> Ledger:
+        if sink_id not in self._ledgers:
+            self._ledgers[sink_id] = Ledger(self.options, sink_id)
+        return self._ledgers[sink_id]
+
+    def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
+        return self.ledger(sink_id).slots.get(batch_id)
+
+    def record_decision(self, decision: BatchDecision) -> BatchDecision:
+        ledger = self.ledger(decision.sink_id)
+        slot = ledger.slots.get(decision.batch_id)
+        if slot is not None and not slot.accepts(decision):
+            return slot
+        return ledger.write(BatchDecision(decision.sink_id, decision.batch_id, decision.pieces))
+
+    def fence(
+        self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]
+    ) -> BatchDecision:
+        ledger = self.ledger(sink_id)
+        slot = ledger.slots.get(batch_id)
+        if slot is not None and slot.is_decided:
+            return slot
+        target = (
+            BatchDecision(sink_id, batch_id, pieces, ABORTED)
+            if slot is None
+            else slot.fenced_with(pieces)
+        )
+        return slot if target == slot else ledger.write(target)
+
+    def mark_done(self, decision: BatchDecision) -> None:
+        self.ledger(decision.sink_id).mark_done(decision)
+
+    def commit_piece(self, piece: PreparedPiece) -> None:
+        if "transactional_id" not in piece.handle:
+            return  # listed by the broker, not named by a decision: nothing known to commit
+        try:
+            commit_prepared(self.config, PreparedTransaction.from_json(piece.handle))
+        except TransactionFencedError as error:
+            raise DecidedPieceLostError(
+                f"2pc-kafka batch {piece.batch_id} of sink {piece.sink_id}: {error}; its"
+                f" {piece.rows} records are lost (raise kafka.transaction.timeout.ms, and"
+                " restart crashed queries sooner)"
+            ) from None
+
+    def rollback_piece(self, piece: PreparedPiece) -> None:
+        fence(self.config, piece.transaction_id)
+
+    def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
+        slots = self.ledger(sink_id).slots
+        return [slots[batch] for batch in sorted(slots) if slots[batch].status == DECIDED]
+
+    def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
+        pieces = []
+        for transactional_id in open_transactions(self.config, sink_prefix(sink_id)):
+            parsed = parse_transaction_id(transactional_id)
+            if parsed is not None:
+                sink, batch_id, partition_id, attempt = parsed
+                pieces.append(PreparedPiece(sink, batch_id, partition_id, attempt, 0))
+        return pieces
+
+    def close(self) -> None:
+        for ledger in self._ledgers.values():
+            ledger.close()

@@ -1,0 +1,189 @@
+"""``writeStream.format("2pc-kafka")``: exactly-once Kafka records from Spark micro-batches.
+
+Guarantee: with ``deliveryGuarantee=exactly-once`` (default) a ``read_committed`` consumer
+sees each row of each micro-batch exactly once, across crashes of the driver or executors,
+task retries and broker restarts, provided the query restarts from its checkpoint within
+``transaction.timeout.ms`` of a crash. Tasks write their rows in Kafka transactions and
+leave them open; the driver records the decision in the ledger topic and commits every
+transaction by producer id and epoch; recovery rolls decided transactions forward and
+fences the rest (``connectors.kafka_sink.resource``). A prepared transaction the broker
+aborted because the query stayed down too long is detected at the restart, which fails
+with ``DecidedPieceLostError``: never silently lost. ``read_uncommitted`` consumers see
+records of transactions that are later aborted (a retried task, a replayed batch).
+``at-least-once`` sends without transactions: retries may duplicate records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pyarrow as pa
+from kafka import KafkaAdminClient
+from kafka import errors as kafka_errors
+from kafka.admin import ConfigResource, ConfigResourceType
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    StringType,
+    StructType,
+)
+
+from commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
+from commit_protocols.logs import make_logs_visible
+from commit_protocols.pieces import PreparedPiece
+from connectors.kafka_sink.options import (
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
+    KafkaSinkOptionError,
+    KafkaSinkOptions,
+    parse_options,
+)
+from connectors.kafka_sink.resource import KafkaResource
+from connectors.kafka_sink.writer import prepare_task, write_directly
+
+SINK_NAME = "2pc-kafka"
+BROKER_TIMEOUT_SETTING = "transaction.max.timeout.ms"
+logger = logging.getLogger("eospack.kafka_sink")
+
+_broker_maximum: dict[str, int | None] = {}
+_broker_maximum_lock = threading.Lock()
+
+
+class TwoPhaseKafkaDataSource(DataSource):
+    """``writeStream.format("2pc-kafka")``: see the module doc."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
+        make_logs_visible()
+        options = parse_options(self.options)
+        if overwrite:
+            raise KafkaSinkOptionError(
+                "outputMode complete is not supported by 2pc-kafka: use append"
+            )
+        check_schema(options, schema)
+        if options.exactly_once:
+            options = with_broker_timeout(options, "kafka.transaction.timeout.ms" in {
+                key.lower() for key in self.options
+            })  # fmt: skip
+        return KafkaStreamWriter(options)
+
+
+def check_schema(options: KafkaSinkOptions, schema: StructType) -> None:
+    """Spark's Kafka sink columns, with their types; refused before any data moves."""
+    fields = {field.name: field.dataType for field in schema.fields}
+    expected = {
+        "value": "binary or string",
+        "key": "binary or string",
+        "topic": "string",
+        "partition": "int",
+        "headers": "array<struct<key: string, value: binary>>",
+    }
+    if "value" not in fields:
+        raise KafkaSinkOptionError(
+            "2pc-kafka needs a value column (binary or string): select or alias one"
+        )
+    if options.topic is None and "topic" not in fields:
+        raise KafkaSinkOptionError(
+            "2pc-kafka needs a topic: set the topic option, or write a topic column"
+        )
+    checks = {
+        "value": isinstance(fields.get("value"), (BinaryType, StringType)),
+        "key": isinstance(fields.get("key"), (BinaryType, StringType)),
+        "topic": isinstance(fields.get("topic"), StringType) or options.topic is not None,
+        "partition": isinstance(fields.get("partition"), IntegerType),
+        "headers": _is_headers(fields.get("headers")),
+    }
+    for column, fits in checks.items():
+        if column in fields and not fits:
+            raise KafkaSinkOptionError(
+                f"2pc-kafka column {column} has type {fields[column].simpleString()}: use"
+                f" {expected[column]} (cast it first)"
+            )
+
+
+def _is_headers(data_type: object) -> bool:
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
+        return False
+    element = {field.name: field.dataType for field in data_type.elementType.fields}
+    return isinstance(element.get("key"), StringType) and isinstance(
+        element.get("value"), (BinaryType, StringType)
+    )
+
+
+def with_broker_timeout(options: KafkaSinkOptions, asked: bool) -> KafkaSinkOptions:
+    """The transaction timeout to use: the broker's maximum unless a lower one was asked.
+    Asking for more than the broker allows would fail every task: warn and use its maximum."""
+    maximum = broker_transaction_maximum(options)
+    if maximum is None:
+        return options
+    if not asked:
+        return replace(options, transaction_timeout_ms=maximum)
+    if options.transaction_timeout_ms > maximum:
+        logger.warning(
+            "2pc-kafka: kafka.transaction.timeout.ms=%d is above the broker's %s=%d: using"
+            " %d; a query down longer than that loses its prepared batch (the restart fails"
+            " loudly). Raise %s on the brokers to allow more",
+            options.transaction_timeout_ms, BROKER_TIMEOUT_SETTING, maximum, maximum,
+            BROKER_TIMEOUT_SETTING,
+        )  # fmt: skip
+        return replace(options, transaction_timeout_ms=maximum)
+    return options
+
+
+def broker_transaction_maximum(options: KafkaSinkOptions) -> int | None:
+    """The brokers' ``transaction.max.timeout.ms`` (asked once per process and cluster)."""
+    with _broker_maximum_lock:
+        if options.bootstrap_servers in _broker_maximum:
+            return _broker_maximum[options.bootstrap_servers]
+    config = options.client_config()
+    admin = KafkaAdminClient(
+        **{key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG}
+    )
+    maximum: int | None = None
+    try:
+        broker = admin.describe_cluster()["brokers"][0]["broker_id"]
+        resource = ConfigResource(ConfigResourceType.BROKER, str(broker), [BROKER_TIMEOUT_SETTING])
+        described = admin.describe_configs([resource], config_filter="all")
+        for names in described.values():
+            for settings in names.values():
+                if BROKER_TIMEOUT_SETTING in settings:
+                    maximum = int(settings[BROKER_TIMEOUT_SETTING]["value"])
+    except kafka_errors.KafkaError as error:  # an ACL may forbid it: fall back, say so
+        logger.warning(
+            "2pc-kafka could not read the brokers' %s (%s): using %d ms",
+            BROKER_TIMEOUT_SETTING, type(error).__name__, DEFAULT_TRANSACTION_TIMEOUT_MS,
+        )  # fmt: skip
+    finally:
+        admin.close()
+    with _broker_maximum_lock:
+        _broker_maximum[options.bootstrap_servers] = maximum
+    return maximum
+
+
+class KafkaStreamWriter(TwoPhaseCommitStreamWriter):
+    """Prepares on executors (``writer``), commits on the driver (``KafkaResource``)."""
+
+    sink_name = SINK_NAME
+
+    def __init__(self, options: KafkaSinkOptions) -> None:
+        super().__init__(options.sink_id, options.target, options.exactly_once)
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"KafkaStreamWriter({self.options.describe()})"
+
+    def prepare(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> PreparedPiece:
+        return prepare_task(self.options, task, batches)
+
+    def write_directly(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> int:
+        return write_directly(self.options, batches)
+
+    def open_resource(self) -> KafkaResource:
+        return KafkaResource(self.options)

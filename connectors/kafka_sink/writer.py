@@ -1,0 +1,100 @@
+"""Executor side of 2pc-kafka: a task's rows as Kafka records.
+
+The input columns are those of Spark's Kafka sink: ``value`` (binary or string, required),
+``key`` (binary or string), ``topic`` (string; the ``topic`` option overrides it),
+``partition`` (int; else the producer's partitioner) and ``headers`` (array of struct
+``key`` string, ``value`` binary). Other columns are ignored.
+
+Exactly-once: the task writes in a Kafka transaction of its own transactional id
+(the eospack transaction id of sink, batch, partition and attempt), flushes, and leaves
+it open; its commit message carries the producer id and epoch the driver commits with.
+A task that fails aborts its transaction where it still can; what it cannot abort, the
+driver's recovery fences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from kafka import KafkaProducer
+
+from commit_protocols import TaskIdentity, transaction_id
+from commit_protocols.pieces import PreparedPiece
+from connectors.kafka_sink.options import KafkaSinkOptions
+from connectors.kafka_sink.transactions import begin, prepare
+
+SEND_COLUMNS = ("key", "value", "topic", "partition", "headers")
+
+
+def prepare_task(
+    options: KafkaSinkOptions, task: TaskIdentity, batches: Iterator[pa.RecordBatch]
+) -> PreparedPiece:
+    """Write the task's rows into an open transaction and return it as a prepared piece."""
+    name = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
+    producer = begin(options.producer_config(), name)
+    try:
+        records = send_rows(producer, options, batches)
+        prepared = prepare(producer, records)
+    except BaseException:
+        try:
+            producer.abort_transaction()
+        finally:
+            producer.close(timeout=0)
+        raise
+    return PreparedPiece(
+        task.sink_id, task.batch_id, task.partition_id, task.attempt, records, prepared.to_json()
+    )
+
+
+def write_directly(options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch]) -> int:
+    """At-least-once: send, flush, and count (a retried task sends its rows again)."""
+    producer = KafkaProducer(**options.producer_config())
+    try:
+        records = send_rows(producer, options, batches)
+        producer.flush()
+    finally:
+        producer.close()
+    return records
+
+
+def send_rows(
+    producer: KafkaProducer, options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch]
+) -> int:
+    """Send every row; return how many. A send that failed raises at the next flush."""
+    sent = 0
+    for batch in batches:
+        columns = {
+            name: batch.column(name).to_pylist()
+            for name in SEND_COLUMNS
+            if name in batch.schema.names
+        }
+        for index in range(batch.num_rows):
+            topic = options.topic or columns["topic"][index]
+            if topic is None:
+                raise ValueError(
+                    "2pc-kafka: a row has a null topic: set the topic option or fill the"
+                    " topic column"
+                )
+            producer.send(
+                topic,
+                value=as_bytes(columns["value"][index]),
+                key=as_bytes(columns["key"][index]) if "key" in columns else None,
+                partition=columns["partition"][index] if "partition" in columns else None,
+                headers=headers_of(columns["headers"][index]) if "headers" in columns else None,
+            )
+        sent += batch.num_rows
+    return sent
+
+
+def as_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return str(value).encode()
+
+
+def headers_of(value: list[dict[str, Any]] | None) -> list[tuple[str, bytes]] | None:
+    if not value:
+        return None
+    return [(str(header["key"]), as_bytes(header["value"]) or b"") for header in value]
