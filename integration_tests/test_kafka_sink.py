@@ -10,6 +10,7 @@ decision in the ledger is done. read_uncommitted sees the crashed runs' aborted 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,12 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
-from commit_protocols import sink_prefix
+from commit_protocols import derive_sink_id, sink_prefix
 from connectors.kafka_sink.ledger import read_slots
 from connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
 from connectors.kafka_sink.transactions import open_transactions
 from eospack.services.kafka_tools import create_topic
-from eospack.testing import await_query
+from eospack.testing import await_query, wait_until
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.kafka_sink_driver import start_query
 from integration_tests.test_s3_crash import write_source
@@ -47,6 +48,12 @@ def records(bootstrap: str, topic: str, isolation: str) -> Counter[tuple[str, st
 
 def expected_records(batches: list[list[tuple[int, str]]]) -> Counter[tuple[str, str]]:
     return Counter((group, str(row_id)) for batch in batches for row_id, group in batch)
+
+
+def sink_transactions(checkpoint: Path, bootstrap: str, topic: str) -> str:
+    """The transactional-id prefix of the query's sink (its id derives from the query id)."""
+    query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
+    return sink_prefix(derive_sink_id(query_id, f"kafka://{bootstrap}/{topic}"))
 
 
 def sink_ids_in_ledger(bootstrap: str) -> set[str]:
@@ -103,6 +110,69 @@ def _ledger_exists(bootstrap: str) -> bool:
         consumer.close()
 
 
+@pytest.mark.timeout(600)
+def test_a_decided_batch_survives_a_broker_kill_and_is_finished_by_the_restart(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """Killed after the decision, before any commit; then the broker is SIGKILLed and
+    started again: the prepared transactions survive it, and the restart commits them."""
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    create_topic(bootstrap, unique_name, 2)
+    source = tmp_path / "source"
+    source.mkdir()
+    batches = write_source(source, 2)
+    arguments = [
+        "--source", str(source), "--checkpoint", str(tmp_path / "checkpoint"),
+        "--bootstrap-servers", bootstrap, "--topic", unique_name,
+    ]  # fmt: skip
+    run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point="after_decision@0")
+    assert run.was_killed, run.explain()
+    assert records(bootstrap, unique_name, "read_committed") == Counter()
+    real_kafka.kill()
+    real_kafka.start()
+
+    query = start_query(spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name)
+    await_query(query, DRIVER_TIMEOUT)
+    assert records(bootstrap, unique_name, "read_committed") == expected_records(batches)
+    prefix = sink_transactions(tmp_path / "checkpoint", bootstrap, unique_name)
+    assert open_transactions({"bootstrap_servers": bootstrap}, prefix) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_decided_batch_the_broker_timed_out_fails_the_restart_loudly(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """The query stayed down longer than kafka.transaction.timeout.ms after deciding: the
+    broker aborted its transactions. The restart must not pass the batch for done."""
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    create_topic(bootstrap, unique_name, 2)
+    source = tmp_path / "source"
+    source.mkdir()
+    write_source(source, 1)
+    timeout = {"kafka.transaction.timeout.ms": "1000"}
+    arguments = [
+        "--source", str(source), "--checkpoint", str(tmp_path / "checkpoint"),
+        "--bootstrap-servers", bootstrap, "--topic", unique_name,
+        "--option", "kafka.transaction.timeout.ms=1000",
+    ]  # fmt: skip
+    run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point="after_decision@0")
+    assert run.was_killed, run.explain()
+    config = {"bootstrap_servers": bootstrap}
+    prefix = sink_transactions(tmp_path / "checkpoint", bootstrap, unique_name)
+    wait_until(
+        lambda: open_transactions(config, prefix) == [],
+        60,
+        "the broker to abort the timed-out transactions",
+        poll=1.0,
+    )
+    query = start_query(
+        spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name, timeout
+    )
+    with pytest.raises(Exception, match="DecidedPieceLostError: 2pc-kafka batch 0 of sink"):
+        await_query(query, DRIVER_TIMEOUT)
+    assert records(bootstrap, unique_name, "read_committed") == Counter()
+
+
 @pytest.mark.timeout(300)
 def test_at_least_once_writes_every_row_without_transactions(
     spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
@@ -118,7 +188,8 @@ def test_at_least_once_writes_every_row_without_transactions(
     )  # fmt: skip
     await_query(query, DRIVER_TIMEOUT)
     assert records(bootstrap, unique_name, "read_committed") == expected_records(batches)
-    assert open_transactions({"bootstrap_servers": bootstrap}, "eospack-") == []
+    prefix = sink_transactions(tmp_path / "checkpoint", bootstrap, unique_name)
+    assert open_transactions({"bootstrap_servers": bootstrap}, prefix) == []
 
 
 @pytest.mark.timeout(120)

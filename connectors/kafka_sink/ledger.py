@@ -27,6 +27,7 @@ from kafka import errors as kafka_errors
 
 from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from connectors.kafka_sink.options import KafkaSinkOptions
+from connectors.kafka_sink.transactions import end_transaction
 
 LEDGER_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -85,7 +86,7 @@ class Ledger:
             self.producer.begin_transaction()
             for batch_id, value in sorted(records.items()):
                 self.producer.send(self.topic, key=slot_key(self.sink_id, batch_id), value=value)
-            self.producer.commit_transaction()
+            end_transaction(self.producer, commit=True)
         except kafka_errors.ProducerFencedError:
             raise LedgerError(
                 f"2pc-kafka sink {self.sink_id}: another process now writes this sink's"

@@ -33,6 +33,8 @@ from kafka.producer.transaction_manager import ProducerIdAndEpoch, TransactionSt
 
 PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""
+END_TIMEOUT_MS = 60_000
+"""How long ending a transaction may take: kafka-python's own call waits forever."""
 
 
 class TransactionFencedError(RuntimeError):
@@ -108,7 +110,7 @@ def commit_prepared(config: Mapping[str, Any], prepared: PreparedTransaction) ->
             manager._transition_to(TransactionState.READY)
             manager._transition_to(TransactionState.IN_TRANSACTION)
             manager._transaction_started = True
-        producer.commit_transaction()
+        end_transaction(producer, commit=True)
     except (
         kafka_errors.ProducerFencedError,
         kafka_errors.InvalidProducerEpochError,
@@ -122,6 +124,20 @@ def commit_prepared(config: Mapping[str, Any], prepared: PreparedTransaction) ->
         ) from None
     finally:
         producer.close(timeout=0)
+
+
+def end_transaction(producer: KafkaProducer, commit: bool) -> None:
+    """Commit (or abort) the producer's transaction, waiting at most ``END_TIMEOUT_MS``:
+    a broker that stopped answering raises ``KafkaTimeoutError`` instead of hanging the
+    caller. Ending again later is safe (the outcome is idempotent)."""
+    manager = producer._transaction_manager
+    result = manager.begin_commit() if commit else manager.begin_abort()
+    producer._sender.wakeup()
+    if not result.wait(timeout_ms=END_TIMEOUT_MS):
+        raise kafka_errors.KafkaTimeoutError(
+            f"ending transaction {producer.config['transactional_id']} took over"
+            f" {END_TIMEOUT_MS // 1000} s: the broker did not answer"
+        )
 
 
 def fence(config: Mapping[str, Any], transactional_id: str) -> None:

@@ -14,6 +14,7 @@ driver's recovery fences.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from kafka import KafkaProducer
 from commit_protocols import TaskIdentity, transaction_id
 from commit_protocols.pieces import PreparedPiece
 from connectors.kafka_sink.options import KafkaSinkOptions
-from connectors.kafka_sink.transactions import begin, prepare
+from connectors.kafka_sink.transactions import begin, end_transaction, prepare
 
 SEND_COLUMNS = ("key", "value", "topic", "partition", "headers")
 
@@ -38,10 +39,9 @@ def prepare_task(
         records = send_rows(producer, options, batches)
         prepared = prepare(producer, records)
     except BaseException:
-        try:
-            producer.abort_transaction()
-        finally:
-            producer.close(timeout=0)
+        with contextlib.suppress(Exception):  # what stays open, recovery fences
+            end_transaction(producer, commit=False)
+        producer.close(timeout=0)
         raise
     return PreparedPiece(
         task.sink_id, task.batch_id, task.partition_id, task.attempt, records, prepared.to_json()

@@ -46,12 +46,14 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topic", required=True)
+    parser.add_argument("--option", action="append", default=[], help="NAME=VALUE sink option")
     arguments = parser.parse_args()
 
     spark = local_session(app_name="eospack-kafka-sink-crash-driver")
+    options = dict(option.split("=", 1) for option in arguments.option)
     query = start_query(
         spark, arguments.source, arguments.checkpoint, arguments.bootstrap_servers,
-        arguments.topic,
+        arguments.topic, options,
     )  # fmt: skip
     await_query(query, timeout=120)
     spark.stop()
