@@ -3,9 +3,9 @@
 Every benchmark runs its contenders in the same process, on the same data and the same
 embedded services, and reports medians of the repetitions after one warm-up. Spark's own
 JVM connectors are the peers: ``format("kafka")`` for the source, Spark's JDBC writer for
-2pc-jdbc and the Parquet file sink on S3A for 2pc-s3; their jars (``spark-kafka``,
-``postgresql-jdbc``, ``hadoop-aws``) come through mvn on first use, and a peer whose jars
-cannot be resolved is left out with a note. Results go to
+2pc-jdbc, the Parquet file sink on S3A for 2pc-s3 and ``format("kafka")`` for 2pc-kafka;
+their jars (``spark-kafka``, ``postgresql-jdbc``, ``hadoop-aws``) come through mvn on first
+use, and a peer whose jars cannot be resolved is left out with a note. Results go to
 ``benchmarks/results/<date>.md`` and the summary table into README.md.
 """
 
@@ -23,7 +23,10 @@ from pathlib import Path
 from benchmarks.harness import Report, say
 
 ROOT = Path(__file__).resolve().parent.parent
-ALL = ("source", "jdbc", "latency", "stateful", "recovery", "s3", "e2e", "event-latency")
+ALL = (
+    "source", "jdbc", "latency", "stateful", "recovery", "s3", "e2e", "event-latency",
+    "kafka-sink",
+)  # fmt: skip
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
@@ -49,7 +52,15 @@ def main() -> int:
     if quick and arguments.only is None:
         selected.discard("e2e")
     started = time.monotonic()
-    from benchmarks import jdbc_sink, kafka_source, latency, pipeline, s3_sink, stateful
+    from benchmarks import (
+        jdbc_sink,
+        kafka_sink,
+        kafka_source,
+        latency,
+        pipeline,
+        s3_sink,
+        stateful,
+    )
     from eospack.services import start_kafka, start_postgres, start_s3
     from eospack.spark import local_session
 
@@ -68,7 +79,7 @@ def main() -> int:
         conf = {}
         jars = {}
         for name, wanted in (
-            ("spark-kafka", {"source", "recovery"}),
+            ("spark-kafka", {"source", "recovery", "kafka-sink"}),
             ("hadoop-aws", {"s3"}),
             ("postgresql-jdbc", {"jdbc", "recovery"}),
         ):
@@ -121,6 +132,12 @@ def main() -> int:
             s3_sink.run(
                 report, spark, s3, workdir, rows, repetitions, s3a=bool(jars.get("hadoop-aws"))
             )
+        if "kafka-sink" in selected:
+            rows = 100_000 if quick else 1_000_000
+            kafka_sink.run(
+                report, spark, bootstrap, workdir, rows, repetitions,
+                spark_kafka=bool(jars.get("spark-kafka")),
+            )  # fmt: skip
         if "recovery" in selected:
             peer = [*jars.get("spark-kafka", []), *jars.get("postgresql-jdbc", [])]
             if not (jars.get("spark-kafka") and jars.get("postgresql-jdbc")):

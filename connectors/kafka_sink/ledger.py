@@ -27,7 +27,7 @@ from kafka import errors as kafka_errors
 
 from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from connectors.kafka_sink.options import KafkaSinkOptions
-from connectors.kafka_sink.transactions import end_transaction
+from connectors.kafka_sink.transactions import CONTROL_SETTINGS, end_transaction
 
 LEDGER_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -51,7 +51,7 @@ class Ledger:
         self.options = options
         self.sink_id = sink_id
         self.topic = options.ledger_topic
-        config = options.client_config()
+        config = {**CONTROL_SETTINGS, **options.client_config()}
         ensure_ledger_topic(config, self.topic)
         self.producer = KafkaProducer(
             transactional_id=f"eospack-ledger-{sink_id}", acks="all", **config
@@ -137,8 +137,20 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
     return slots
 
 
+_ensured: set[tuple[str, str]] = set()
+
+
 def ensure_ledger_topic(config: dict[str, Any], topic: str) -> None:
-    """Create the compacted ledger topic unless it exists (replicated like the cluster allows)."""
+    """Create the compacted ledger topic unless it exists (replicated like the cluster
+    allows); checked once per process and cluster."""
+    cluster = (str(config["bootstrap_servers"]), topic)
+    if cluster in _ensured:
+        return
+    _create_ledger_topic(config, topic)
+    _ensured.add(cluster)
+
+
+def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:
     admin = KafkaAdminClient(
         **{key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG}
     )

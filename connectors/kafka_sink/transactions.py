@@ -35,6 +35,10 @@ PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""
 END_TIMEOUT_MS = 60_000
 """How long ending a transaction may take: kafka-python's own call waits forever."""
+CONTROL_SETTINGS = {"retry_backoff_ms": 10}
+"""For the driver's short control calls (find the coordinator, end or fence a transaction):
+kafka-python's sender waits its retry backoff (100 ms) between the steps of one call, which
+made each commit cost 0.22 s instead of 0.04 s. A ``kafka.retry.backoff.ms`` option wins."""
 
 
 class TransactionFencedError(RuntimeError):
@@ -99,7 +103,9 @@ def commit_prepared(config: Mapping[str, Any], prepared: PreparedTransaction) ->
     epoch). Idempotent; raises ``TransactionFencedError`` when it was aborted instead."""
     if not prepared.records:
         return
-    producer = KafkaProducer(transactional_id=prepared.transactional_id, **config)
+    producer = KafkaProducer(
+        transactional_id=prepared.transactional_id, **{**CONTROL_SETTINGS, **config}
+    )
     try:
         manager = producer._transaction_manager
         with manager._lock:
@@ -142,7 +148,7 @@ def end_transaction(producer: KafkaProducer, commit: bool) -> None:
 
 def fence(config: Mapping[str, Any], transactional_id: str) -> None:
     """Abort whatever ``transactional_id`` left open, and refuse its old epoch from now on."""
-    producer = KafkaProducer(transactional_id=transactional_id, **config)
+    producer = KafkaProducer(transactional_id=transactional_id, **{**CONTROL_SETTINGS, **config})
     try:
         producer.init_transactions()
     finally:
