@@ -46,68 +46,67 @@ def records(bootstrap: str, topic: str, isolation: str) -> Counter[tuple[str, st
         consumer.close()
 
 
-def expected_records(batches: list[list[tuple[int, str]]]) -> Counter[tuple[str, str]]:
-    return Counter((group, str(row_id)) for batch in batches for row_id, group in batch)
+class SinkRun:
+    """One test's crash driver: input files (one batch each), checkpoint, output topic."""
 
+    def __init__(self, tmp_path: Path, kafka: Any, topic: str, batches: int) -> None:
+        self.bootstrap = kafka.endpoint.bootstrap_servers
+        self.topic = topic
+        create_topic(self.bootstrap, topic, 2)
+        self.source = tmp_path / "source"
+        self.source.mkdir()
+        self.batches = write_source(self.source, batches)
+        self.checkpoint = tmp_path / "checkpoint"
 
-def sink_transactions(checkpoint: Path, bootstrap: str, topic: str) -> str:
-    """The transactional-id prefix of the query's sink (its id derives from the query id)."""
-    query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
-    return sink_prefix(derive_sink_id(query_id, f"kafka://{bootstrap}/{topic}"))
+    def crash(self, fault_point: str, options: dict[str, str] | None = None) -> None:
+        arguments = [
+            "--source", str(self.source), "--checkpoint", str(self.checkpoint),
+            "--bootstrap-servers", self.bootstrap, "--topic", self.topic,
+            *(f"--option={name}={value}" for name, value in (options or {}).items()),
+        ]  # fmt: skip
+        run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point)
+        assert run.was_killed, f"{fault_point} was not reached:\n{run.explain()}"
 
+    def restart_here(self, spark: Any, options: dict[str, str] | None = None) -> None:
+        """The same query in the test's session (same checkpoint: same sink id)."""
+        query = start_query(
+            spark, str(self.source), str(self.checkpoint), self.bootstrap, self.topic, options
+        )
+        await_query(query, DRIVER_TIMEOUT)
 
-def sink_ids_in_ledger(bootstrap: str) -> set[str]:
-    consumer = KafkaConsumer(
-        DEFAULT_LEDGER_TOPIC, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-        group_id=None, isolation_level="read_committed", consumer_timeout_ms=3000,
-    )  # fmt: skip
-    try:
-        return {record.key.decode().split("/")[0] for record in consumer if record.key}
-    finally:
-        consumer.close()
+    def records(self, isolation: str) -> Counter[tuple[str, str]]:
+        return records(self.bootstrap, self.topic, isolation)
+
+    def expected(self) -> Counter[tuple[str, str]]:
+        return Counter((group, str(row_id)) for batch in self.batches for row_id, group in batch)
+
+    def sink_id(self) -> str:
+        """Derived as the sink derives it: from the query id in the checkpoint and the target."""
+        query_id = json.loads((self.checkpoint / "metadata").read_text().splitlines()[0])["id"]
+        return derive_sink_id(query_id, f"kafka://{self.bootstrap}/{self.topic}")
+
+    def open_transactions(self) -> list[str]:
+        return open_transactions({"bootstrap_servers": self.bootstrap}, sink_prefix(self.sink_id()))
 
 
 @pytest.mark.timeout(900)
 def test_driver_killed_at_each_commit_step_then_restarted_writes_each_row_once(
     spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
 ) -> None:
-    bootstrap = real_kafka.endpoint.bootstrap_servers
-    create_topic(bootstrap, unique_name, 2)
-    source = tmp_path / "source"
-    source.mkdir()
-    batches = write_source(source, len(FAULT_POINTS) + 1)
-    before = sink_ids_in_ledger(bootstrap) if _ledger_exists(bootstrap) else set()
-    arguments = [
-        "--source", str(source), "--checkpoint", str(tmp_path / "checkpoint"),
-        "--bootstrap-servers", bootstrap, "--topic", unique_name,
-    ]  # fmt: skip
+    run = SinkRun(tmp_path, real_kafka, unique_name, len(FAULT_POINTS) + 1)
     for batch, fault_point in enumerate(FAULT_POINTS):
-        run = run_driver(
-            DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=f"{fault_point}@{batch}"
-        )
-        assert run.was_killed, f"{fault_point}@{batch} was not reached:\n{run.explain()}"
-        committed = records(bootstrap, unique_name, "read_committed")
+        run.crash(f"{fault_point}@{batch}")
+        committed = run.records("read_committed")
         assert max(committed.values(), default=1) == 1, f"a record twice after {fault_point}"
-    query = start_query(spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name)
-    await_query(query, DRIVER_TIMEOUT)
+    run.restart_here(spark)
 
-    assert records(bootstrap, unique_name, "read_committed") == expected_records(batches)
-    (sink_id,) = sink_ids_in_ledger(bootstrap) - before
-    config = {"bootstrap_servers": bootstrap}
-    assert open_transactions(config, sink_prefix(sink_id)) == []
-    slots = read_slots(config, DEFAULT_LEDGER_TOPIC, sink_id)
+    assert run.records("read_committed") == run.expected()
+    assert run.open_transactions() == []
+    config = {"bootstrap_servers": run.bootstrap}
+    slots = read_slots(config, DEFAULT_LEDGER_TOPIC, run.sink_id())
     assert {slot.status for slot in slots.values()} == {"done"}
-    assert max(slots) == len(batches) - 1 and len(slots) <= 2  # older slots forgotten
-    uncommitted = records(bootstrap, unique_name, "read_uncommitted")
-    assert uncommitted - expected_records(batches), "the crashed runs' aborted records"
-
-
-def _ledger_exists(bootstrap: str) -> bool:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        return DEFAULT_LEDGER_TOPIC in consumer.topics()
-    finally:
-        consumer.close()
+    assert max(slots) == len(run.batches) - 1 and len(slots) <= 2  # older slots forgotten
+    assert run.records("read_uncommitted") - run.expected(), "the crashed runs' aborted records"
 
 
 @pytest.mark.timeout(600)
@@ -116,26 +115,15 @@ def test_a_decided_batch_survives_a_broker_kill_and_is_finished_by_the_restart(
 ) -> None:
     """Killed after the decision, before any commit; then the broker is SIGKILLed and
     started again: the prepared transactions survive it, and the restart commits them."""
-    bootstrap = real_kafka.endpoint.bootstrap_servers
-    create_topic(bootstrap, unique_name, 2)
-    source = tmp_path / "source"
-    source.mkdir()
-    batches = write_source(source, 2)
-    arguments = [
-        "--source", str(source), "--checkpoint", str(tmp_path / "checkpoint"),
-        "--bootstrap-servers", bootstrap, "--topic", unique_name,
-    ]  # fmt: skip
-    run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point="after_decision@0")
-    assert run.was_killed, run.explain()
-    assert records(bootstrap, unique_name, "read_committed") == Counter()
+    run = SinkRun(tmp_path, real_kafka, unique_name, 2)
+    run.crash("after_decision@0")
+    assert run.records("read_committed") == Counter()
     real_kafka.kill()
     real_kafka.start()
 
-    query = start_query(spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name)
-    await_query(query, DRIVER_TIMEOUT)
-    assert records(bootstrap, unique_name, "read_committed") == expected_records(batches)
-    prefix = sink_transactions(tmp_path / "checkpoint", bootstrap, unique_name)
-    assert open_transactions({"bootstrap_servers": bootstrap}, prefix) == []
+    run.restart_here(spark)
+    assert run.records("read_committed") == run.expected()
+    assert run.open_transactions() == []
 
 
 @pytest.mark.timeout(600)
@@ -144,52 +132,28 @@ def test_a_decided_batch_the_broker_timed_out_fails_the_restart_loudly(
 ) -> None:
     """The query stayed down longer than kafka.transaction.timeout.ms after deciding: the
     broker aborted its transactions. The restart must not pass the batch for done."""
-    bootstrap = real_kafka.endpoint.bootstrap_servers
-    create_topic(bootstrap, unique_name, 2)
-    source = tmp_path / "source"
-    source.mkdir()
-    write_source(source, 1)
+    run = SinkRun(tmp_path, real_kafka, unique_name, 1)
     timeout = {"kafka.transaction.timeout.ms": "1000"}
-    arguments = [
-        "--source", str(source), "--checkpoint", str(tmp_path / "checkpoint"),
-        "--bootstrap-servers", bootstrap, "--topic", unique_name,
-        "--option", "kafka.transaction.timeout.ms=1000",
-    ]  # fmt: skip
-    run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point="after_decision@0")
-    assert run.was_killed, run.explain()
-    config = {"bootstrap_servers": bootstrap}
-    prefix = sink_transactions(tmp_path / "checkpoint", bootstrap, unique_name)
+    run.crash("after_decision@0", timeout)
     wait_until(
-        lambda: open_transactions(config, prefix) == [],
+        lambda: run.open_transactions() == [],
         60,
         "the broker to abort the timed-out transactions",
         poll=1.0,
     )
-    query = start_query(
-        spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name, timeout
-    )
     with pytest.raises(Exception, match="DecidedPieceLostError: 2pc-kafka batch 0 of sink"):
-        await_query(query, DRIVER_TIMEOUT)
-    assert records(bootstrap, unique_name, "read_committed") == Counter()
+        run.restart_here(spark, timeout)
+    assert run.records("read_committed") == Counter()
 
 
 @pytest.mark.timeout(300)
 def test_at_least_once_writes_every_row_without_transactions(
     spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
 ) -> None:
-    bootstrap = real_kafka.endpoint.bootstrap_servers
-    create_topic(bootstrap, unique_name, 2)
-    source = tmp_path / "source"
-    source.mkdir()
-    batches = write_source(source, 2)
-    query = start_query(
-        spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name,
-        {"deliveryGuarantee": "at-least-once"},
-    )  # fmt: skip
-    await_query(query, DRIVER_TIMEOUT)
-    assert records(bootstrap, unique_name, "read_committed") == expected_records(batches)
-    prefix = sink_transactions(tmp_path / "checkpoint", bootstrap, unique_name)
-    assert open_transactions({"bootstrap_servers": bootstrap}, prefix) == []
+    run = SinkRun(tmp_path, real_kafka, unique_name, 2)
+    run.restart_here(spark, {"deliveryGuarantee": "at-least-once"})
+    assert run.records("read_committed") == run.expected()
+    assert run.open_transactions() == []
 
 
 @pytest.mark.timeout(120)
@@ -213,16 +177,9 @@ def test_bad_options_fail_before_any_data_moves_in_one_line(
     spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str,
     options: dict[str, str], message: str,
 ) -> None:  # fmt: skip
-    source = tmp_path / "source"
-    source.mkdir()
-    write_source(source, 1)
-    bootstrap = real_kafka.endpoint.bootstrap_servers
-    create_topic(bootstrap, unique_name, 2)
+    run = SinkRun(tmp_path, real_kafka, unique_name, 1)
     with pytest.raises(Exception) as raised:
-        query = start_query(
-            spark, str(source), str(tmp_path / "checkpoint"), bootstrap, unique_name, options
-        )
-        await_query(query, 60)
+        run.restart_here(spark, options)
     text = str(raised.value)
     assert message in text and "hunter2-secret" not in text
-    assert records(bootstrap, unique_name, "read_uncommitted") == Counter()
+    assert run.records("read_uncommitted") == Counter()
