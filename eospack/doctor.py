@@ -37,7 +37,7 @@ class CheckResult(NamedTuple):
 
 
 def formats_visible_to_spark() -> bool:
-    """Whether Spark's automatic lookup of Python data sources would find all three formats.
+    """Whether Spark's automatic lookup of Python data sources would find all four formats.
 
     Spark 4.3 registers Python data sources by listing the top-level modules named
     ``pyspark_*`` with ``pkgutil.iter_modules()`` in a Python worker
