@@ -21,7 +21,7 @@ from connectors.kafka_sink.options import (
 )
 from connectors.kafka_sink.sink import check_schema
 
-BASE = {"kafka.bootstrap.servers": "b1:9092,b2:9092", "topic": "out"}
+BASE = {"kafka.bootstrap.servers": "b1:9092, b2:9092", "topic": "out"}
 SECRET = "hunter2-secret"
 
 

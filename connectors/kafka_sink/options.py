@@ -59,10 +59,10 @@ class KafkaSinkOptions:
 
     def client_config(self) -> dict[str, Any]:
         """kafka-python settings every client of this sink shares (admin, ledger, tasks)."""
-        return {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            **dict(self.producer_params),
-        }
+        servers = [server.strip() for server in self.bootstrap_servers.split(",")]
+        return {"bootstrap_servers": [server for server in servers if server]} | dict(
+            self.producer_params
+        )
 
     def producer_config(self) -> dict[str, Any]:
         """A task's producer: every record acknowledged by all in-sync replicas."""
