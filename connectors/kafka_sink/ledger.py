@@ -22,12 +22,12 @@ import json
 import time
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 
 from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from connectors.kafka_sink.options import KafkaSinkOptions
-from connectors.kafka_sink.transactions import CONTROL_SETTINGS, end_transaction
+from connectors.kafka_sink.transactions import CONTROL_SETTINGS, admin_client, end_transaction
 
 LEDGER_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -151,9 +151,7 @@ def ensure_ledger_topic(config: dict[str, Any], topic: str) -> None:
 
 
 def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:
-    admin = KafkaAdminClient(
-        **{key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG}
-    )
+    admin = admin_client(config)
     try:
         if topic in admin.list_topics():
             return

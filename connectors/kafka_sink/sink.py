@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pyarrow as pa
-from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType
 from pyspark.sql.datasource import DataSource
@@ -43,6 +42,7 @@ from connectors.kafka_sink.options import (
     parse_options,
 )
 from connectors.kafka_sink.resource import KafkaResource
+from connectors.kafka_sink.transactions import admin_client
 from connectors.kafka_sink.writer import prepare_task, write_directly
 
 SINK_NAME = "2pc-kafka"
@@ -69,9 +69,8 @@ class TwoPhaseKafkaDataSource(DataSource):
             )
         check_schema(options, schema)
         if options.exactly_once:
-            options = with_broker_timeout(options, "kafka.transaction.timeout.ms" in {
-                key.lower() for key in self.options
-            })  # fmt: skip
+            asked = any(key.lower() == "kafka.transaction.timeout.ms" for key in self.options)
+            options = with_broker_timeout(options, asked)
         return KafkaStreamWriter(options)
 
 
@@ -143,9 +142,7 @@ def broker_transaction_maximum(options: KafkaSinkOptions) -> int | None:
         if options.bootstrap_servers in _broker_maximum:
             return _broker_maximum[options.bootstrap_servers]
     config = options.client_config()
-    admin = KafkaAdminClient(
-        **{key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG}
-    )
+    admin = admin_client(config)
     maximum: int | None = None
     try:
         broker = admin.describe_cluster()["brokers"][0]["broker_id"]

@@ -157,10 +157,7 @@ def fence(config: Mapping[str, Any], transactional_id: str) -> None:
 
 def open_transactions(config: Mapping[str, Any], prefix: str) -> list[str]:
     """The transactional ids under ``prefix`` whose transaction is open (Ongoing), sorted."""
-    admin_config = {
-        key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG
-    }
-    admin = KafkaAdminClient(**admin_config)
+    admin = admin_client(config)
     try:
         listed = admin.list_transactions(state_filters=["Ongoing"])
     finally:
@@ -170,4 +167,11 @@ def open_transactions(config: Mapping[str, Any], prefix: str) -> list[str]:
         for listings in listed.values()
         for listing in listings
         if listing.transactional_id.startswith(prefix)
+    )
+
+
+def admin_client(config: Mapping[str, Any]) -> KafkaAdminClient:
+    """An admin client with the settings of ``config`` that an admin client takes."""
+    return KafkaAdminClient(
+        **{key: value for key, value in config.items() if key in KafkaAdminClient.DEFAULT_CONFIG}
     )
