@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
-from commit_protocols import derive_sink_id, sink_prefix
+from commit_protocols import derive_sink_id, faults, sink_prefix
 from connectors.kafka_sink.ledger import read_slots
 from connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
 from connectors.kafka_sink.transactions import open_transactions
 from eospack.services.kafka_tools import create_topic
 from eospack.testing import await_query, wait_until
-from integration_tests.crash_harness import run_driver
+from integration_tests.crash_harness import DriverRun, run_driver
 from integration_tests.drivers.kafka_sink_driver import start_query
 from integration_tests.test_s3_crash import write_source
 
@@ -60,13 +60,22 @@ class SinkRun:
         self.batches = write_source(self.source, batches)
         self.checkpoint = tmp_path / "checkpoint"
 
-    def crash(self, fault_point: str, options: dict[str, str] | None = None) -> None:
+    def in_own_process(
+        self, options: dict[str, str] | None = None, *extra: str, fault_point: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> DriverRun:  # fmt: skip
         arguments = [
             "--source", str(self.source), "--checkpoint", str(self.checkpoint),
             "--bootstrap-servers", self.bootstrap, "--topic", self.topic,
-            *(f"--option={name}={value}" for name, value in (options or {}).items()),
+            *(f"--option={name}={value}" for name, value in (options or {}).items()), *extra,
         ]  # fmt: skip
-        run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point)
+        return run_driver(
+            DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point,
+            environment=environment,
+        )  # fmt: skip
+
+    def crash(self, fault_point: str, options: dict[str, str] | None = None) -> None:
+        run = self.in_own_process(options, fault_point=fault_point)
         assert run.was_killed, f"{fault_point} was not reached:\n{run.explain()}"
 
     def restart_here(self, spark: Any, options: dict[str, str] | None = None) -> None:
@@ -127,6 +136,32 @@ def crash_then_restart(
     assert {slot.status for slot in slots.values()} == {"done"}
     assert max(slots) == len(run.batches) - 1 and len(slots) <= 2  # older slots forgotten
     assert run.records("read_uncommitted") - run.expected(), "the crashed runs' aborted records"
+
+
+@pytest.mark.timeout(300)
+def test_retried_tasks_leave_each_row_once_and_their_failed_attempts_aborted(
+    real_kafka: Any, tmp_path: Path, unique_name: str, call_faults: Path
+) -> None:
+    """Under local[2,3] Spark retries a failed task. In batch 1 a task's Python worker dies
+    right after its transaction is flushed (left open, never reported); in batch 2 a task's
+    flush fails after it applied (the task aborts its own transaction). The retries write
+    again under new transactional ids; the dead attempt's transaction is fenced by the
+    commit's recovery."""
+    run = SinkRun(tmp_path, real_kafka, unique_name, 3)
+    faults.arm(call_faults, "kafka_sink.prepare", "crash", batch_id=1)
+    faults.arm(call_faults, "kafka_sink.prepare", "after", batch_id=2)
+
+    finished = run.in_own_process(
+        None, "--master", "local[2,3]",
+        environment={faults.FAULT_DIRECTORY_VARIABLE: str(call_faults)},
+    )  # fmt: skip
+
+    assert finished.succeeded, finished.explain()
+    fired = [(fault["mode"], fault["seen_batch"]) for fault in faults.injected(call_faults)]
+    assert fired == [("crash", 1), ("after", 2)]
+    assert run.records("read_committed") == run.expected()
+    assert run.open_transactions() == []
+    assert run.records("read_uncommitted") - run.expected(), "the failed attempts' records"
 
 
 @pytest.mark.timeout(600)

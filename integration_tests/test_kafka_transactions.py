@@ -95,3 +95,42 @@ def test_a_fenced_transaction_is_gone_and_refuses_its_commit(
         commit_prepared(config, prepared)
     commit_prepared(config, empty)  # nothing to end, and no error
     assert values(bootstrap, unique_name, "read_committed") == []
+
+
+@pytest.mark.timeout(120)
+def test_a_kept_ledger_rereads_after_another_process_took_the_sink_over(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """A driver keeps its ledger open between commits; a restarted query (another process)
+    opens its own, fencing the kept one. The kept one's stale view must not decide: its next
+    step rereads and finds what the other wrote."""
+    from commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
+    from connectors.kafka_sink.ledger import Ledger
+    from connectors.kafka_sink.options import parse_options
+    from connectors.kafka_sink.resource import KafkaResource
+
+    options = parse_options(
+        {
+            "kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers,
+            "topic": unique_name,
+            "ledgerTopic": f"{unique_name}-ledger",
+        }
+    )
+    sink = "keptledger"
+
+    def piece(batch_id: int, attempt: int) -> PreparedPiece:
+        return PreparedPiece(sink, batch_id, 0, str(attempt), 0, {"records": 0})
+
+    first = KafkaResource(options)
+    first.mark_done(first.record_decision(BatchDecision(sink, 0, (piece(0, 0),))))
+    assert KafkaResource(options)._with_ledger(sink, lambda ledger: ledger) is (
+        first._with_ledger(sink, lambda ledger: ledger)
+    ), "the ledger is kept between commits"
+
+    other_process = Ledger(options, sink)
+    theirs = other_process.write(BatchDecision(sink, 1, (piece(1, 0),)))
+    other_process.close()
+
+    ours = KafkaResource(options).record_decision(BatchDecision(sink, 1, (piece(1, 1),)))
+    assert ours == theirs and ours.status == DECIDED
+    assert KafkaResource(options).unfinished_decisions(sink) == [theirs]

@@ -11,6 +11,15 @@ this ledger can commit writes for the sink, and what it reads after opening (wit
 read_committed, to the end) is the whole truth. A fenced writer's next write fails with
 ``ProducerFencedError``, so it can never overwrite what it did not read.
 
+Kept open: opening costs a coordinator lookup, InitProducerId and a read of the topic
+(about 0.17 s), so a driver process keeps its ledger between commits (``shared_ledger``).
+That is safe because every change of a slot is a transactional write: if another process
+opened the sink's ledger since (a restarted query, another Python worker of this driver),
+the kept ledger's view may be stale, but its next write fails with ``LedgerFencedError``
+and ``KafkaResource`` then reopens, rereads and does the step again. What a stale view can
+still say without writing is harmless: a decided slot never changes, and a fence never
+un-fences a piece.
+
 Growth: ``mark_done`` of batch N tombstones the sink's slots below N - 1 (a replay only
 ever concerns the last batch), and compaction drops them; each open reads the topic from
 its start, so the topic stays small.
@@ -19,6 +28,7 @@ its start, so the topic stays small.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -44,6 +54,10 @@ class LedgerError(RuntimeError):
     """The ledger topic cannot be created, read or written."""
 
 
+class LedgerFencedError(LedgerError):
+    """Another process opened this sink's ledger after this one: this one may not write."""
+
+
 class Ledger:
     """The slots of one sink, read once at open and kept up to date by this object's writes."""
 
@@ -51,6 +65,8 @@ class Ledger:
         self.options = options
         self.sink_id = sink_id
         self.topic = options.ledger_topic
+        self.lock = threading.RLock()
+        """Held by whoever runs a step on this ledger: one step at a time per process."""
         config = {**CONTROL_SETTINGS, **options.client_config()}
         ensure_ledger_topic(config, self.topic)
         self.producer = KafkaProducer(
@@ -88,7 +104,7 @@ class Ledger:
                 self.producer.send(self.topic, key=slot_key(self.sink_id, batch_id), value=value)
             end_transaction(self.producer, commit=True)
         except kafka_errors.ProducerFencedError:
-            raise LedgerError(
+            raise LedgerFencedError(
                 f"2pc-kafka sink {self.sink_id}: another process now writes this sink's"
                 f" decisions to {self.topic} (a newer run of the query, or another query with"
                 " the same sinkId): this one stops; give each query its own sinkId (or none)"
@@ -96,6 +112,36 @@ class Ledger:
 
     def close(self) -> None:
         self.producer.close(timeout=0)
+
+
+_shared: dict[tuple[str, str, str], Ledger] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_ledger(options: KafkaSinkOptions, sink_id: str) -> tuple[Ledger, bool]:
+    """This process's open ledger of the sink, opened now if there is none; and whether it
+    was opened before (its view may be stale: see the module doc)."""
+    key = (repr(sorted(options.client_config().items())), options.ledger_topic, sink_id)
+    with _shared_lock:
+        ledger = _shared.get(key)
+        if ledger is not None:
+            return ledger, True
+    ledger = Ledger(options, sink_id)
+    with _shared_lock:
+        previous = _shared.pop(key, None)
+        _shared[key] = ledger
+    if previous is not None:
+        previous.close()
+    return ledger, False
+
+
+def forget_ledger(ledger: Ledger) -> None:
+    """Close ``ledger`` and stop sharing it (after any failure its state is unknown)."""
+    with _shared_lock:
+        for key, shared in list(_shared.items()):
+            if shared is ledger:
+                del _shared[key]
+    ledger.close()
 
 
 def slot_key(sink_id: str, batch_id: int) -> bytes:

@@ -12,12 +12,13 @@ slots live in the ledger topic (``ledger``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from commit_protocols import parse_transaction_id, sink_prefix
 from commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from connectors.kafka_sink.ledger import Ledger
+from connectors.kafka_sink.ledger import Ledger, LedgerFencedError, forget_ledger, shared_ledger
 from connectors.kafka_sink.options import KafkaSinkOptions
 from connectors.kafka_sink.transactions import (
     PreparedTransaction,
@@ -27,46 +28,70 @@ from connectors.kafka_sink.transactions import (
     open_transactions,
 )
 
+Result = TypeVar("Result")
+
 
 class KafkaResource(TransactionalResource):
-    """One commit's or abort's view of a 2pc-kafka sink (one ledger per sink id)."""
+    """One commit's or abort's view of a 2pc-kafka sink; its ledgers are the process's
+    shared ones (``ledger.shared_ledger``)."""
 
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options
         self.config = options.client_config()
-        self._ledgers: dict[str, Ledger] = {}
 
-    def ledger(self, sink_id: str) -> Ledger:
-        if sink_id not in self._ledgers:
-            self._ledgers[sink_id] = Ledger(self.options, sink_id)
-        return self._ledgers[sink_id]
+    def _with_ledger(self, sink_id: str, step: Callable[[Ledger], Result]) -> Result:
+        """Run ``step`` on the process's shared ledger of the sink. A shared ledger that
+        another process fenced is reopened (reread) and the step done again; after any
+        other failure the ledger is dropped, so the next step starts from a fresh read."""
+        ledger, reused = shared_ledger(self.options, sink_id)
+        try:
+            with ledger.lock:
+                return step(ledger)
+        except LedgerFencedError:
+            forget_ledger(ledger)
+            if not reused:
+                raise
+        except BaseException:
+            forget_ledger(ledger)
+            raise
+        ledger, _ = shared_ledger(self.options, sink_id)
+        try:
+            with ledger.lock:
+                return step(ledger)
+        except BaseException:
+            forget_ledger(ledger)
+            raise
 
     def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
-        return self.ledger(sink_id).slots.get(batch_id)
+        return self._with_ledger(sink_id, lambda ledger: ledger.slots.get(batch_id))
 
     def record_decision(self, decision: BatchDecision) -> BatchDecision:
-        ledger = self.ledger(decision.sink_id)
-        slot = ledger.slots.get(decision.batch_id)
-        if slot is not None and not slot.accepts(decision):
-            return slot
-        return ledger.write(BatchDecision(decision.sink_id, decision.batch_id, decision.pieces))
+        def record(ledger: Ledger) -> BatchDecision:
+            slot = ledger.slots.get(decision.batch_id)
+            if slot is not None and not slot.accepts(decision):
+                return slot
+            return ledger.write(BatchDecision(decision.sink_id, decision.batch_id, decision.pieces))
+
+        return self._with_ledger(decision.sink_id, record)
 
     def fence(
         self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]
     ) -> BatchDecision:
-        ledger = self.ledger(sink_id)
-        slot = ledger.slots.get(batch_id)
-        if slot is not None and slot.is_decided:
-            return slot
-        target = (
-            BatchDecision(sink_id, batch_id, pieces, ABORTED)
-            if slot is None
-            else slot.fenced_with(pieces)
-        )
-        return slot if target == slot else ledger.write(target)
+        def fence_slot(ledger: Ledger) -> BatchDecision:
+            slot = ledger.slots.get(batch_id)
+            if slot is not None and slot.is_decided:
+                return slot
+            target = (
+                BatchDecision(sink_id, batch_id, pieces, ABORTED)
+                if slot is None
+                else slot.fenced_with(pieces)
+            )
+            return slot if target == slot else ledger.write(target)
+
+        return self._with_ledger(sink_id, fence_slot)
 
     def mark_done(self, decision: BatchDecision) -> None:
-        self.ledger(decision.sink_id).mark_done(decision)
+        self._with_ledger(decision.sink_id, lambda ledger: ledger.mark_done(decision))
 
     def commit_piece(self, piece: PreparedPiece) -> None:
         if "transactional_id" not in piece.handle:
@@ -84,8 +109,11 @@ class KafkaResource(TransactionalResource):
         fence(self.config, piece.transaction_id)
 
     def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
-        slots = self.ledger(sink_id).slots
-        return [slots[batch] for batch in sorted(slots) if slots[batch].status == DECIDED]
+        def unfinished(ledger: Ledger) -> list[BatchDecision]:
+            slots = ledger.slots
+            return [slots[batch] for batch in sorted(slots) if slots[batch].status == DECIDED]
+
+        return self._with_ledger(sink_id, unfinished)
 
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
         pieces = []
@@ -97,5 +125,4 @@ class KafkaResource(TransactionalResource):
         return pieces
 
     def close(self) -> None:
-        for ledger in self._ledgers.values():
-            ledger.close()
+        """The shared ledgers stay open for the next commit of this process."""

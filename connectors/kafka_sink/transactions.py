@@ -36,9 +36,11 @@ PREPARE_CLOSE_SECONDS = 30.0
 END_TIMEOUT_MS = 60_000
 """How long ending a transaction may take: kafka-python's own call waits forever."""
 CONTROL_SETTINGS = {"retry_backoff_ms": 10}
-"""For the driver's short control calls (find the coordinator, end or fence a transaction):
-kafka-python's sender waits its retry backoff (100 ms) between the steps of one call, which
-made each commit cost 0.22 s instead of 0.04 s. A ``kafka.retry.backoff.ms`` option wins."""
+"""For every transactional producer (a task's, the ledger's, the driver's control calls):
+kafka-python's sender waits its retry backoff (100 ms) between the steps of one
+transactional call (find the coordinator, then InitProducerId or EndTxn), which made each
+begin or commit cost 0.22 s instead of 0.04 s. It also paces retried sends after a broker
+error; ``delivery.timeout.ms`` still bounds them. A ``kafka.retry.backoff.ms`` option wins."""
 
 
 class TransactionFencedError(RuntimeError):
@@ -76,7 +78,7 @@ class PreparedTransaction:
 def begin(config: Mapping[str, Any], transactional_id: str) -> KafkaProducer:
     """A producer inside a new transaction of ``transactional_id``. Initialising fences
     (and aborts) whatever an earlier producer of this id left open."""
-    producer = KafkaProducer(transactional_id=transactional_id, **config)
+    producer = KafkaProducer(transactional_id=transactional_id, **{**CONTROL_SETTINGS, **config})
     try:
         producer.init_transactions()
         producer.begin_transaction()

@@ -20,8 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 from kafka import KafkaProducer
+from kafka import errors as kafka_errors
 
-from commit_protocols import TaskIdentity, transaction_id
+from commit_protocols import TaskIdentity, faults, transaction_id
 from commit_protocols.pieces import PreparedPiece
 from connectors.kafka_sink.options import KafkaSinkOptions
 from connectors.kafka_sink.transactions import begin, end_transaction, prepare
@@ -37,7 +38,10 @@ def prepare_task(
     producer = begin(options.producer_config(), name)
     try:
         records = send_rows(producer, options, batches)
-        prepared = prepare(producer, records)
+        prepared = faults.run_call(
+            "kafka_sink.prepare", lambda: prepare(producer, records),
+            error=kafka_errors.KafkaConnectionError, batch_id=task.batch_id,
+        )  # fmt: skip
     except BaseException:
         with contextlib.suppress(Exception):  # what stays open, recovery fences
             end_transaction(producer, commit=False)

@@ -46,10 +46,11 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topic", required=True)
+    parser.add_argument("--master", default="local[2]", help="local[2,3]: tasks are retried")
     parser.add_argument("--option", action="append", default=[], help="NAME=VALUE sink option")
     arguments = parser.parse_args()
 
-    spark = local_session(app_name="eospack-kafka-sink-crash-driver")
+    spark = local_session(app_name="eospack-kafka-sink-crash-driver", master=arguments.master)
     options = dict(option.split("=", 1) for option in arguments.option)
     query = start_query(
         spark, arguments.source, arguments.checkpoint, arguments.bootstrap_servers,
