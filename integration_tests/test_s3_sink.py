@@ -29,10 +29,11 @@ import pytest
 from commit_protocols import BatchDecision, TaskIdentity, TwoPhaseCommitCoordinator
 from connectors.s3 import writer as writer_module
 from connectors.s3.client import S3AccessError, S3WriteError, s3_client
+from connectors.s3.multipart import MIN_PART_SIZE
 from connectors.s3.options import S3Connection, S3OptionError, parse_sink_options
 from connectors.s3.resource import S3Resource
 from connectors.s3.sink import TwoPhaseS3DataSource
-from connectors.s3.writer import MIN_PART_SIZE, TaskWriter
+from connectors.s3.writer import TaskWriter
 from eospack.services.base import free_port, port_accepts_connections, wait_until_ready
 from eospack.services.embedded import _ChildProcess, moto_server_binary
 from eospack.testing import await_query

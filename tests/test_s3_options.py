@@ -24,6 +24,14 @@ from connectors.s3.client import (
     is_no_such_upload,
     is_precondition_failed,
 )
+from connectors.s3.keys import (
+    escape_path_name,
+    object_key,
+    partition_directory,
+    partition_values_of_key,
+    transaction_id_of_key,
+    unescape_path_name,
+)
 from connectors.s3.options import (
     DEFAULT_TARGET_FILE_SIZE,
     S3Connection,
@@ -34,14 +42,6 @@ from connectors.s3.options import (
     parse_sink_options,
 )
 from connectors.s3.sink import check_schema
-from connectors.s3.writer import (
-    escape_path_name,
-    object_key,
-    partition_directory,
-    partition_values_of_key,
-    transaction_id_of_key,
-    unescape_path_name,
-)
 
 SECRET = "wJalrXUtnFEMI-never-shown"
 KEY_ID = "AKIAEOSPACKNEVERSHOWN"

@@ -44,8 +44,8 @@ from pyspark.sql.types import (
 
 from commit_protocols.pieces import DECIDED
 from connectors.s3.client import S3WriteError, describe_error, s3_client
+from connectors.s3.keys import partition_values_of_key
 from connectors.s3.options import S3ReaderOptions
-from connectors.s3.writer import partition_values_of_key
 
 logger = logging.getLogger("eospack.s3")
 

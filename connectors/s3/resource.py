@@ -84,9 +84,9 @@ from connectors.s3.client import (
     is_no_such_upload,
     is_precondition_failed,
 )
+from connectors.s3.keys import transaction_id_of_key
 from connectors.s3.options import S3Location, S3SinkOptions
 from connectors.s3.reader import manifest_status
-from connectors.s3.writer import transaction_id_of_key
 
 logger = logging.getLogger("eospack.s3")
 
