@@ -265,7 +265,8 @@ def _s3_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
     progress (see connectors/s3/resource.py), so that is what ``status`` says."""
     from commit_protocols import derive_sink_id
     from commit_protocols.pieces import ABORTED
-    from connectors.s3.client import S3WriteError, s3_client
+    from connectors.s3.client import s3_client
+    from connectors.s3.errors import S3WriteError
     from connectors.s3.options import parse_sink_options
     from connectors.s3.resource import S3Resource
 

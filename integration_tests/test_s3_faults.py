@@ -45,7 +45,8 @@ from commit_protocols import (
 from commit_protocols.faults import CallFault
 from commit_protocols.pieces import ABORTED, DECIDED
 from connectors.s3 import sink as sink_module
-from connectors.s3.client import S3WriteError, error_code, new_client
+from connectors.s3.client import error_code, new_client
+from connectors.s3.errors import S3WriteError
 from connectors.s3.options import S3SinkOptions, parse_sink_options
 from connectors.s3.reader import plan_read
 from connectors.s3.resource import S3Resource, complete_file, write_task_manifest

@@ -28,9 +28,10 @@ import pytest
 
 from commit_protocols import BatchDecision, TaskIdentity, TwoPhaseCommitCoordinator
 from connectors.s3 import writer as writer_module
-from connectors.s3.client import S3AccessError, S3WriteError, s3_client
+from connectors.s3.client import s3_client
+from connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
 from connectors.s3.multipart import MIN_PART_SIZE
-from connectors.s3.options import S3Connection, S3OptionError, parse_sink_options
+from connectors.s3.options import S3Connection, parse_sink_options
 from connectors.s3.resource import S3Resource
 from connectors.s3.sink import TwoPhaseS3DataSource
 from connectors.s3.writer import TaskWriter

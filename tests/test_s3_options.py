@@ -24,6 +24,7 @@ from connectors.s3.client import (
     is_no_such_upload,
     is_precondition_failed,
 )
+from connectors.s3.errors import S3OptionError
 from connectors.s3.keys import (
     escape_path_name,
     object_key,
@@ -36,7 +37,6 @@ from connectors.s3.options import (
     DEFAULT_TARGET_FILE_SIZE,
     S3Connection,
     S3Location,
-    S3OptionError,
     S3SinkOptions,
     parse_reader_options,
     parse_sink_options,

@@ -37,6 +37,7 @@ from botocore.exceptions import (
 )
 
 from commit_protocols import faults, parse_transaction_id
+from connectors.s3.errors import S3AccessError
 from connectors.s3.options import EOSPACK_DIRECTORY, S3Connection, S3Location
 
 MISSING_CODES = frozenset({"NoSuchBucket", "NoSuchKey", "NotFound", "404"})
@@ -57,14 +58,6 @@ S3_ERRORS: tuple[type[BaseException], ...] = (ClientError, BotoCoreError)
 _POOL_CONNECTIONS = 16
 _clients: dict[tuple[Any, ...], Any] = {}
 _clients_lock = threading.Lock()
-
-
-class S3AccessError(RuntimeError):
-    """The bucket is missing, access is denied, or the endpoint cannot be reached."""
-
-
-class S3WriteError(RuntimeError):
-    """An upload, commit or read failed against S3 (the task or commit fails; Spark retries)."""
 
 
 def s3_client(connection: S3Connection, max_attempts: int = 5) -> Any:

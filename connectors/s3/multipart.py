@@ -18,7 +18,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from connectors.s3.client import S3WriteError, describe_error, is_no_such_upload
+from connectors.s3.client import describe_error, is_no_such_upload
+from connectors.s3.errors import S3WriteError
 
 logger = logging.getLogger("eospack.s3")
 

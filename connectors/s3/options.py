@@ -15,6 +15,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from commit_protocols import SinkIdentityError, validate_sink_id
+from connectors.s3.errors import S3OptionError
 
 FileFormat = Literal["parquet", "jsonl"]
 
@@ -27,10 +28,6 @@ _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _BYTE_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$")
 _BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
-
-
-class S3OptionError(ValueError):
-    """An option is missing, malformed or inconsistent; raised before any data moves."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ from pyspark.sql.types import (
 )
 
 from commit_protocols.pieces import DECIDED
-from connectors.s3.client import S3WriteError, describe_error, s3_client
+from connectors.s3.client import describe_error, s3_client
+from connectors.s3.errors import S3ReadError
 from connectors.s3.keys import partition_values_of_key
 from connectors.s3.options import S3ReaderOptions
 
@@ -54,10 +55,6 @@ FILE_OPEN_COST_BYTES = 4 * 1024 * 1024
 READ_BATCH_ROWS = 65_536
 PARTITION_COLUMN_TYPES = (StringType, ByteType, ShortType, IntegerType, LongType, BooleanType,
                           DateType)  # fmt: skip
-
-
-class S3ReadError(RuntimeError):
-    """The committed data under a prefix cannot be read as one table."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +202,7 @@ class CommittedDataReader(DataSourceReader):
                 client.get_object(Bucket=self.options.location.bucket, Key=key)["Body"].read()
             )
         except (ClientError, BotoCoreError) as error:
-            raise S3WriteError(
+            raise S3ReadError(
                 f"2pc-s3 could not read s3://{self.options.location.bucket}/{key}"
                 f" ({describe_error(error)}): was it deleted after the read was planned?"
             ) from error

@@ -77,13 +77,13 @@ from commit_protocols import (
 )
 from commit_protocols.pieces import ABORTED, DECIDED, DONE
 from connectors.s3.client import (
-    S3WriteError,
     describe_error,
     is_conflict,
     is_missing,
     is_no_such_upload,
     is_precondition_failed,
 )
+from connectors.s3.errors import S3WriteError
 from connectors.s3.keys import transaction_id_of_key
 from connectors.s3.options import S3Location, S3SinkOptions
 from connectors.s3.reader import manifest_status

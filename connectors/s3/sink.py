@@ -35,19 +35,14 @@ from commit_protocols import (
 )
 from commit_protocols.logs import make_logs_visible
 from commit_protocols.pieces import PreparedPiece
-from connectors.s3.client import CREDENTIALS_HINT, S3WriteError, check_access, s3_client
+from connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
+from connectors.s3.errors import S3OptionError, S3ReadError, S3WriteError
 from connectors.s3.options import (
-    S3OptionError,
     S3SinkOptions,
     parse_reader_options,
     parse_sink_options,
 )
-from connectors.s3.reader import (
-    PARTITION_COLUMN_TYPES,
-    CommittedDataReader,
-    S3ReadError,
-    plan_read,
-)
+from connectors.s3.reader import PARTITION_COLUMN_TYPES, CommittedDataReader, plan_read
 from connectors.s3.resource import S3Resource, complete_file, write_task_manifest
 from connectors.s3.writer import TaskWriter
 
