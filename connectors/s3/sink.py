@@ -20,7 +20,7 @@ batches are retried.
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -38,6 +38,8 @@ from commit_protocols.pieces import PreparedPiece
 from connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
 from connectors.s3.errors import S3OptionError, S3ReadError, S3WriteError
 from connectors.s3.options import (
+    S3Connection,
+    S3Location,
     S3SinkOptions,
     parse_reader_options,
     parse_sink_options,
@@ -47,9 +49,6 @@ from connectors.s3.resource import S3Resource, complete_file, write_task_manifes
 from connectors.s3.writer import TaskWriter
 
 SINK_NAME = "2pc-s3"
-
-_checked: set[tuple[object, ...]] = set()
-_checked_lock = threading.Lock()
 
 
 class TwoPhaseS3DataSource(DataSource):
@@ -65,7 +64,7 @@ class TwoPhaseS3DataSource(DataSource):
         if overwrite:
             raise S3OptionError("outputMode complete is not supported by 2pc-s3: use append")
         check_schema(options, schema)
-        _check_access_once(options)
+        _check_access_once(options.connection, options.location)
         return S3StreamWriter(options, schema.json())
 
     def schema(self) -> StructType:
@@ -111,17 +110,12 @@ def check_schema(options: S3SinkOptions, schema: StructType) -> None:
         )
 
 
-def _check_access_once(options: S3SinkOptions) -> None:
-    """Bucket exists and is usable: checked at query start, once per Python process."""
-    connection = options.connection
-    key = (connection, connection.access_key_id, connection.secret_access_key,
-           options.location)  # fmt: skip
-    with _checked_lock:
-        if key in _checked:
-            return
-    check_access(connection, options.location, CREDENTIALS_HINT)
-    with _checked_lock:
-        _checked.add(key)
+@functools.cache
+def _check_access_once(connection: S3Connection, location: S3Location) -> None:
+    """Bucket exists and is usable: checked at query start, once per Python process and
+    connection (its credentials included) and location; a failure raises and is not
+    remembered."""
+    check_access(connection, location, CREDENTIALS_HINT)
 
 
 class S3StreamWriter(TwoPhaseCommitStreamWriter):
