@@ -27,6 +27,7 @@ its start, so the topic stays small.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -36,7 +37,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 
 from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from connectors.kafka_sink.options import KafkaSinkOptions
+from connectors.kafka_sink.options import KafkaSinkOptions, client_config
 from connectors.kafka_sink.transactions import CONTROL_SETTINGS, admin_client, end_transaction
 
 LEDGER_TOPIC_CONFIGS = {
@@ -68,7 +69,7 @@ class Ledger:
         self.lock = threading.RLock()
         """Held by whoever runs a step on this ledger: one step at a time per process."""
         config = {**CONTROL_SETTINGS, **options.client_config()}
-        ensure_ledger_topic(config, self.topic)
+        ensure_ledger_topic(options)
         self.producer = KafkaProducer(
             transactional_id=f"eospack-ledger-{sink_id}", acks="all", **config
         )
@@ -183,17 +184,20 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
     return slots
 
 
-_ensured: set[tuple[str, str]] = set()
-
-
-def ensure_ledger_topic(config: dict[str, Any], topic: str) -> None:
+def ensure_ledger_topic(options: KafkaSinkOptions) -> None:
     """Create the compacted ledger topic unless it exists (replicated like the cluster
     allows); checked once per process and cluster."""
-    cluster = (str(config["bootstrap_servers"]), topic)
-    if cluster in _ensured:
-        return
+    _ensure_topic(options.bootstrap_servers, options.producer_params, options.ledger_topic)
+
+
+@functools.cache
+def _ensure_topic(
+    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], topic: str
+) -> None:
+    """Cached by cluster, client settings and topic: only a success is remembered (an
+    error is raised, so the next ledger opened checks again)."""
+    config = {**CONTROL_SETTINGS, **client_config(bootstrap_servers, producer_params)}
     _create_ledger_topic(config, topic)
-    _ensured.add(cluster)
 
 
 def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:

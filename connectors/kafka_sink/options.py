@@ -59,10 +59,7 @@ class KafkaSinkOptions:
 
     def client_config(self) -> dict[str, Any]:
         """kafka-python settings every client of this sink shares (admin, ledger, tasks)."""
-        servers = [server.strip() for server in self.bootstrap_servers.split(",")]
-        return {"bootstrap_servers": [server for server in servers if server]} | dict(
-            self.producer_params
-        )
+        return client_config(self.bootstrap_servers, self.producer_params)
 
     def producer_config(self) -> dict[str, Any]:
         """A task's producer: every record acknowledged by all in-sync replicas."""
@@ -70,6 +67,16 @@ class KafkaSinkOptions:
         if self.exactly_once:
             config["transaction_timeout_ms"] = self.transaction_timeout_ms
         return config
+
+
+def client_config(
+    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...]
+) -> dict[str, Any]:
+    """kafka-python settings of clients of ``bootstrap_servers`` (a comma-separated list)
+    with the ``kafka.*`` options given; a function of two hashable values, so that what is
+    asked of a cluster once per process can be cached by them."""
+    servers = [server.strip() for server in bootstrap_servers.split(",")]
+    return {"bootstrap_servers": [server for server in servers if server]} | dict(producer_params)
 
 
 def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:

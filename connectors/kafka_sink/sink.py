@@ -15,10 +15,11 @@ records of transactions that are later aborted (a retried task, a replayed batch
 
 from __future__ import annotations
 
+import functools
 import logging
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 from kafka import errors as kafka_errors
@@ -39,6 +40,7 @@ from connectors.kafka_sink.options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaSinkOptionError,
     KafkaSinkOptions,
+    client_config,
     parse_options,
 )
 from connectors.kafka_sink.resource import KafkaResource
@@ -49,8 +51,6 @@ SINK_NAME = "2pc-kafka"
 BROKER_TIMEOUT_SETTING = "transaction.max.timeout.ms"
 logger = logging.getLogger("eospack.kafka_sink")
 
-_broker_maximum: dict[str, int | None] = {}
-_broker_maximum_lock = threading.Lock()
 
 
 class TwoPhaseKafkaDataSource(DataSource):
@@ -138,11 +138,16 @@ def with_broker_timeout(options: KafkaSinkOptions, asked: bool) -> KafkaSinkOpti
 
 def broker_transaction_maximum(options: KafkaSinkOptions) -> int | None:
     """The brokers' ``transaction.max.timeout.ms`` (asked once per process and cluster)."""
-    with _broker_maximum_lock:
-        if options.bootstrap_servers in _broker_maximum:
-            return _broker_maximum[options.bootstrap_servers]
-    config = options.client_config()
-    admin = admin_client(config)
+    return _broker_transaction_maximum(options.bootstrap_servers, options.producer_params)
+
+
+@functools.cache
+def _broker_transaction_maximum(
+    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...]
+) -> int | None:
+    """Cached by the cluster and the client settings used to ask it; None (the setting
+    could not be read: the default applies) is remembered too, a raised error is not."""
+    admin = admin_client(client_config(bootstrap_servers, producer_params))
     maximum: int | None = None
     try:
         broker = admin.describe_cluster()["brokers"][0]["broker_id"]
@@ -159,8 +164,6 @@ def broker_transaction_maximum(options: KafkaSinkOptions) -> int | None:
         )  # fmt: skip
     finally:
         admin.close()
-    with _broker_maximum_lock:
-        _broker_maximum[options.bootstrap_servers] = maximum
     return maximum
 
 
