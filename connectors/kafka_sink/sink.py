@@ -52,7 +52,6 @@ BROKER_TIMEOUT_SETTING = "transaction.max.timeout.ms"
 logger = logging.getLogger("eospack.kafka_sink")
 
 
-
 class TwoPhaseKafkaDataSource(DataSource):
     """``writeStream.format("2pc-kafka")``: see the module doc."""
 

@@ -107,5 +107,3 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
     raise TypeError(f"cannot write a {type(value).__name__} value as JSON")
-
-

@@ -176,5 +176,3 @@ class PartUploader:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
-
-
