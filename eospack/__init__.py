@@ -96,7 +96,7 @@ def _prime_environment(spark: SparkSession, format_name: str) -> None:
     worker, and every other runner copies the map first."""
     jvm_session = spark._jsparkSession  # type: ignore[attr-defined]
     conf = jvm_session.sparkContext().conf()
-    local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)  # type: ignore[attr-defined]
+    local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)  # type: ignore[attr-defined,union-attr]
     values = {
         "SPARK_LOCAL_DIRS": ",".join(local_dirs),
         "SPARK_AUTH_SOCKET_TIMEOUT": str(

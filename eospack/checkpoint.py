@@ -166,7 +166,7 @@ def _numbered(directory: Path) -> set[int]:
 
 
 def _operators(state: Path) -> list[OperatorState]:
-    operators = []
+    operators: list[OperatorState] = []
     if not state.is_dir():
         return operators
     for operator in sorted(entry for entry in state.iterdir() if entry.name.isdigit()):

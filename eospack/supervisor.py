@@ -256,7 +256,7 @@ def _wait_for_end_or_failure(queries: Sequence[Query], poll_seconds: float) -> B
         running = False
         for query in queries:
             try:
-                ended = query.awaitTermination(poll_seconds) if query.isActive else True
+                ended = query.awaitTermination(poll_seconds) if query.isActive else True  # type: ignore[arg-type]
             except Exception as error:  # awaitTermination re-raises a query's failure
                 _stop_all(queries)
                 return error

@@ -31,7 +31,7 @@ def await_query(query: StreamingQuery, timeout: float) -> None:
     A query that failed re-raises its exception; one still running after ``timeout``
     is stopped and reported as a TimeoutError.
     """
-    if not query.awaitTermination(timeout):
+    if not query.awaitTermination(timeout):  # type: ignore[arg-type]  # float seconds work
         query.stop()
         raise TimeoutError(f"streaming query {query.name or query.id} still ran after {timeout} s")
     exception = query.exception()

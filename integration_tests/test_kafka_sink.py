@@ -2,12 +2,13 @@
 
 The crash test kills the driver at steps of the commit protocol in batch k of run k
 (after the decision and between two transaction commits by default; also after the tasks
-prepared and after the commit, before Spark's commit log, in the chaos lane), then runs
+prepared, before the decision and after the commit, before Spark's commit log, in the chaos
+lane), then runs
 to the end: the output topic holds each row once for read_committed, no transaction of
 the sink stays open, and every decision in the ledger is done. read_uncommitted sees the
 crashed runs' aborted records (documented). Further: a broker SIGKILLed with a decided
-batch, a decided batch the broker timed out, at-least-once mode, a bad option in one line
-without its secret.
+batch, a decided batch the broker timed out, tasks retried after their worker died or their
+flush's answer was lost, at-least-once mode, a bad option in one line without its secret.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.integration
 
 DRIVER = Path(__file__).parent / "drivers" / "kafka_sink_driver.py"
 DRIVER_TIMEOUT = 240.0
-ALL_FAULT_POINTS = ["after_prepare", "after_decision", "between_piece_commits", "after_commit"]
+ALL_FAULT_POINTS = [
+    "after_prepare", "before_decision", "after_decision", "between_piece_commits", "after_commit",
+]
 
 
 def records(bootstrap: str, topic: str, isolation: str) -> Counter[tuple[str, str]]:

@@ -86,12 +86,12 @@ def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
             connection.close()
     else:
         protocol = "staging" if options.exactly_once else "direct"
-        connection = sqlite_db.connect(options)
+        sqlite_connection = sqlite_db.connect(options)
         try:
-            with sqlite_db.transaction(connection):
-                _prepare_tables(options, schema, protocol, stage, connection)
+            with sqlite_db.transaction(sqlite_connection):
+                _prepare_tables(options, schema, protocol, stage, sqlite_connection)
         finally:
-            connection.close()
+            sqlite_connection.close()
     return SinkPlan(protocol, columns, stage)
 
 

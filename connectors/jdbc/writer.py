@@ -87,17 +87,17 @@ class TaskWriter:
         if rows_iterator is None:
             return empty
         if self.options.url.dialect == "sqlite":
-            connection = sqlite_db.connect(self.options)
+            sqlite_connection = sqlite_db.connect(self.options)
             try:
-                if self._decided(connection, "?", task):
+                if self._decided(sqlite_connection, "?", task):
                     return empty
-                with sqlite_db.transaction(connection):
+                with sqlite_db.transaction(sqlite_connection):
                     rows = sqlite_db.insert_batches(
-                        connection, self.stage, self.columns, rows_iterator,
+                        sqlite_connection, self.stage, self.columns, rows_iterator,
                         self.options.batchsize, piece_id,
                     )  # fmt: skip
             finally:
-                connection.close()
+                sqlite_connection.close()
             return replace(empty, rows=rows, handle={"piece": piece_id})
         connection = postgres.connect(self.options)
         try:
@@ -192,12 +192,12 @@ class TaskWriter:
         if rows_iterator is None:
             return 0
         if self.options.url.dialect == "sqlite":
-            connection = sqlite_db.connect(self.options)
+            sqlite_connection = sqlite_db.connect(self.options)
             try:
-                with sqlite_db.transaction(connection):
-                    return self._write_sqlite(connection, piece_id, rows_iterator)
+                with sqlite_db.transaction(sqlite_connection):
+                    return self._write_sqlite(sqlite_connection, piece_id, rows_iterator)
             finally:
-                connection.close()
+                sqlite_connection.close()
         connection = postgres.connect(self.options)
         try:
             with connection.transaction(), connection.cursor() as cursor:
