@@ -37,8 +37,11 @@ test: $(STAMP) fetch
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)
 
+# The linter, the formatter's check and the type checker (the packages, not the tests).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP) fetch
 	$(PY) -m benchmarks $(ARGS)

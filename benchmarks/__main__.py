@@ -24,9 +24,16 @@ from benchmarks.harness import Report, say
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = (
-    "source", "jdbc", "latency", "stateful", "recovery", "s3", "e2e", "event-latency",
+    "source",
+    "jdbc",
+    "latency",
+    "stateful",
+    "recovery",
+    "s3",
+    "e2e",
+    "event-latency",
     "kafka-sink",
-)  # fmt: skip
+)
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
@@ -119,9 +126,14 @@ def main() -> int:
         if "jdbc" in selected:
             sizes = [100_000] if quick else [100_000, 300_000, 1_000_000]
             jdbc_sink.run(
-                report, spark, postgres, workdir, sizes, repetitions,
+                report,
+                spark,
+                postgres,
+                workdir,
+                sizes,
+                repetitions,
                 spark_writer=bool(jars.get("postgresql-jdbc")),
-            )  # fmt: skip
+            )
         if "latency" in selected:
             jdbc_sink.commit_latency(report, spark, postgres, workdir, 20 if quick else 100)
         if "stateful" in selected:
@@ -135,9 +147,14 @@ def main() -> int:
         if "kafka-sink" in selected:
             rows = 100_000 if quick else 1_000_000
             kafka_sink.run(
-                report, spark, bootstrap, workdir, rows, repetitions,
+                report,
+                spark,
+                bootstrap,
+                workdir,
+                rows,
+                repetitions,
                 spark_kafka=bool(jars.get("spark-kafka")),
-            )  # fmt: skip
+            )
         if "recovery" in selected:
             peer = [*jars.get("spark-kafka", []), *jars.get("postgresql-jdbc", [])]
             if not (jars.get("spark-kafka") and jars.get("postgresql-jdbc")):

@@ -102,8 +102,10 @@ class Report:
         return "\n".join(lines)
 
     def markdown(self, title: str) -> str:
-        raw = ["| benchmark | contender | units | seconds per repetition | rate |",
-               "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        raw = [
+            "| benchmark | contender | units | seconds per repetition | rate |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         seen: set[int] = set()
         everything = [(c.benchmark, f) for c in self.comparisons for f in (c.subject, c.baseline)]
         for benchmark, figure in [*everything, *self.figures]:

@@ -148,22 +148,28 @@ def _run_size(
     ceiling = Figure(
         "psycopg COPY, one process",
         timed(
-            postgres, table, rows,
-            lambda: copy_with_psycopg(directory, postgres.endpoint.url, table), repetitions,
+            postgres,
+            table,
+            rows,
+            lambda: copy_with_psycopg(directory, postgres.endpoint.url, table),
+            repetitions,
         ),
         rows,
-    )  # fmt: skip
+    )
     size = f"{rows:,} rows"
     if spark_writer:
         say("jdbc: Spark's JDBC writer in foreachBatch (batchsize 10000)")
         spark_writer = Figure(
             "Spark JDBC writer",
             timed(
-                postgres, table, rows,
-                lambda: write_with_spark_jdbc(spark, directory, postgres, table), repetitions,
+                postgres,
+                table,
+                rows,
+                lambda: write_with_spark_jdbc(spark, directory, postgres, table),
+                repetitions,
             ),
             rows,
-        )  # fmt: skip
+        )
         for label in ("2pc-jdbc prepared", "2pc-jdbc staging"):
             report.add(
                 Comparison("2. jdbc sink vs Spark writer", size, figures[label], spark_writer, 2.0)

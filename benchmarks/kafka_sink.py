@@ -46,9 +46,13 @@ def write(spark: Any, directory: Path, bootstrap: str, topic: str, options: dict
 def committed_records(bootstrap: str, topic: str) -> int:
     """Records a read_committed consumer sees (end offsets minus transaction markers)."""
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
-        enable_auto_commit=False, consumer_timeout_ms=5000, max_poll_records=50_000,
-    )  # fmt: skip
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        group_id=None,
+        enable_auto_commit=False,
+        consumer_timeout_ms=5000,
+        max_poll_records=50_000,
+    )
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
         consumer.assign(partitions)
@@ -59,9 +63,14 @@ def committed_records(bootstrap: str, topic: str) -> int:
 
 
 def contender(
-    spark: Any, directory: Path, bootstrap: str, label: str, rows: int, repetitions: int,
+    spark: Any,
+    directory: Path,
+    bootstrap: str,
+    label: str,
+    rows: int,
+    repetitions: int,
     options: dict[str, str],
-) -> Figure:  # fmt: skip
+) -> Figure:
     topics: list[str] = []
 
     def new_topic() -> None:
@@ -81,9 +90,14 @@ def contender(
 
 
 def run(
-    report: Report, spark: Any, bootstrap: str, workdir: Path, rows: int, repetitions: int,
+    report: Report,
+    spark: Any,
+    bootstrap: str,
+    workdir: Path,
+    rows: int,
+    repetitions: int,
     spark_kafka: bool,
-) -> None:  # fmt: skip
+) -> None:
     """``spark_kafka``: the session has the jars of Spark's own Kafka connector."""
     directory = parquet_directory(workdir / f"kafka-sink-rows-{rows}", rows)
     size = f"{rows:,} records"
@@ -91,20 +105,33 @@ def run(
         spark, directory, bootstrap, "2pc-kafka exactly-once", rows, repetitions, {}
     )
     at_least_once = contender(
-        spark, directory, bootstrap, "2pc-kafka at-least-once", rows, repetitions,
+        spark,
+        directory,
+        bootstrap,
+        "2pc-kafka at-least-once",
+        rows,
+        repetitions,
         {"deliveryGuarantee": "at-least-once"},
-    )  # fmt: skip
+    )
     report.add(
         Comparison(
-            "9. kafka sink: exactly-once vs its at-least-once", size, exactly_once,
-            at_least_once, 0.85,
+            "9. kafka sink: exactly-once vs its at-least-once",
+            size,
+            exactly_once,
+            at_least_once,
+            0.85,
         )
-    )  # fmt: skip
+    )
     if spark_kafka:
         spark_sink = contender(
-            spark, directory, bootstrap, "Spark's Kafka sink", rows, repetitions,
+            spark,
+            directory,
+            bootstrap,
+            "Spark's Kafka sink",
+            rows,
+            repetitions,
             {"format": "kafka"},
-        )  # fmt: skip
+        )
         report.add(
             Comparison("9. kafka sink vs Spark's Kafka sink", size, exactly_once, spark_sink)
         )

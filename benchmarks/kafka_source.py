@@ -241,8 +241,17 @@ def run(
             say(f"source: producing {codec_size:,} records into a {codec} topic")
             fill_topic(bootstrap, topic, codec_size, PARTITIONS, compression=codec)
             target = 1.0 if codec_size >= 1_000_000 else None
-            _compare(report, spark, bootstrap, topic, f"{codec_size:,}, {codec}", codec_size,
-                     repetitions, spark_kafka, target)  # fmt: skip
+            _compare(
+                report,
+                spark,
+                bootstrap,
+                topic,
+                f"{codec_size:,}, {codec}",
+                codec_size,
+                repetitions,
+                spark_kafka,
+                target,
+            )
     _where_the_time_goes(
         report,
         spark,
@@ -322,10 +331,13 @@ def _where_the_time_goes(
         )
         report.add(
             Comparison(
-                "1. source: fixed cost per query", "1 record", fixed, jvm_fixed,
+                "1. source: fixed cost per query",
+                "1 record",
+                fixed,
+                jvm_fixed,
                 higher_is_better=False,
             )
-        )  # fmt: skip
+        )
     else:
         report.add_figure("1. source: fixed cost per query", fixed)
     per_partition = records // PARTITIONS
@@ -347,10 +359,12 @@ def _where_the_time_goes(
             consumer.close()
         report.add(
             Comparison(
-                "1. source: reader's decoding, kafka-python vs librdkafka", f"{per_partition:,}",
-                alone, librdkafka,
+                "1. source: reader's decoding, kafka-python vs librdkafka",
+                f"{per_partition:,}",
+                alone,
+                librdkafka,
             )
-        )  # fmt: skip
+        )
     else:
         report.add_figure("1. source: reader without Spark", alone)
     split = profile_reader(bootstrap, topic, per_partition)

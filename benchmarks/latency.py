@@ -222,9 +222,13 @@ def summarise(window: Window, events: list[tuple[float, float]]) -> Latencies:
 
 
 def run_guarantee(
-    bootstrap: str, postgres: Any, guarantee: str, rates: list[int], seconds: float,
+    bootstrap: str,
+    postgres: Any,
+    guarantee: str,
+    rates: list[int],
+    seconds: float,
     backlog: int,
-) -> tuple[list[Latencies], float]:  # fmt: skip
+) -> tuple[list[Latencies], float]:
     """Steady windows at each rate, then a backlog drained: latencies and capacity."""
     suffix = guarantee.replace("-", "_")
     name = f"bench_latency_{suffix}_{int(time.time())}"
@@ -238,9 +242,16 @@ def run_guarantee(
         producer.send(PARTITIONS * 10)
         producer.close()
         driver = pipeline(
-            name, bootstrap, topic, postgres, workdir, guarantee, MAX_OFFSETS_PER_TRIGGER,
-            done=False, extra=["--tables", "history", "--trigger-interval", TRIGGER_INTERVAL],
-        )  # fmt: skip
+            name,
+            bootstrap,
+            topic,
+            postgres,
+            workdir,
+            guarantee,
+            MAX_OFFSETS_PER_TRIGGER,
+            done=False,
+            extra=["--tables", "history", "--trigger-interval", TRIGGER_INTERVAL],
+        )
         watcher.start()
         checkpoint = workdir / name / "history"
 

@@ -36,9 +36,17 @@ def fill_keyed_topic(bootstrap: str, topic: str, events: int, keys: int = 1000) 
     produce_sealed(bootstrap, topic, records, batch_size=512 * 1024, linger_ms=20)
 
 
-def pipeline(name: str, bootstrap: str, topic: str, postgres: Any, workdir: Path,
-             guarantee: str, per_trigger: int, done: bool,
-             extra: Sequence[str] = ()) -> DriverProcess:  # fmt: skip
+def pipeline(
+    name: str,
+    bootstrap: str,
+    topic: str,
+    postgres: Any,
+    workdir: Path,
+    guarantee: str,
+    per_trigger: int,
+    done: bool,
+    extra: Sequence[str] = (),
+) -> DriverProcess:
     """The demo's pipeline as its own driver process; ``extra`` are more of its arguments."""
     done_file = workdir / f"{name}.done"
     if done:
@@ -144,15 +152,26 @@ def phases(marks: dict[str, float], total: float) -> dict[str, float]:
     return result
 
 
-def spark_pipeline(name: str, bootstrap: str, topic: str, postgres: Any, workdir: Path,
-                   jars: Sequence[Path]) -> DriverProcess:  # fmt: skip
+def spark_pipeline(
+    name: str, bootstrap: str, topic: str, postgres: Any, workdir: Path, jars: Sequence[Path]
+) -> DriverProcess:
     """The peer: the same pipeline with Spark's Kafka source, state and JDBC writer."""
     command = [
-        "-m", "benchmarks.spark_pipeline", "--bootstrap-servers", bootstrap,
-        "--topic", topic, "--jdbc-url", postgres.endpoint.jdbc_url,
-        "--jdbc-user", postgres.endpoint.user, "--checkpoint-dir", str(workdir / name),
-        "--jars", ",".join(str(jar) for jar in jars),
-    ]  # fmt: skip
+        "-m",
+        "benchmarks.spark_pipeline",
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic",
+        topic,
+        "--jdbc-url",
+        postgres.endpoint.jdbc_url,
+        "--jdbc-user",
+        postgres.endpoint.user,
+        "--checkpoint-dir",
+        str(workdir / name),
+        "--jars",
+        ",".join(str(jar) for jar in jars),
+    ]
     return DriverProcess(command, log_path=workdir / f"{name}.log")
 
 

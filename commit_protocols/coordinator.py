@@ -143,13 +143,19 @@ class TwoPhaseCommitCoordinator:
         if not applied:
             logger.info(
                 "%s batch %d was committed before a restart: rolled back its replay (%d rows)",
-                self.sink_name, batch_id, ours.rows,
-            )  # fmt: skip
+                self.sink_name,
+                batch_id,
+                ours.rows,
+            )
             return None
         logger.info(
             "%s committed batch %d: %d rows in %d pieces (sink %s)",
-            self.sink_name, batch_id, slot.rows, len(pieces), sink_id,
-        )  # fmt: skip
+            self.sink_name,
+            batch_id,
+            slot.rows,
+            len(pieces),
+            sink_id,
+        )
         return slot
 
     def abort(self, messages: Sequence[object | None], batch_id: int) -> None:
@@ -166,8 +172,9 @@ class TwoPhaseCommitCoordinator:
             logger.warning(
                 "%s aborted batch %d: no prepared piece reached the driver; what failed tasks"
                 " left is rolled back by the next commit of this sink",
-                self.sink_name, batch_id,
-            )  # fmt: skip
+                self.sink_name,
+                batch_id,
+            )
             return
         try:
             slot = self.resource.fence(sink_id, batch_id, pieces)
@@ -176,14 +183,19 @@ class TwoPhaseCommitCoordinator:
                 self._finish(slot)
                 logger.warning(
                     "%s batch %d was decided when Spark aborted it: finished its commit"
-                    " (%d rows) instead of rolling it back", self.sink_name, batch_id, slot.rows,
-                )  # fmt: skip
+                    " (%d rows) instead of rolling it back",
+                    self.sink_name,
+                    batch_id,
+                    slot.rows,
+                )
             else:
                 self._roll_back(pieces)
                 logger.warning(
                     "%s aborted batch %d: rolled back %d prepared pieces",
-                    self.sink_name, batch_id, len(pieces),
-                )  # fmt: skip
+                    self.sink_name,
+                    batch_id,
+                    len(pieces),
+                )
             self.recover(sink_id, up_to_batch=batch_id)
         except Exception as error:  # the query fails anyway; say what is left and where
             left = ", ".join(piece.transaction_id for piece in pieces if piece.rows) or "none"
@@ -191,8 +203,12 @@ class TwoPhaseCommitCoordinator:
                 "%s could not finish the abort of batch %d (%s: %s). Prepared pieces left: %s."
                 " They are committed or rolled back by the first commit after the query"
                 " restarts from its checkpoint",
-                self.sink_name, batch_id, type(error).__name__, error, left,
-            )  # fmt: skip
+                self.sink_name,
+                batch_id,
+                type(error).__name__,
+                error,
+                left,
+            )
 
     def _recover_before(self, ours: BatchDecision) -> None:
         """Before deciding: finish decided batches and roll back every other piece of this
@@ -218,8 +234,10 @@ class TwoPhaseCommitCoordinator:
             self._finish(decision)
             logger.warning(
                 "%s recovery: finished the commit of batch %d (%d pieces) left by a crash",
-                self.sink_name, decision.batch_id, len(decision.pieces),
-            )  # fmt: skip
+                self.sink_name,
+                decision.batch_id,
+                len(decision.pieces),
+            )
         orphans = [
             piece
             for piece in self.resource.prepared_pieces(sink_id)
@@ -241,8 +259,10 @@ class TwoPhaseCommitCoordinator:
                 self.resource.rollback_piece(piece)
                 logger.warning(
                     "%s recovery: rolled back orphaned piece %s of batch %d",
-                    self.sink_name, piece.transaction_id, piece.batch_id,
-                )  # fmt: skip
+                    self.sink_name,
+                    piece.transaction_id,
+                    piece.batch_id,
+                )
 
     def _finish(self, decision: BatchDecision, crash_between_pieces: bool = False) -> None:
         """Commit every piece of a decision (idempotently) and mark it done."""
@@ -255,9 +275,7 @@ class TwoPhaseCommitCoordinator:
         self.resource.mark_done(decision)
 
     @staticmethod
-    def _not_named(
-        pieces: Iterable[PreparedPiece], decision: BatchDecision
-    ) -> list[PreparedPiece]:
+    def _not_named(pieces: Iterable[PreparedPiece], decision: BatchDecision) -> list[PreparedPiece]:
         return [piece for piece in pieces if not decision.names(piece)]
 
     def _roll_back(self, pieces: Iterable[PreparedPiece]) -> None:

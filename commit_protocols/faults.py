@@ -143,9 +143,13 @@ def kill_executor() -> None:
 
 
 def arm(
-    directory: Path, call: str, mode: Mode, batch_id: int | None = None,
-    stall_seconds: float = 0.0, times: int = 1,
-) -> list[Path]:  # fmt: skip
+    directory: Path,
+    call: str,
+    mode: Mode,
+    batch_id: int | None = None,
+    stall_seconds: float = 0.0,
+    times: int = 1,
+) -> list[Path]:
     """Test side: arm ``times`` faults of one kind; each fires once."""
     if mode not in MODES:
         raise ValueError(f"fault mode {mode!r}: use one of {', '.join(MODES)}")
@@ -170,6 +174,4 @@ def injected(directory: Path) -> list[dict[str, object]]:
 
 def pending(directory: Path) -> list[CallFault]:
     """Test side: armed faults that no call has claimed yet."""
-    return [
-        CallFault(**json.loads(path.read_text())) for path in sorted(directory.glob("*.fault"))
-    ]
+    return [CallFault(**json.loads(path.read_text())) for path in sorted(directory.glob("*.fault"))]

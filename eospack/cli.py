@@ -132,14 +132,18 @@ def supervise(arguments: argparse.Namespace) -> int:
             strategy = FixedDelay(attempts, arguments.delay)
         elif arguments.strategy == "exponential-delay":
             strategy = ExponentialDelay(
-                arguments.initial_backoff, arguments.max_backoff, arguments.backoff_multiplier,
-                arguments.reset_backoff_after, arguments.attempts,
-            )  # fmt: skip
+                arguments.initial_backoff,
+                arguments.max_backoff,
+                arguments.backoff_multiplier,
+                arguments.reset_backoff_after,
+                arguments.attempts,
+            )
         else:
             strategy = FailureRate(
-                arguments.max_failures_per_interval, arguments.failure_rate_interval,
+                arguments.max_failures_per_interval,
+                arguments.failure_rate_interval,
                 arguments.delay,
-            )  # fmt: skip
+            )
     except ValueError as error:
         print(f"eospack supervise: {error}", file=sys.stderr)
         return 2
@@ -234,10 +238,12 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         "target", help="create: a new directory for the savepoint; restore: a new checkpoint"
     )
     parser.add_argument(
-        "--mode", choices=["no-claim", "claim"], default="no-claim",
+        "--mode",
+        choices=["no-claim", "claim"],
+        default="no-claim",
         help="restore: no-claim copies the savepoint and never changes it (default); claim"
         " moves it into the new checkpoint, which owns it from then on",
-    )  # fmt: skip
+    )
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -245,9 +251,10 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="the query's checkpointLocation (a path or file:// URI)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
-        "--state", action="store_true",
+        "--state",
+        action="store_true",
         help="also count each stateful_ops operator's keys and key groups (starts Spark)",
-    )  # fmt: skip
+    )
     parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL)")
     parser.add_argument("--table", help="the 2pc-jdbc sink's dbtable")
     parser.add_argument(
@@ -269,20 +276,26 @@ def add_supervise_arguments(parser: argparse.ArgumentParser) -> None:
         default="fixed-delay",
     )
     parser.add_argument(
-        "--attempts", type=int, default=None,
+        "--attempts",
+        type=int,
+        default=None,
         help="restarts in all (fixed-delay, default 3) or in a row (exponential-delay)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--delay", type=duration_seconds, default=10.0,
+        "--delay",
+        type=duration_seconds,
+        default=10.0,
         help="wait before each restart (fixed-delay, failure-rate; 10s)",
-    )  # fmt: skip
+    )
     parser.add_argument("--initial-backoff", type=duration_seconds, default=1.0)
     parser.add_argument("--max-backoff", type=duration_seconds, default=300.0)
     parser.add_argument("--backoff-multiplier", type=float, default=2.0)
     parser.add_argument(
-        "--reset-backoff-after", type=duration_seconds, default=3600.0,
+        "--reset-backoff-after",
+        type=duration_seconds,
+        default=3600.0,
         help="a run up this long resets the backoff (exponential-delay; 1h)",
-    )  # fmt: skip
+    )
     parser.add_argument("--max-failures-per-interval", type=int, default=3)
     parser.add_argument("--failure-rate-interval", type=duration_seconds, default=300.0)
 

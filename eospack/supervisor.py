@@ -28,15 +28,27 @@ logger = logging.getLogger("eospack.supervisor")
 
 PERMANENT_ERROR_NAMES = (
     # eospack: options, identities, schemas and state layouts are checked before data moves
-    "JdbcSinkOptionError", "JdbcIdentifierError", "JdbcSchemaError", "KafkaSourceOptionError",
-    "S3OptionError", "SinkIdentityError", "OperatorDefinitionError", "StateSchemaMismatchError",
-    "KafkaCodecMissingError", "S3AccessError",
+    "JdbcSinkOptionError",
+    "JdbcIdentifierError",
+    "JdbcSchemaError",
+    "KafkaSourceOptionError",
+    "S3OptionError",
+    "SinkIdentityError",
+    "OperatorDefinitionError",
+    "StateSchemaMismatchError",
+    "KafkaCodecMissingError",
+    "S3AccessError",
     # a human must look: data is gone, or a decided piece of output was lost
-    "KafkaDataLossError", "DecidedPieceLostError",
+    "KafkaDataLossError",
+    "DecidedPieceLostError",
     # Spark: the plan itself is wrong, or a format is not installed
-    "AnalysisException", "DATA_SOURCE_NOT_FOUND", "UNRESOLVED_COLUMN",
-    "password authentication failed", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-)  # fmt: skip
+    "AnalysisException",
+    "DATA_SOURCE_NOT_FOUND",
+    "UNRESOLVED_COLUMN",
+    "password authentication failed",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+)
 """Errors no restart can fix, matched by class name or message text: a query's failure
 reaches the driver as a ``StreamingQueryException`` whose message carries the original
 error (raised in Spark's Python planner or worker processes) as text."""
@@ -237,8 +249,11 @@ def supervise(
         restarts += 1
         logger.warning(
             "restart %d in %.1f s (%s) after %s",
-            restarts, delay, strategy.describe(), first_line(failure),
-        )  # fmt: skip
+            restarts,
+            delay,
+            strategy.describe(),
+            first_line(failure),
+        )
         sleep(delay)
 
 

@@ -39,16 +39,31 @@ class StandaloneCluster:
         self.processes: list[subprocess.Popen[bytes]] = []
         try:
             self._start(
-                "master", "org.apache.spark.deploy.master.Master",
-                "--host", MASTER_HOST, "--port", str(self.port),
-                "--webui-port", str(self.ui_port),
-            )  # fmt: skip
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                MASTER_HOST,
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            )
             for index, host in enumerate(WORKER_HOSTS):
                 self._start(
-                    f"worker-{index}", "org.apache.spark.deploy.worker.Worker",
-                    "--host", host, "--cores", "1", "--memory", "1g", "--webui-port", "0",
-                    "--work-dir", str(self.directory / f"work-{index}"), self.master_url,
-                )  # fmt: skip
+                    f"worker-{index}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    host,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    "0",
+                    "--work-dir",
+                    str(self.directory / f"work-{index}"),
+                    self.master_url,
+                )
             wait_until_ready(
                 "spark standalone cluster",
                 lambda: self.alive_workers() == len(WORKER_HOSTS),

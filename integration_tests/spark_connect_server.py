@@ -38,12 +38,21 @@ class SparkConnectServer:
             "PYSPARK_PYTHON": sys.executable,
         }
         command = [
-            str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS,
-            "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={self.port}",
-            "--conf", f"spark.connect.grpc.binding.address={HOST}",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+            str(spark_home / "bin" / "spark-submit"),
+            "--class",
+            SERVER_CLASS,
+            "--master",
+            "local[2]",
+            "--conf",
+            f"spark.connect.grpc.binding.port={self.port}",
+            "--conf",
+            f"spark.connect.grpc.binding.address={HOST}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
             "spark-internal",
-        ]  # fmt: skip
+        ]
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 command,

@@ -19,9 +19,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(300)
 def test_inspect_shows_a_crashed_querys_leftovers_then_a_clean_checkpoint(
-    spark: Any, postgres: Any, tmp_path: Path, unique_name: str, call_faults: Path,
+    spark: Any,
+    postgres: Any,
+    tmp_path: Path,
+    unique_name: str,
+    call_faults: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     pipeline = Pipeline(postgres, tmp_path, unique_name, call_faults)
     pipeline.crash("--protocol", "prepared", fault_point="after_prepare@1")
     checkpoint = tmp_path / "checkpoint"
@@ -52,10 +56,20 @@ def test_inspect_shows_a_crashed_querys_leftovers_then_a_clean_checkpoint(
 
     final = pipeline.run(spark, "--protocol", "prepared")
     assert final.succeeded, final.explain()
-    exit_code = main([
-        "checkpoint", "inspect", checkpoint.as_uri(), "--json", "--jdbc-url",
-        postgres.endpoint.jdbc_url, "--table", unique_name, "--user", postgres.endpoint.user,
-    ])  # fmt: skip
+    exit_code = main(
+        [
+            "checkpoint",
+            "inspect",
+            checkpoint.as_uri(),
+            "--json",
+            "--jdbc-url",
+            postgres.endpoint.jdbc_url,
+            "--table",
+            unique_name,
+            "--user",
+            postgres.endpoint.user,
+        ]
+    )
     assert exit_code == 0
     clean = json.loads(capsys.readouterr().out)
     assert [batch["committed"] for batch in clean["batches"]] == [True] * 4
@@ -75,9 +89,13 @@ def test_inspect_refuses_a_directory_that_is_no_checkpoint_with_one_line(
 
 @pytest.mark.timeout(300)
 def test_inspect_shows_a_2pc_s3_sinks_decided_batch_and_its_uploads_then_nothing(
-    spark: Any, s3: Any, tmp_path: Path, unique_name: str, monkeypatch: pytest.MonkeyPatch,
+    spark: Any,
+    s3: Any,
+    tmp_path: Path,
+    unique_name: str,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """Killed after batch 1's decision, before its uploads completed: batch 1 shows as
     decided (not done) with its uploads in progress; after the restart, all done."""
     endpoint = s3.endpoint
@@ -103,9 +121,14 @@ def test_inspect_shows_a_2pc_s3_sinks_decided_batch_and_its_uploads_then_nothing
 
     pipeline.restart_here(spark)
     arguments = [
-        "checkpoint", "inspect", str(pipeline.checkpoint), "--s3-path", pipeline.path,
-        "--s3-endpoint-url", endpoint.endpoint_url,
-    ]  # fmt: skip
+        "checkpoint",
+        "inspect",
+        str(pipeline.checkpoint),
+        "--s3-path",
+        pipeline.path,
+        "--s3-endpoint-url",
+        endpoint.endpoint_url,
+    ]
     assert main(arguments) == 0
     text = capsys.readouterr().out
     assert "2pc-s3 sink" in text and "left behind: 0 multipart uploads in progress" in text

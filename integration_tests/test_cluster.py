@@ -48,16 +48,35 @@ def input_batches(count: int) -> list[list[tuple[int, str, int]]]:
 
 
 def driver_arguments(
-    tmp_path: Path, postgres: Any, table: str, *, checkpoint_form: str = "path",
-    conf: dict[str, str] | None = None, lock_timeout: str | None = None,
+    tmp_path: Path,
+    postgres: Any,
+    table: str,
+    *,
+    checkpoint_form: str = "path",
+    conf: dict[str, str] | None = None,
+    lock_timeout: str | None = None,
     master: str = CLUSTER,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     arguments = [
-        "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "checkpoint"),
-        "--checkpoint-form", checkpoint_form, "--url", postgres.endpoint.jdbc_url,
-        "--user", postgres.endpoint.user, "--table", table, "--protocol", "prepared",
-        "--master", master, "--conf", "spark.executor.cores=1",
-    ]  # fmt: skip
+        "--input",
+        str(tmp_path / "in"),
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--checkpoint-form",
+        checkpoint_form,
+        "--url",
+        postgres.endpoint.jdbc_url,
+        "--user",
+        postgres.endpoint.user,
+        "--table",
+        table,
+        "--protocol",
+        "prepared",
+        "--master",
+        master,
+        "--conf",
+        "spark.executor.cores=1",
+    ]
     for key, value in (conf or {}).items():
         arguments += ["--conf", f"{key}={value}"]
     if lock_timeout:
@@ -213,15 +232,25 @@ def test_executor_side_faults_on_a_cluster_leave_each_row_once_and_nothing_behin
         cluster = request.getfixturevalue("standalone_cluster")
         master = cluster.master_url
     expected = prepare_table(postgres, tmp_path, unique_name, primary_key=fault.primary_key)
-    faults.arm(call_faults, "jdbc.prepare", fault.mode, batch_id=fault.batch_id,
-               stall_seconds=fault.stall_seconds)  # fmt: skip
+    faults.arm(
+        call_faults,
+        "jdbc.prepare",
+        fault.mode,
+        batch_id=fault.batch_id,
+        stall_seconds=fault.stall_seconds,
+    )
     events = tmp_path / "events"
     events.mkdir()
     conf = {**fault.conf, **event_log(events)}
     arguments = driver_arguments(
-        tmp_path, postgres, unique_name, checkpoint_form="conf", conf=conf, lock_timeout="10s",
+        tmp_path,
+        postgres,
+        unique_name,
+        checkpoint_form="conf",
+        conf=conf,
+        lock_timeout="10s",
         master=master,
-    )  # fmt: skip
+    )
     run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT)
     (tmp_path / "driver.log").write_text(run.output)
     assert run.succeeded, run.explain()
@@ -254,9 +283,11 @@ def test_driver_killed_while_an_executor_is_mid_task_then_restarted_applies_each
         tmp_path, postgres, unique_name, master=standalone_cluster.master_url
     )
     killed = run_driver(
-        DRIVER, arguments, timeout=DRIVER_TIMEOUT,
+        DRIVER,
+        arguments,
+        timeout=DRIVER_TIMEOUT,
         kill_when=lambda: bool(faults.injected(call_faults)),
-    )  # fmt: skip
+    )
     assert killed.was_killed, killed.explain()
     final = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT)
     assert final.succeeded, final.explain()

@@ -28,10 +28,19 @@ def test_concurrent_query_starts_in_fresh_drivers_never_fail(kafka: Any) -> None
     failures = []
     for start in range(STARTS):
         finished = subprocess.run(
-            [sys.executable, "-m", "integration_tests.drivers.concurrent_starts_driver",
-             "--bootstrap-servers", bootstrap, "--topic", topic],
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "integration_tests.drivers.concurrent_starts_driver",
+                "--bootstrap-servers",
+                bootstrap,
+                "--topic",
+                topic,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         output = finished.stdout + finished.stderr
         ok = finished.returncode == 0 and "both queries processed rows" in output
         print(f"start {start + 1}/{STARTS}: {'ok' if ok else 'FAILED'}", flush=True)

@@ -84,20 +84,33 @@ def produce(bootstrap: str, topic: str, count: int, rng: random.Random) -> Count
 
 @pytest.mark.timeout(600)
 def test_pipeline_from_a_connect_client_counts_each_event_once_across_two_runs(
-    connect_server: SparkConnectServer, kafka: Any, postgres: Any, tmp_path: Path,
+    connect_server: SparkConnectServer,
+    kafka: Any,
+    postgres: Any,
+    tmp_path: Path,
     unique_name: str,
-) -> None:  # fmt: skip
+) -> None:
     seed = random.randrange(2**32)
     print(f"seed {seed}")
     rng = random.Random(seed)
     bootstrap = kafka.endpoint.bootstrap_servers
     create_topic(bootstrap, unique_name, 2)
     arguments = [
-        "--remote", connect_server.remote_url, "--bootstrap-servers", bootstrap,
-        "--topic", unique_name, "--url", postgres.endpoint.jdbc_url,
-        "--user", postgres.endpoint.user, "--table", unique_name,
-        "--checkpoint", str(tmp_path / "checkpoint"),
-    ]  # fmt: skip
+        "--remote",
+        connect_server.remote_url,
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic",
+        unique_name,
+        "--url",
+        postgres.endpoint.jdbc_url,
+        "--user",
+        postgres.endpoint.user,
+        "--table",
+        unique_name,
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+    ]
     produced: Counter[str] = Counter()
     for events in (300, 200):
         produced += produce(bootstrap, unique_name, events, rng)

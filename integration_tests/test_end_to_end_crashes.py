@@ -46,11 +46,25 @@ def pipeline_arguments(name: str, bootstrap: str, topic: str, postgres, workdir:
     done_file = workdir / "done"
     done_file.touch()
     return [
-        "-m", "eospack.demo.pipeline", "--name", name, "--bootstrap-servers", bootstrap,
-        "--topic", topic, "--jdbc-url", postgres.endpoint.jdbc_url,
-        "--jdbc-user", postgres.endpoint.user, "--checkpoint-dir", str(workdir / "checkpoints"),
-        "--done-file", str(done_file), "--max-offsets-per-trigger", "300",
-    ]  # fmt: skip
+        "-m",
+        "eospack.demo.pipeline",
+        "--name",
+        name,
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic",
+        topic,
+        "--jdbc-url",
+        postgres.endpoint.jdbc_url,
+        "--jdbc-user",
+        postgres.endpoint.user,
+        "--checkpoint-dir",
+        str(workdir / "checkpoints"),
+        "--done-file",
+        str(done_file),
+        "--max-offsets-per-trigger",
+        "300",
+    ]
 
 
 def run_pipeline(arguments: list[str], **crash) -> object:
@@ -111,8 +125,11 @@ def test_every_fault_point_and_random_kills_leave_counts_exactly_once(
     assert crashes >= len(ALL_FAULT_POINTS) + 1  # the pipeline may finish before a kill
     assert result.counted == sum(produced.values())
     assert (result.lost, result.duplicated, result.history_regressions, result.leftovers) == (
-        0, 0, 0, 0,
-    )  # fmt: skip
+        0,
+        0,
+        0,
+        0,
+    )
 
 
 @pytest.mark.chaos  # the sink-level twin runs by default: test_jdbc_crash.py
@@ -138,9 +155,11 @@ def test_postgres_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
             return False  # the driver is not killed: it must fail by itself
 
         run = run_driver(
-            arguments[0], arguments[1:], timeout=DRIVER_TIMEOUT,
+            arguments[0],
+            arguments[1:],
+            timeout=DRIVER_TIMEOUT,
             kill_when=stop_database_after_progress,
-        )  # fmt: skip
+        )
         assert stopped["yes"], "the pipeline finished before the database could be stopped"
         assert not run.succeeded
         assert "connection" in run.output.lower(), run.explain()
@@ -181,9 +200,11 @@ def test_broker_unreachable_for_a_while_fails_clearly_and_recovers_exactly_once(
         arguments += ["--source-option", "kafkaConsumer.pollTimeoutMs=10000"]
         try:
             run = run_driver(
-                arguments[0], arguments[1:], timeout=DRIVER_TIMEOUT,
+                arguments[0],
+                arguments[1:],
+                timeout=DRIVER_TIMEOUT,
                 kill_when=pause_broker_after_progress,
-            )  # fmt: skip
+            )
         finally:
             os.kill(broker.process.pid, signal.SIGCONT)
         assert paused["yes"], "the pipeline finished before the broker could be paused"

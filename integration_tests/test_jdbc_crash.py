@@ -30,11 +30,14 @@ DRIVER_TIMEOUT = 150.0
 # Each run is killed at its point in the batch after the previous run's last commit.
 CRASH_PLANS = {
     "prepared": [
-        "after_prepare@1", "before_decision@2", "after_decision@3",
-        "between_piece_commits@4", "after_commit@5",
+        "after_prepare@1",
+        "before_decision@2",
+        "after_decision@3",
+        "between_piece_commits@4",
+        "after_commit@5",
     ],
     "staging": ["after_prepare@1", "after_decision@2", "after_commit@3"],
-}  # fmt: skip
+}
 
 
 def input_batches(count: int) -> list[list[tuple[int, str, int]]]:
@@ -73,10 +76,19 @@ def test_kill_at_every_fault_point_then_restart_applies_each_row_exactly_once(
     write_input_files(tmp_path / "in", batches)
     expected = sorted(row for batch in batches for row in batch)
     arguments = [
-        "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "checkpoint"),
-        "--url", postgres.endpoint.jdbc_url, "--user", postgres.endpoint.user,
-        "--table", unique_name, "--protocol", protocol,
-    ]  # fmt: skip
+        "--input",
+        str(tmp_path / "in"),
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--url",
+        postgres.endpoint.jdbc_url,
+        "--user",
+        postgres.endpoint.user,
+        "--table",
+        unique_name,
+        "--protocol",
+        protocol,
+    ]
     # A primary key makes a duplicate fail loudly, and makes a replayed row wait on the
     # lock of a crashed run's prepared row unless recovery rolled that back first.
     with psycopg.connect(url) as connection:
@@ -111,9 +123,12 @@ def test_database_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
         batches = input_batches(12)
         write_input_files(tmp_path / "in", batches)
         options = {
-            "url": server.endpoint.jdbc_url, "user": server.endpoint.user,
-            "dbtable": unique_name, "createTableIfNotExists": "true", "protocol": "prepared",
-        }  # fmt: skip
+            "url": server.endpoint.jdbc_url,
+            "user": server.endpoint.user,
+            "dbtable": unique_name,
+            "createTableIfNotExists": "true",
+            "protocol": "prepared",
+        }
 
         def start() -> Any:
             return (
@@ -128,8 +143,9 @@ def test_database_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
         query = start()
         wait_until(
             lambda: table_exists(url, unique_name) and len(pg_ledger(url, unique_name)) >= 2,
-            60, "two committed batches",
-        )  # fmt: skip
+            60,
+            "two committed batches",
+        )
         server.kill()
         with pytest.raises(Exception) as caught:
             await_query(query, 120)

@@ -71,10 +71,17 @@ class Pipeline:
         self.fault_directory = fault_directory
         write_input_files(tmp_path / "in", self.batches)
         self.arguments = [
-            "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "checkpoint"),
-            "--url", postgres.endpoint.jdbc_url, "--user", postgres.endpoint.user,
-            "--table", table,
-        ]  # fmt: skip
+            "--input",
+            str(tmp_path / "in"),
+            "--checkpoint",
+            str(tmp_path / "checkpoint"),
+            "--url",
+            postgres.endpoint.jdbc_url,
+            "--user",
+            postgres.endpoint.user,
+            "--table",
+            table,
+        ]
         with psycopg.connect(self.url) as connection:
             connection.execute(
                 f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, name text, version bigint)'
@@ -83,9 +90,12 @@ class Pipeline:
     def in_own_process(self, *extra: str, fault_point: str | None = None) -> DriverRun:
         environment = {faults.FAULT_DIRECTORY_VARIABLE: str(self.fault_directory)}
         return run_driver(
-            DRIVER, [*self.arguments, *extra], timeout=DRIVER_TIMEOUT,
-            fault_point=fault_point, environment=environment,
-        )  # fmt: skip
+            DRIVER,
+            [*self.arguments, *extra],
+            timeout=DRIVER_TIMEOUT,
+            fault_point=fault_point,
+            environment=environment,
+        )
 
     def crash(self, *extra: str, fault_point: str) -> DriverRun:
         crashed = self.in_own_process(*extra, fault_point=fault_point)
@@ -254,9 +264,12 @@ def test_a_failed_batch_leaves_no_prepared_transaction_behind(
     batches = input_batches(3)
     write_input_files(tmp_path / "in", batches)
     options = {
-        "url": postgres.endpoint.jdbc_url, "user": postgres.endpoint.user,
-        "dbtable": unique_name, "createTableIfNotExists": "true", "protocol": "prepared",
-    }  # fmt: skip
+        "url": postgres.endpoint.jdbc_url,
+        "user": postgres.endpoint.user,
+        "dbtable": unique_name,
+        "createTableIfNotExists": "true",
+        "protocol": "prepared",
+    }
 
     def run() -> None:
         query = (
@@ -288,17 +301,24 @@ def test_query_start_fails_clearly_when_a_prepared_transaction_locks_the_stage(
     url = postgres.endpoint.url
     write_input_files(tmp_path / "in", input_batches(1))
     options = {
-        "url": postgres.endpoint.jdbc_url, "user": postgres.endpoint.user,
-        "dbtable": unique_name, "createTableIfNotExists": "true", "protocol": "staging",
-        "writeMode": "upsert", "upsertKeys": "id", "lockTimeout": "2s",
-    }  # fmt: skip
+        "url": postgres.endpoint.jdbc_url,
+        "user": postgres.endpoint.user,
+        "dbtable": unique_name,
+        "createTableIfNotExists": "true",
+        "protocol": "staging",
+        "writeMode": "upsert",
+        "upsertKeys": "id",
+        "lockTimeout": "2s",
+    }
 
     def start(frame: Any, checkpoint: str) -> Any:
         return (
-            frame.writeStream.format("2pc-jdbc").options(**options)
+            frame.writeStream.format("2pc-jdbc")
+            .options(**options)
             .option("checkpointLocation", str(tmp_path / checkpoint))
-            .trigger(availableNow=True).start()
-        )  # fmt: skip
+            .trigger(availableNow=True)
+            .start()
+        )
 
     await_query(start(stream_input(spark, tmp_path / "in"), "first"), QUERY_TIMEOUT)
     stage = str(stage_table(TableName(None, unique_name)).name)
@@ -310,8 +330,10 @@ def test_query_start_fails_clearly_when_a_prepared_transaction_locks_the_stage(
     orphan.close()
     try:
         with pytest.raises(Exception) as caught:
-            await_query(start(stream_input(spark, tmp_path / "in").select("id", "name"), "second"),
-                        QUERY_TIMEOUT)  # fmt: skip
+            await_query(
+                start(stream_input(spark, tmp_path / "in").select("id", "name"), "second"),
+                QUERY_TIMEOUT,
+            )
         message = str(caught.value)
         assert "is locked by another session for over 2000ms" in message, message[:3000]
         assert gid in message

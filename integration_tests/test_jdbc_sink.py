@@ -159,9 +159,13 @@ def test_at_least_once_writes_every_row_without_a_ledger(spark, postgres, tmp_pa
     url = postgres.endpoint.url
     write_input_files(tmp_path / "in", UPSERT_BATCHES)
     options = sink_options(
-        postgres, unique_name, deliveryGuarantee="at-least-once", writeMode="upsert",
-        upsertKeys="id", versionColumn="version",
-    )  # fmt: skip
+        postgres,
+        unique_name,
+        deliveryGuarantee="at-least-once",
+        writeMode="upsert",
+        upsertKeys="id",
+        versionColumn="version",
+    )
     run_query(spark, tmp_path / "in", tmp_path / "checkpoint", options)
     assert pg_rows(url, unique_name) == UPSERT_EXPECTED
     assert pg_ledger(url, unique_name) == []
@@ -177,10 +181,10 @@ INSTANTS = [
 
 
 @pytest.mark.parametrize(
-    "extra", [{"protocol": "prepared"}, {"protocol": "staging"},
-              {"deliveryGuarantee": "at-least-once"}],
+    "extra",
+    [{"protocol": "prepared"}, {"protocol": "staging"}, {"deliveryGuarantee": "at-least-once"}],
     ids=["prepared", "staging", "at-least-once"],
-)  # fmt: skip
+)
 def test_timestamps_keep_their_instant_whatever_the_time_zones(
     spark, postgres, tmp_path, unique_name, extra
 ):
@@ -196,9 +200,14 @@ def test_timestamps_keep_their_instant_whatever_the_time_zones(
     directory.mkdir()
     table = pa.table(
         {"id": list(range(len(INSTANTS))), "at": INSTANTS, "at_utc": INSTANTS},
-        schema=pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC")),
-                          ("at_utc", pa.timestamp("us", tz="UTC"))]),
-    )  # fmt: skip
+        schema=pa.schema(
+            [
+                ("id", pa.int64()),
+                ("at", pa.timestamp("us", tz="UTC")),
+                ("at_utc", pa.timestamp("us", tz="UTC")),
+            ]
+        ),
+    )
     pq.write_table(table, directory / "part-0000.parquet")
     previous_zone = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
@@ -234,9 +243,11 @@ def test_sqlite_staging_applies_every_row_exactly_once(spark, tmp_path, unique_n
     upsert = write_mode == "upsert"
     write_input_files(tmp_path / "in", UPSERT_BATCHES if upsert else APPEND_BATCHES)
     options = {
-        "url": f"jdbc:sqlite:{database}", "dbtable": unique_name,
-        "createTableIfNotExists": "true", "writeMode": write_mode,
-    }  # fmt: skip
+        "url": f"jdbc:sqlite:{database}",
+        "dbtable": unique_name,
+        "createTableIfNotExists": "true",
+        "writeMode": write_mode,
+    }
     if upsert:
         options.update(upsertKeys="id", versionColumn="version")
     run_query(spark, tmp_path / "in", tmp_path / "checkpoint", options)

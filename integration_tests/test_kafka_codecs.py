@@ -164,19 +164,34 @@ def produce_with_java(
     lines = "".join(f"{_line_text(m.key)}\t{_line_text(m.value)}\n" for m in messages)
     result = subprocess.run(
         [
-            "java", "-Xmx256m", "-cp", classpath, "org.apache.kafka.tools.ConsoleProducer",
-            "--bootstrap-server", servers, "--topic", topic, "--compression-codec", compression,
-            "--property", "parse.key=true", "--property", "key.separator=\t",
-            "--property", f"null.marker={NULL_MARKER}",
-            "--producer-property", "linger.ms=100",
-            "--producer-property", "batch.size=1048576",
+            "java",
+            "-Xmx256m",
+            "-cp",
+            classpath,
+            "org.apache.kafka.tools.ConsoleProducer",
+            "--bootstrap-server",
+            servers,
+            "--topic",
+            topic,
+            "--compression-codec",
+            compression,
+            "--property",
+            "parse.key=true",
+            "--property",
+            "key.separator=\t",
+            "--property",
+            f"null.marker={NULL_MARKER}",
+            "--producer-property",
+            "linger.ms=100",
+            "--producer-property",
+            "batch.size=1048576",
         ],
         input=lines,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -384,10 +399,16 @@ def test_mixed_codecs_in_one_partition(spark, real_kafka, unique_name, tmp_path)
     create_topic(servers, unique_name, partitions=1)
     written: list[Message] = []
     steps = [
-        ("librdkafka", "gzip"), ("kafka-python", "zstd"), ("java", "lz4"),
-        ("librdkafka", "snappy"), ("kafka-python", None), ("java", "zstd"),
-        ("kafka-python", "lz4"), ("librdkafka", "zstd"), ("kafka-python", "snappy"),
-    ]  # fmt: skip
+        ("librdkafka", "gzip"),
+        ("kafka-python", "zstd"),
+        ("java", "lz4"),
+        ("librdkafka", "snappy"),
+        ("kafka-python", None),
+        ("java", "zstd"),
+        ("kafka-python", "lz4"),
+        ("librdkafka", "zstd"),
+        ("kafka-python", "snappy"),
+    ]
     for step, (producer, codec) in enumerate(steps):
         messages = [
             Message(0, f"{producer}-{step}".encode(), f"{codec} {step}.{i} ".encode() * (i % 9))

@@ -79,9 +79,12 @@ def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_on
 
     def stream() -> Any:
         return read_stream(
-            spark, servers, subscribe=unique_name, startingOffsets="earliest",
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets="earliest",
             maxOffsetsPerTrigger="8",
-        )  # fmt: skip
+        )
 
     if when == "at start":
         faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS)
@@ -126,12 +129,18 @@ def test_a_failed_read_is_retried_by_spark_and_the_query_finishes_exactly_once(
     run = run_driver(
         DRIVER,
         [
-            "--bootstrap-servers", servers, "--topic", unique_name,
-            "--checkpoint", str(tmp_path / "checkpoint"), "--output", str(output),
+            "--bootstrap-servers",
+            servers,
+            "--topic",
+            unique_name,
+            "--checkpoint",
+            str(tmp_path / "checkpoint"),
+            "--output",
+            str(output),
         ],
         timeout=200,
         environment={faults.FAULT_DIRECTORY_VARIABLE: str(fault_directory)},
-    )  # fmt: skip
+    )
 
     assert run.succeeded, run.explain()
     assert fired(fault_directory) == [("kafka.poll", "after")]
@@ -164,9 +173,13 @@ def test_a_broker_killed_mid_query_and_restarted_on_its_log_directory_loses_noth
 
     def stream() -> Any:
         return read_stream(
-            spark, servers, subscribe=unique_name, startingOffsets="earliest",
-            maxOffsetsPerTrigger="8", **{"kafka.request.timeout.ms": "3000"},
-        )  # fmt: skip
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger="8",
+            **{"kafka.request.timeout.ms": "3000"},
+        )
 
     query = start_recording(stream(), checkpoint, recorder)
     try:

@@ -40,8 +40,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 PARTITIONS = 3
 COLUMNS = (
-    "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers",
-)  # fmt: skip
+    "key",
+    "value",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestampType",
+    "headers",
+)
 
 # The options both sources get, beside the subscription and the offsets.
 COMMON_OPTIONS = {
@@ -84,8 +91,9 @@ def compacted_then_transactional_topic(servers: str, topic: str) -> None:
             partition = 0 if index % 4 == 0 else index % PARTITIONS  # uneven partitions
             key = None if index % 7 == 0 else b"tx-%d" % index
             headers = [("tx", b"committed")] if index % 3 == 0 else None
-            committed.send(topic, key=key, value=b"committed-%d" % index, partition=partition,
-                           headers=headers)  # fmt: skip
+            committed.send(
+                topic, key=key, value=b"committed-%d" % index, partition=partition, headers=headers
+            )
             aborted.send(topic, key=key, value=b"aborted-%d" % index, partition=partition)
             if index % 10 == 0:
                 plain.send(topic, partition, None, None)
@@ -134,9 +142,13 @@ class LibrdkafkaProducer:
         headers: list[tuple[str, bytes | None]] | None = None,
     ) -> None:
         self.producer.produce(
-            topic, value=value, key=key, partition=partition, headers=headers,
+            topic,
+            value=value,
+            key=key,
+            partition=partition,
+            headers=headers,
             on_delivery=self._delivered,
-        )  # fmt: skip
+        )
         self.producer.poll(0)
 
     def _delivered(self, error: Any, _message: Any) -> None:

@@ -36,15 +36,23 @@ pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).parent / "drivers" / "kafka_sink_driver.py"
 DRIVER_TIMEOUT = 240.0
 ALL_FAULT_POINTS = [
-    "after_prepare", "before_decision", "after_decision", "between_piece_commits", "after_commit",
+    "after_prepare",
+    "before_decision",
+    "after_decision",
+    "between_piece_commits",
+    "after_commit",
 ]
 
 
 def records(bootstrap: str, topic: str, isolation: str) -> Counter[tuple[str, str]]:
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
-        isolation_level=isolation, consumer_timeout_ms=3000,
-    )  # fmt: skip
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=None,
+        isolation_level=isolation,
+        consumer_timeout_ms=3000,
+    )
     try:
         return Counter((record.key.decode(), record.value.decode()) for record in consumer)
     finally:
@@ -64,18 +72,31 @@ class SinkRun:
         self.checkpoint = tmp_path / "checkpoint"
 
     def in_own_process(
-        self, options: dict[str, str] | None = None, *extra: str, fault_point: str | None = None,
+        self,
+        options: dict[str, str] | None = None,
+        *extra: str,
+        fault_point: str | None = None,
         environment: dict[str, str] | None = None,
-    ) -> DriverRun:  # fmt: skip
+    ) -> DriverRun:
         arguments = [
-            "--source", str(self.source), "--checkpoint", str(self.checkpoint),
-            "--bootstrap-servers", self.bootstrap, "--topic", self.topic,
-            *(f"--option={name}={value}" for name, value in (options or {}).items()), *extra,
-        ]  # fmt: skip
+            "--source",
+            str(self.source),
+            "--checkpoint",
+            str(self.checkpoint),
+            "--bootstrap-servers",
+            self.bootstrap,
+            "--topic",
+            self.topic,
+            *(f"--option={name}={value}" for name, value in (options or {}).items()),
+            *extra,
+        ]
         return run_driver(
-            DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point,
+            DRIVER,
+            arguments,
+            timeout=DRIVER_TIMEOUT,
+            fault_point=fault_point,
             environment=environment,
-        )  # fmt: skip
+        )
 
     def crash(self, fault_point: str, options: dict[str, str] | None = None) -> None:
         run = self.in_own_process(options, fault_point=fault_point)
@@ -155,9 +176,11 @@ def test_retried_tasks_leave_each_row_once_and_their_failed_attempts_aborted(
     faults.arm(call_faults, "kafka_sink.prepare", "after", batch_id=2)
 
     finished = run.in_own_process(
-        None, "--master", "local[2,3]",
+        None,
+        "--master",
+        "local[2,3]",
         environment={faults.FAULT_DIRECTORY_VARIABLE: str(call_faults)},
-    )  # fmt: skip
+    )
 
     assert finished.succeeded, finished.explain()
     fired = [(fault["mode"], fault["seen_batch"]) for fault in faults.injected(call_faults)]

@@ -773,9 +773,12 @@ def test_read_committed_reads_exactly_the_committed_records_and_replays_them(
 
         def stream() -> DataStreamReader:
             return read_stream(
-                spark, servers, subscribe=unique_name, startingOffsets="earliest",
+                spark,
+                servers,
+                subscribe=unique_name,
+                startingOffsets="earliest",
                 maxOffsetsPerTrigger="4",
-            )  # fmt: skip
+            )
 
         run_available_now(stream(), checkpoint, recorder)
         # Batches [0, 4), [4, 8), [8, 10): aborted records and markers skipped by position.
@@ -804,8 +807,16 @@ def test_read_committed_reads_exactly_the_committed_records_and_replays_them(
         spark, servers, subscribe=unique_name, **{"kafka.isolation.level": "read_uncommitted"}
     )
     assert [bytes(v) for _, _, _, v in keyed_rows(uncommitted)] == [
-        b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"c-0", b"c-1", b"d-0", b"d-1",
-    ]  # fmt: skip
+        b"a-0",
+        b"a-1",
+        b"a-2",
+        b"b-0",
+        b"b-1",
+        b"c-0",
+        b"c-1",
+        b"d-0",
+        b"d-1",
+    ]
 
 
 def free_port() -> int:

@@ -36,11 +36,21 @@ def prepare_in_a_process_that_dies(
     bootstrap: str, topic: str, transactional_id: str, records: int, timeout_ms: int = 600_000
 ) -> PreparedTransaction:
     finished = subprocess.run(
-        [sys.executable, str(DRIVER), bootstrap, topic, transactional_id, str(records),
-         str(timeout_ms)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [
+            sys.executable,
+            str(DRIVER),
+            bootstrap,
+            topic,
+            transactional_id,
+            str(records),
+            str(timeout_ms),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert finished.returncode == 0, finished.stderr[-3000:]
     return PreparedTransaction.from_json(json.loads(finished.stdout.strip().splitlines()[-1]))
 
@@ -48,9 +58,13 @@ def prepare_in_a_process_that_dies(
 def values(bootstrap: str, topic: str, isolation: str) -> list[str]:
     """Every record value of ``topic`` as a consumer with ``isolation`` sees it, sorted."""
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
-        isolation_level=isolation, consumer_timeout_ms=2000,
-    )  # fmt: skip
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=None,
+        isolation_level=isolation,
+        consumer_timeout_ms=2000,
+    )
     try:
         return sorted(record.value.decode() for record in consumer)
     finally:

@@ -101,9 +101,12 @@ def test_crash_at_every_commit_step_including_after_commit(
     spark: Any, s3: Any, tmp_path: Path, unique_name: str
 ) -> None:
     crash_then_restart(
-        spark, s3, tmp_path, unique_name,
+        spark,
+        s3,
+        tmp_path,
+        unique_name,
         ["after_prepare", "after_decision", "between_piece_commits", "after_commit"],
-    )  # fmt: skip
+    )
 
 
 def crash_then_restart(
@@ -115,9 +118,17 @@ def crash_then_restart(
     batches = write_source(source, len(fault_points) + 1)
     path = f"s3://{s3.endpoint.bucket}/{unique_name}"
     arguments = [
-        "--source", str(source), "--checkpoint", str(tmp_path / "checkpoint"), "--path", path,
-        "--endpoint-url", s3.endpoint.endpoint_url, "--partition-by", "grp",
-    ]  # fmt: skip
+        "--source",
+        str(source),
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--path",
+        path,
+        "--endpoint-url",
+        s3.endpoint.endpoint_url,
+        "--partition-by",
+        "grp",
+    ]
     credentials = {
         "AWS_ACCESS_KEY_ID": s3.endpoint.access_key_id,
         "AWS_SECRET_ACCESS_KEY": s3.endpoint.secret_access_key,
@@ -127,9 +138,12 @@ def crash_then_restart(
 
     def run(fault_point: str | None) -> None:
         outcome = run_driver(
-            DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point,
+            DRIVER,
+            arguments,
+            timeout=DRIVER_TIMEOUT,
+            fault_point=fault_point,
             environment=credentials,
-        )  # fmt: skip
+        )
         expected = outcome.was_killed if fault_point else outcome.succeeded
         assert expected, f"{fault_point}: exit {outcome.returncode}\n{outcome.output[-4000:]}"
 

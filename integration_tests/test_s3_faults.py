@@ -175,11 +175,22 @@ def test_a_crash_fault_applies_the_call_then_kills_the_process(
     )
     endpoint = s3.endpoint
     process = subprocess.run(
-        [sys.executable, "-c", script, endpoint.endpoint_url, endpoint.region,
-         endpoint.access_key_id, endpoint.secret_access_key, endpoint.bucket, key],
+        [
+            sys.executable,
+            "-c",
+            script,
+            endpoint.endpoint_url,
+            endpoint.region,
+            endpoint.access_key_id,
+            endpoint.secret_access_key,
+            endpoint.bucket,
+            key,
+        ],
         env={**os.environ, faults.FAULT_DIRECTORY_VARIABLE: str(directory)},
-        capture_output=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-2000:]
     assert exists(s3, key)
     assert fired(directory) == [("s3.PutObject", "crash", None)]
@@ -320,8 +331,9 @@ def test_a_clean_commit_costs_one_manifest_put_one_listing_and_a_completion_per_
     writer = TaskWriter(options, client)
 
     def two_directories(first: int) -> Any:
-        yield pa.record_batch({"id": pa.array(range(first, first + 4), pa.int64()),
-                               "k": ["a", "b", "a", "b"]})  # fmt: skip
+        yield pa.record_batch(
+            {"id": pa.array(range(first, first + 4), pa.int64()), "k": ["a", "b", "a", "b"]}
+        )
 
     def prepared(batch: int) -> PreparedPiece:
         task = TaskIdentity("sinkC", batch, 0, f"0x{batch}")
@@ -362,9 +374,12 @@ def test_the_reader_skips_fences_and_batches_not_wholly_complete(s3: Any, unique
 
 
 def test_an_abort_that_cannot_reach_s3_names_every_upload_it_leaves(
-    s3: Any, unique_name: str, fault_directory: Path, monkeypatch: pytest.MonkeyPatch,
+    s3: Any,
+    unique_name: str,
+    fault_directory: Path,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     options = sink_options(s3, unique_name)
     monkeypatch.setattr(sink_module, "s3_client", lambda connection: new_client(connection, 1))
     writer = TaskWriter(options, new_client(options.connection, max_attempts=1))
@@ -391,12 +406,15 @@ def test_the_fault_proxy_stalls_plain_tcp_until_resumed(s3: Any, unique_name: st
     upstream = urlsplit(s3.endpoint.endpoint_url)
     with FaultProxy(upstream.hostname or "127.0.0.1", upstream.port or 80) as proxy:
         client = boto3.client(
-            "s3", endpoint_url=proxy.url, region_name=s3.endpoint.region,
+            "s3",
+            endpoint_url=proxy.url,
+            region_name=s3.endpoint.region,
             aws_access_key_id=s3.endpoint.access_key_id,
             aws_secret_access_key=s3.endpoint.secret_access_key,
-            config=Config(read_timeout=0.5, retries={"total_max_attempts": 1},
-                          s3={"addressing_style": "path"}),
-        )  # fmt: skip
+            config=Config(
+                read_timeout=0.5, retries={"total_max_attempts": 1}, s3={"addressing_style": "path"}
+            ),
+        )
         key = f"{unique_name}/stalled"
         client.put_object(Bucket=s3.endpoint.bucket, Key=key, Body=b"x")
         proxy.pause()
@@ -454,10 +472,17 @@ class Pipeline:
     def run_driver(self, fault_point: str | None = None) -> Any:
         endpoint = self.s3.endpoint
         arguments = [
-            "--source", str(self.source), "--checkpoint", str(self.checkpoint),
-            "--path", self.path, "--endpoint-url", endpoint.endpoint_url,
-            "--partition-by", "grp",
-        ]  # fmt: skip
+            "--source",
+            str(self.source),
+            "--checkpoint",
+            str(self.checkpoint),
+            "--path",
+            self.path,
+            "--endpoint-url",
+            endpoint.endpoint_url,
+            "--partition-by",
+            "grp",
+        ]
         environment = {
             "AWS_ACCESS_KEY_ID": endpoint.access_key_id,
             "AWS_SECRET_ACCESS_KEY": endpoint.secret_access_key,
@@ -465,16 +490,24 @@ class Pipeline:
             faults.FAULT_DIRECTORY_VARIABLE: str(self.fault_directory),
         }
         return run_driver(
-            DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point,
+            DRIVER,
+            arguments,
+            timeout=DRIVER_TIMEOUT,
+            fault_point=fault_point,
             environment=environment,
-        )  # fmt: skip
+        )
 
     def restart_here(self, spark: Any) -> None:
         """The same query in the test's SparkSession (same checkpoint: same sink id)."""
         query = start_query(
-            spark, str(self.source), str(self.checkpoint), self.path,
-            self.s3.endpoint.endpoint_url, "grp", connection_options(self.s3),
-        )  # fmt: skip
+            spark,
+            str(self.source),
+            str(self.checkpoint),
+            self.path,
+            self.s3.endpoint.endpoint_url,
+            "grp",
+            connection_options(self.s3),
+        )
         await_query(query, QUERY_TIMEOUT)
 
     def arm(self, call: str, mode: faults.Mode, batch_id: int, times: int = 1) -> None:

@@ -60,9 +60,15 @@ def rows_of(first: int, count: int) -> list[tuple[Any, ...]]:
 
 
 ARROW_SCHEMA = pa.schema(
-    [("id", pa.int64()), ("grp", pa.string()), ("day", pa.date32()), ("amount", pa.float64()),
-     ("at", pa.timestamp("us", tz="UTC")), ("flag", pa.bool_())]
-)  # fmt: skip
+    [
+        ("id", pa.int64()),
+        ("grp", pa.string()),
+        ("day", pa.date32()),
+        ("amount", pa.float64()),
+        ("at", pa.timestamp("us", tz="UTC")),
+        ("flag", pa.bool_()),
+    ]
+)
 
 
 def write_source(spark: Any, directory: Path, batches: Sequence[list[tuple[Any, ...]]]) -> Any:
@@ -94,9 +100,14 @@ def connection_options(s3: Any) -> dict[str, str]:
 
 
 def run_stream(
-    spark: Any, source: Path, checkpoint: Path, path: str, options: dict[str, str],
-    files_per_trigger: int = 1, partitions: int = 2,
-) -> None:  # fmt: skip
+    spark: Any,
+    source: Path,
+    checkpoint: Path,
+    path: str,
+    options: dict[str, str],
+    files_per_trigger: int = 1,
+    partitions: int = 2,
+) -> None:
     frame = (
         spark.readStream.schema(SCHEMA_DDL)
         .option("maxFilesPerTrigger", files_per_trigger)
@@ -169,17 +180,26 @@ def test_partitioned_parquet_batches_are_read_back_exactly_once(
     bucket = s3.endpoint.bucket
     stray = io.BytesIO()
     pq.write_table(pa.table({"id": [-1], "amount": [0.0]}), stray)
-    client.put_object(Bucket=bucket, Key=f"{unique_name}/grp=g0/day=2024-01-01/x.parquet",
-                      Body=stray.getvalue())  # fmt: skip
+    client.put_object(
+        Bucket=bucket, Key=f"{unique_name}/grp=g0/day=2024-01-01/x.parquet", Body=stray.getvalue()
+    )
     client.create_multipart_upload(
         Bucket=bucket,
         Key=f"{unique_name}/grp=g1/day=2024-01-01/eospack-other-0-0-0x1.00001.parquet",
     )
     in_progress = {**next(iter(written.values())), "sink_id": "other", "batch_id": 7}
-    in_progress["files"] = [{"key": f"{unique_name}/grp=g2/eospack-other-7-0-0x1.00001.parquet",
-                             "rows": 5, "bytes": 100}]  # fmt: skip
-    client.put_object(Bucket=bucket, Key=f"{unique_name}/_eospack/manifests/other/7.json",
-                      Body=json.dumps(in_progress).encode())  # fmt: skip
+    in_progress["files"] = [
+        {
+            "key": f"{unique_name}/grp=g2/eospack-other-7-0-0x1.00001.parquet",
+            "rows": 5,
+            "bytes": 100,
+        }
+    ]
+    client.put_object(
+        Bucket=bucket,
+        Key=f"{unique_name}/_eospack/manifests/other/7.json",
+        Body=json.dumps(in_progress).encode(),
+    )
     assert read_committed(spark, s3, path) == expected
 
     # A new checkpoint on the same path is a new sink: its batch 0 is not "already done".
@@ -199,9 +219,11 @@ def test_jsonl_at_least_once_round_trips_every_column_type_partitioned_by_boolea
     expected = write_source(spark, source, [rows])
     path = f"s3://{s3.endpoint.bucket}/{unique_name}"
     options = {
-        **connection_options(s3), "fileFormat": "jsonl", "partitionBy": "flag",
+        **connection_options(s3),
+        "fileFormat": "jsonl",
+        "partitionBy": "flag",
         "deliveryGuarantee": "at-least-once",
-    }  # fmt: skip
+    }
 
     run_stream(spark, source, tmp_path / "checkpoint", path, options)
 
@@ -211,8 +233,10 @@ def test_jsonl_at_least_once_round_trips_every_column_type_partitioned_by_boolea
     assert len(names) == 2 and all(re.fullmatch(task_manifest, name) for name in names)
     keys = [key for key in object_keys(s3, unique_name) if key.endswith(".jsonl")]
     assert {key.split("/")[1] for key in keys} == {
-        "flag=true", "flag=false", "flag=__HIVE_DEFAULT_PARTITION__",
-    }  # fmt: skip
+        "flag=true",
+        "flag=false",
+        "flag=__HIVE_DEFAULT_PARTITION__",
+    }
     body = s3.endpoint.client().get_object(Bucket=s3.endpoint.bucket, Key=keys[0])["Body"]
     lines = body.read().decode().splitlines()
     assert lines and all(
@@ -238,11 +262,14 @@ def test_large_task_output_rolls_over_into_several_files(
     options = {**connection_options(s3), "targetFileSize": "1m"}
 
     query = (
-        spark.readStream.schema("id BIGINT, payload STRING").parquet(str(source))
-        .writeStream.format("2pc-s3").options(**options)
+        spark.readStream.schema("id BIGINT, payload STRING")
+        .parquet(str(source))
+        .writeStream.format("2pc-s3")
+        .options(**options)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True).start(path)
-    )  # fmt: skip
+        .trigger(availableNow=True)
+        .start(path)
+    )
     await_query(query, QUERY_TIMEOUT)
 
     (manifest,) = manifests(s3, unique_name).values()
@@ -253,8 +280,10 @@ def test_large_task_output_rolls_over_into_several_files(
     frame = spark.read.format("2pc-s3").options(**connection_options(s3)).load(path)
     assert frame.count() == count
     assert frame.selectExpr("count(distinct id)", "min(id)", "max(id)").first() == (
-        count, 0, count - 1,
-    )  # fmt: skip
+        count,
+        0,
+        count - 1,
+    )
 
 
 def arrow_batches(rows: int, width: int = 1000) -> Iterator[pa.RecordBatch]:
@@ -273,9 +302,11 @@ def test_prepared_files_are_invisible_until_committed_and_every_step_is_idempote
     s3: Any, unique_name: str
 ) -> None:
     options = parse_sink_options(
-        {"path": f"s3://{s3.endpoint.bucket}/{unique_name}",
-         **{k.lower(): v for k, v in connection_options(s3).items()}}
-    )  # fmt: skip
+        {
+            "path": f"s3://{s3.endpoint.bucket}/{unique_name}",
+            **{k.lower(): v for k, v in connection_options(s3).items()},
+        }
+    )
     client = s3_client(options.connection)
     writer = TaskWriter(options, client, part_size=MIN_PART_SIZE)
     piece = writer.prepare(TaskIdentity("sinkA", 4, 0, "0xa"), arrow_batches(12_000))
@@ -301,8 +332,11 @@ def test_prepared_files_are_invisible_until_committed_and_every_step_is_idempote
     assert list(resource.unfinished_decisions("sinkA")) == [decision]
     prepared = {p.transaction_id for p in resource.prepared_pieces("sinkA")}
     assert prepared == {
-        piece.transaction_id, other.transaction_id, stale.transaction_id, later.transaction_id,
-    }  # fmt: skip
+        piece.transaction_id,
+        other.transaction_id,
+        stale.transaction_id,
+        later.transaction_id,
+    }
 
     TwoPhaseCommitCoordinator(resource, "test").recover("sinkA", up_to_batch=4)
 
@@ -332,9 +366,12 @@ def test_many_open_partition_files_are_closed_early_to_bound_memory(
     s3: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     options = parse_sink_options(
-        {"path": f"s3://{s3.endpoint.bucket}/{unique_name}", "partitionby": "k",
-         **{k.lower(): v for k, v in connection_options(s3).items()}}
-    )  # fmt: skip
+        {
+            "path": f"s3://{s3.endpoint.bucket}/{unique_name}",
+            "partitionby": "k",
+            **{k.lower(): v for k, v in connection_options(s3).items()},
+        }
+    )
     monkeypatch.setattr(writer_module, "MAX_BUFFERED_BYTES", 1)
     batches = [
         pa.record_batch({"id": pa.array(range(i * 10, i * 10 + 10), pa.int64()), "k": [i % 3] * 10})
@@ -390,9 +427,12 @@ def stream_writer_error(options: dict[str, str], overwrite: bool = False) -> str
 
 def bad_input_options(s3: Any, **extra: str) -> dict[str, str]:
     return {
-        "path": f"s3://{s3.endpoint.bucket}/bad", "endpointUrl": s3.endpoint.endpoint_url,
-        "accessKeyId": "AKIANEVERSHOWN", "secretAccessKey": SECRET, **extra,
-    }  # fmt: skip
+        "path": f"s3://{s3.endpoint.bucket}/bad",
+        "endpointUrl": s3.endpoint.endpoint_url,
+        "accessKeyId": "AKIANEVERSHOWN",
+        "secretAccessKey": SECRET,
+        **extra,
+    }
 
 
 def test_bad_inputs_are_refused_at_query_start_with_one_clear_line(s3: Any) -> None:
@@ -444,9 +484,11 @@ class AuthenticatingS3(_ChildProcess):
 def test_denied_access_is_refused_at_query_start_without_the_secret() -> None:
     with AuthenticatingS3() as server:
         options = {
-            "path": "s3://locked-bucket/out", "endpointUrl": f"http://127.0.0.1:{server.port}",
-            "accessKeyId": "AKIANEVERSHOWN", "secretAccessKey": SECRET,
-        }  # fmt: skip
+            "path": "s3://locked-bucket/out",
+            "endpointUrl": f"http://127.0.0.1:{server.port}",
+            "accessKeyId": "AKIANEVERSHOWN",
+            "secretAccessKey": SECRET,
+        }
         assert stream_writer_error(options) == (
             "access to bucket 'locked-bucket' of path s3://locked-bucket/out was denied (403):"
             " check accessKeyId/secretAccessKey (or boto3's default credential chain) and the"
@@ -463,9 +505,12 @@ def test_a_bad_query_fails_before_any_data_moves(
     options = {**connection_options(s3), "partitionBy": "country"}
     with pytest.raises(Exception, match="partitionBy column 'country' is not in the DataFrame"):
         run_stream(
-            spark, source, tmp_path / "checkpoint", f"s3://{s3.endpoint.bucket}/{unique_name}",
+            spark,
+            source,
+            tmp_path / "checkpoint",
+            f"s3://{s3.endpoint.bucket}/{unique_name}",
             options,
-        )  # fmt: skip
+        )
     assert object_keys(s3, unique_name) == [] and open_uploads(s3, unique_name) == []
 
 

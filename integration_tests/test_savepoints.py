@@ -130,9 +130,13 @@ def digest(directory: Path) -> dict[str, str]:
 
 @pytest.mark.timeout(900)
 def test_restored_queries_continue_like_a_query_that_never_stopped(
-    spark: Any, kafka: Any, postgres: Any, tmp_path: Path, unique_name: str,
+    spark: Any,
+    kafka: Any,
+    postgres: Any,
+    tmp_path: Path,
+    unique_name: str,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     seed = random.randrange(2**32)
     print(f"seed {seed}")
     rng = random.Random(seed)
@@ -190,9 +194,13 @@ def test_restored_queries_continue_like_a_query_that_never_stopped(
 
 @pytest.mark.timeout(300)
 def test_savepoint_refusals_are_one_line_and_change_nothing(
-    spark: Any, kafka: Any, postgres: Any, tmp_path: Path, unique_name: str,
+    spark: Any,
+    kafka: Any,
+    postgres: Any,
+    tmp_path: Path,
+    unique_name: str,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     bootstrap = kafka.endpoint.bootstrap_servers
     create_topic(bootstrap, unique_name, 2)
     produce_round(bootstrap, unique_name, 50, random.Random(1))

@@ -251,9 +251,12 @@ def test_read_committed_hides_an_aborted_transaction(real_kafka, unique_name):
     assert end_offsets(servers, unique_name, "read_committed") == {0: 7}
     uncommitted = read_all(servers, unique_name)
     assert [(offset, value) for _, offset, _, value in uncommitted] == [
-        (0, b"aborted-0"), (1, b"aborted-1"), (2, b"aborted-2"),
-        (4, b"committed-0"), (5, b"committed-1"),
-    ]  # fmt: skip
+        (0, b"aborted-0"),
+        (1, b"aborted-1"),
+        (2, b"aborted-2"),
+        (4, b"committed-0"),
+        (5, b"committed-1"),
+    ]
     visible = read_all(servers, unique_name, isolation_level="read_committed")
     assert [(offset, value) for _, offset, _, value in visible] == [
         (4, b"committed-0"),
@@ -272,8 +275,12 @@ def test_partitions_records_and_topics_can_be_added_and_deleted(real_kafka, uniq
 
     delete_records(servers, unique_name, {0: 6})
     assert [(p, o) for p, o, _, _ in read_all(servers, unique_name)] == [
-        (0, 6), (0, 7), (0, 8), (0, 9), (2, 0),
-    ]  # fmt: skip
+        (0, 6),
+        (0, 7),
+        (0, 8),
+        (0, 9),
+        (2, 0),
+    ]
     consumer = KafkaConsumer(bootstrap_servers=servers)
     try:
         assert consumer.beginning_offsets([TopicPartition(unique_name, 0)]) == {

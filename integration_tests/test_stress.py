@@ -136,9 +136,12 @@ class StressRig:
         self.log_path = tmp_path / "driver-0.log"
         self.checkpoint_root = tmp_path / "checkpoints"
         self.settings: dict[str, Any] = {
-            "generation": 0, "max_offsets_per_trigger": 200, "trigger_ms": 300,
-            "protocol": "prepared", "stop": False,
-        }  # fmt: skip
+            "generation": 0,
+            "max_offsets_per_trigger": 200,
+            "trigger_ms": 300,
+            "protocol": "prepared",
+            "stop": False,
+        }
         self.produced = 0
         self.figures = Figures()
         self.seen_counts: dict[str, tuple[int, int]] = {}
@@ -152,12 +155,28 @@ class StressRig:
     def start_driver(self) -> None:
         endpoint = self.postgres.endpoint
         arguments = [
-            str(DRIVER), "--bootstrap-servers", self.servers, "--topic", self.topic,
-            "--jdbc-url", endpoint.jdbc_url, "--jdbc-user", endpoint.user,
-            "--table-prefix", self.prefix, "--s3-endpoint", self.s3.endpoint.endpoint_url,
-            "--s3-path", self.s3_path, "--s3-access-key", self.s3.endpoint.access_key_id,
-            "--checkpoint-root", str(self.checkpoint_root), "--control", str(self.control),
-        ]  # fmt: skip
+            str(DRIVER),
+            "--bootstrap-servers",
+            self.servers,
+            "--topic",
+            self.topic,
+            "--jdbc-url",
+            endpoint.jdbc_url,
+            "--jdbc-user",
+            endpoint.user,
+            "--table-prefix",
+            self.prefix,
+            "--s3-endpoint",
+            self.s3.endpoint.endpoint_url,
+            "--s3-path",
+            self.s3_path,
+            "--s3-access-key",
+            self.s3.endpoint.access_key_id,
+            "--checkpoint-root",
+            str(self.checkpoint_root),
+            "--control",
+            str(self.control),
+        ]
         environment = {
             faults.FAULT_DIRECTORY_VARIABLE: str(self.fault_directory),
             "EOSPACK_STRESS_S3_SECRET": self.s3.endpoint.secret_access_key,
@@ -212,8 +231,9 @@ class StressRig:
             with psycopg.connect(self.url, autocommit=True) as connection:
                 connection.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = %s", (APPLICATION_NAME,),
-                )  # fmt: skip
+                    " WHERE application_name = %s",
+                    (APPLICATION_NAME,),
+                )
         elif action == "restart with other options":
             self._write_control(
                 generation=self.settings["generation"] + 1,
@@ -242,9 +262,10 @@ class StressRig:
         """SIGKILL one Python worker forked by the driver's JVM (executor task or commit)."""
         assert self.driver is not None
         workers = [
-            pid for pid in _session_processes(self.driver.pid)
+            pid
+            for pid in _session_processes(self.driver.pid)
             if pid != self.driver.pid and _is_forked_pyspark_worker(pid)
-        ]  # fmt: skip
+        ]
         if workers:
             try:
                 os.kill(self.random.choice(workers), signal.SIGKILL)
@@ -327,9 +348,11 @@ class StressRig:
     def _s3_options(self) -> dict[str, str]:
         endpoint = self.s3.endpoint
         return {
-            "path": self.s3_path, "endpointUrl": endpoint.endpoint_url,
-            "accessKeyId": endpoint.access_key_id, "secretAccessKey": endpoint.secret_access_key,
-        }  # fmt: skip
+            "path": self.s3_path,
+            "endpointUrl": endpoint.endpoint_url,
+            "accessKeyId": endpoint.access_key_id,
+            "secretAccessKey": endpoint.secret_access_key,
+        }
 
     def database_activity(self) -> str:
         """What the database is doing (for a failure report): sessions, waits, prepared."""
@@ -344,9 +367,15 @@ class StressRig:
             ).fetchall()
             prepared = connection.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
         return "\n".join(
-            ["sessions:", *map(str, sessions), "waiting locks:", *map(str, locks),
-             "prepared:", *map(str, prepared)]
-        )  # fmt: skip
+            [
+                "sessions:",
+                *map(str, sessions),
+                "waiting locks:",
+                *map(str, locks),
+                "prepared:",
+                *map(str, prepared),
+            ]
+        )
 
     def failures_in_log(self) -> int:
         logs = self.work.glob("driver-*.log")
@@ -366,8 +395,9 @@ class StressRig:
                 generation = self.settings["generation"]
                 wait_until(
                     lambda generation=generation: self.driver_started(generation),
-                    90, f"the driver to start generation {generation} (seed {self.seed})",
-                )  # fmt: skip
+                    90,
+                    f"the driver to start generation {generation} (seed {self.seed})",
+                )
             else:
                 pace(lambda before=before: self.committed_batches() > before, at_most=STEP_SECONDS)
             self.check_counts_never_move_backwards()
@@ -379,17 +409,21 @@ class StressRig:
             pending.unlink(missing_ok=True)
         self.add_data(100)
         self._write_control(
-            generation=self.settings["generation"] + 1, max_offsets_per_trigger=5000,
+            generation=self.settings["generation"] + 1,
+            max_offsets_per_trigger=5000,
             trigger_ms=200,
-        )  # fmt: skip
+        )
         if not self.driver_alive():
             self.start_driver()
         expected = list(range(self.produced))
         wait_until(
-            lambda: sum(count for _, count, _ in self._counts()) == self.produced
-            and sorted(self.s3_ids()) == expected,
-            240, f"the final drain (seed {self.seed})",
-        )  # fmt: skip
+            lambda: (
+                sum(count for _, count, _ in self._counts()) == self.produced
+                and sorted(self.s3_ids()) == expected
+            ),
+            240,
+            f"the final drain (seed {self.seed})",
+        )
         self.stop_driver()
         self.check_counts_never_move_backwards()
         assert Counter(self.s3_ids()) == Counter(expected), f"seed {self.seed}: S3 files"
@@ -447,9 +481,14 @@ def _seed(default: int | None = None) -> int:
 
 
 def _run_walk(
-    kafka: Any, postgres: Any, s3: Any, tmp_path: Path, name: str,
-    keep_going: Callable[[int], bool], seed: int,
-) -> None:  # fmt: skip
+    kafka: Any,
+    postgres: Any,
+    s3: Any,
+    tmp_path: Path,
+    name: str,
+    keep_going: Callable[[int], bool],
+    seed: int,
+) -> None:
     print(f"\nstress walk seed={seed} (replay with EOSPACK_STRESS_SEED={seed})")
     rig = StressRig(kafka, postgres, s3, tmp_path, name, seed)
     started = time.monotonic()
@@ -464,14 +503,15 @@ def _run_walk(
     finally:
         rig.close()
     rig.figures.restarts_after_failure = rig.failures_in_log()
-    print(rig.figures.report(seed, faults.injected(rig.fault_directory), rig.produced,
-                             time.monotonic() - started))  # fmt: skip
+    print(
+        rig.figures.report(
+            seed, faults.injected(rig.fault_directory), rig.produced, time.monotonic() - started
+        )
+    )
 
 
 @pytest.mark.timeout(420)
-def test_random_walk_delivers_every_event_exactly_once(
-    kafka, postgres, s3, tmp_path, unique_name
-):
+def test_random_walk_delivers_every_event_exactly_once(kafka, postgres, s3, tmp_path, unique_name):
     steps = int(os.environ.get("EOSPACK_STRESS_STEPS", "100"))
     seed = _seed(CI_SEED)
     _run_walk(kafka, postgres, s3, tmp_path, unique_name, lambda done: done < steps, seed)

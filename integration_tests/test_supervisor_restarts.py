@@ -27,9 +27,13 @@ def start_function(spark: Any, pipeline: Pipeline, *extra: str) -> Any:
 
 @pytest.mark.timeout(300)
 def test_a_transient_failure_is_restarted_and_every_row_lands_once(
-    spark: Any, postgres: Any, tmp_path: Path, unique_name: str, call_faults: Path,
+    spark: Any,
+    postgres: Any,
+    tmp_path: Path,
+    unique_name: str,
+    call_faults: Path,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     pipeline = Pipeline(postgres, tmp_path, unique_name, call_faults)
     pipeline.arm("jdbc.decide", "before", batch_id=1)
     with caplog.at_level(logging.WARNING, logger="eospack.supervisor"):

@@ -47,8 +47,10 @@ def test_defaults() -> None:
     options = parse()
     assert options.url.dialect == "postgresql"
     assert (options.url.host, options.url.port, options.url.database) == (
-        "db.example", 5433, "shop",
-    )  # fmt: skip
+        "db.example",
+        5433,
+        "shop",
+    )
     assert options.table == TableName("sales", "orders")
     assert options.batchsize == 10_000
     assert options.write_mode == "append" and options.upsert_keys == ()
@@ -272,9 +274,14 @@ def test_type_mapping_and_refusals() -> None:
 
 def test_upsert_sql_never_moves_a_version_backwards() -> None:
     statement = move_from_stage_sql(
-        "postgresql", TableName(None, "t"), TableName(None, "s"), ["id", "v", "name"],
-        ("id",), "v", 2,
-    )  # fmt: skip
+        "postgresql",
+        TableName(None, "t"),
+        TableName(None, "s"),
+        ["id", "v", "name"],
+        ("id",),
+        "v",
+        2,
+    )
     assert statement == (
         'INSERT INTO "t" AS eospack_target ("id", "v", "name") SELECT DISTINCT ON ("id")'
         ' "id", "v", "name" FROM "s" WHERE "eospack_piece" = ANY(%s) ORDER BY "id",'

@@ -163,9 +163,12 @@ def no_earliest(tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
 def test_continuing_partitions_start_where_the_last_batch_ended() -> None:
     previous = BatchOffsets({("t", 0): 5, ("t", 1): 9}, {}, {"t": ID_A})
     plan = plan_next_batch(
-        previous, view([("t", 0), ("t", 1)], {"t": ID_A}), {("t", 0): 8, ("t", 1): 9},
-        no_earliest, fail_on_data_loss=True,
-    )  # fmt: skip
+        previous,
+        view([("t", 0), ("t", 1)], {"t": ID_A}),
+        {("t", 0): 8, ("t", 1): 9},
+        no_earliest,
+        fail_on_data_loss=True,
+    )
     assert plan.begins == {("t", 0): 5, ("t", 1): 9}
     assert plan.limits == {("t", 0): 8, ("t", 1): 9}
     assert plan.topic_ids == {"t": ID_A}
@@ -180,9 +183,12 @@ def test_a_new_partition_starts_at_its_earliest_offset_fixed_at_planning() -> No
         return dict.fromkeys(tps, 0)
 
     plan = plan_next_batch(
-        previous, view([("t", 0), ("t", 1)], {"t": ID_A}), {("t", 0): 5, ("t", 1): 4},
-        earliest_of, fail_on_data_loss=True,
-    )  # fmt: skip
+        previous,
+        view([("t", 0), ("t", 1)], {"t": ID_A}),
+        {("t", 0): 5, ("t", 1): 4},
+        earliest_of,
+        fail_on_data_loss=True,
+    )
     assert asked == [[("t", 1)]]
     assert plan.begins == {("t", 0): 5, ("t", 1): 0}
     logged = BatchOffsets(plan.limits, plan.begins, plan.topic_ids).to_json()
@@ -216,9 +222,12 @@ def test_a_new_partition_starting_above_zero_is_data_loss_as_in_spark(
 def test_a_partition_missing_from_metadata_is_carried_forward() -> None:
     previous = BatchOffsets({("t", 0): 5, ("t", 1): 9}, {}, {"t": ID_A})
     plan = plan_next_batch(
-        previous, view([("t", 0)], {"t": ID_A}), {("t", 0): 7}, no_earliest,
+        previous,
+        view([("t", 0)], {"t": ID_A}),
+        {("t", 0): 7},
+        no_earliest,
         fail_on_data_loss=True,
-    )  # fmt: skip
+    )
     assert plan.begins == {("t", 0): 5, ("t", 1): 9}
     assert plan.limits == {("t", 0): 7, ("t", 1): 9}
 

@@ -41,10 +41,16 @@ SECRET = "hunter2-secret"
             {"kafka.sasl.jaas.config": f'org.Nope required username="u" password="{SECRET}";'},
             "must be a PlainLoginModule or ScramLoginModule",
         ),
-        ({"kafka.ssl.password": SECRET, "kafka.ssl.truststore.type": "JKS",
-          "kafka.ssl.truststore.location": "/x.jks"}, "needs a PEM file"),
+        (
+            {
+                "kafka.ssl.password": SECRET,
+                "kafka.ssl.truststore.type": "JKS",
+                "kafka.ssl.truststore.location": "/x.jks",
+            },
+            "needs a PEM file",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_options_are_refused_in_one_line(options: dict[str, str], message: str) -> None:
     with pytest.raises(KafkaSinkOptionError) as raised:
         parse_options({**BASE, **options})
@@ -82,15 +88,26 @@ def schema(*fields: StructField) -> StructType:
     ("options", "columns", "message"),
     [
         (BASE, schema(StructField("key", StringType())), "needs a value column"),
-        ({"kafka.bootstrap.servers": "b:1"}, schema(StructField("value", StringType())),
-         "needs a topic: set the topic option, or write a topic column"),
+        (
+            {"kafka.bootstrap.servers": "b:1"},
+            schema(StructField("value", StringType())),
+            "needs a topic: set the topic option, or write a topic column",
+        ),
         (BASE, schema(StructField("value", LongType())), "column value has type bigint"),
-        (BASE, schema(StructField("value", BinaryType()), StructField("partition", LongType())),
-         "column partition has type bigint: use int"),
-        (BASE, schema(StructField("value", BinaryType()),
-                      StructField("headers", ArrayType(StringType()))), "column headers"),
+        (
+            BASE,
+            schema(StructField("value", BinaryType()), StructField("partition", LongType())),
+            "column partition has type bigint: use int",
+        ),
+        (
+            BASE,
+            schema(
+                StructField("value", BinaryType()), StructField("headers", ArrayType(StringType()))
+            ),
+            "column headers",
+        ),
     ],
-)  # fmt: skip
+)
 def test_input_columns_are_checked_like_sparks_kafka_sink(
     options: dict[str, str], columns: StructType, message: str
 ) -> None:

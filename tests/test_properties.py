@@ -50,8 +50,13 @@ spaces = st.sampled_from(["", " ", "  "])
 
 
 @FAST
-@given(amounts, st.sampled_from(["", "k", "m", "g", "t"]), st.sampled_from(["", "b", "ib"]),
-       spaces, st.booleans())  # fmt: skip
+@given(
+    amounts,
+    st.sampled_from(["", "k", "m", "g", "t"]),
+    st.sampled_from(["", "b", "ib"]),
+    spaces,
+    st.booleans(),
+)
 def test_byte_size_is_amount_times_power_of_1024(
     amount: int, unit: str, suffix: str, gap: str, upper: bool
 ) -> None:
@@ -94,13 +99,23 @@ def test_jdbc_lock_timeout_of_zero_is_refused(unit: str) -> None:
 
 KAFKA_BASE = {"kafka.bootstrap.servers": "broker1:9092", "subscribe": "orders"}
 KAFKA_UNITS_MS = {
-    "": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000,
-}  # fmt: skip
+    "": 1,
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+}
 
 
 @FAST
-@given(st.integers(min_value=0, max_value=10**9), st.sampled_from(sorted(KAFKA_UNITS_MS)),
-       spaces, spaces)  # fmt: skip
+@given(
+    st.integers(min_value=0, max_value=10**9),
+    st.sampled_from(sorted(KAFKA_UNITS_MS)),
+    spaces,
+    spaces,
+)
 def test_kafka_max_trigger_delay_is_amount_times_unit(
     amount: int, unit: str, gap: str, around: str
 ) -> None:
@@ -110,9 +125,17 @@ def test_kafka_max_trigger_delay_is_amount_times_unit(
 
 
 OPERATOR_UNITS_MS = {
-    "ms": 1, "milliseconds": 1, "s": 1000, "seconds": 1000, "minute": 60_000,
-    "minutes": 60_000, "h": 3_600_000, "hours": 3_600_000, "d": 86_400_000, "days": 86_400_000,
-}  # fmt: skip
+    "ms": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "seconds": 1000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "days": 86_400_000,
+}
 
 
 @FAST
@@ -257,8 +280,11 @@ def test_ranges_of_old_offsets_start_where_the_last_batch_ended(
 
     ranges = plan_ranges(start, end, earliest_of, fail_on_data_loss=True)
     assert [(r.topic, r.partition) for r in ranges] == sorted(end)
-    assert all((r.start, r.end) == ({**start, **earliest}[(r.topic, r.partition)],
-                                    end[(r.topic, r.partition)]) for r in ranges)  # fmt: skip
+    assert all(
+        (r.start, r.end)
+        == ({**start, **earliest}[(r.topic, r.partition)], end[(r.topic, r.partition)])
+        for r in ranges
+    )
     assert asked == ([sorted(earliest)] if earliest else [])
 
 
@@ -312,19 +338,33 @@ def test_partition_values_of_key_read_back_partition_directory(
 sink_ids = st.text(string.ascii_letters + string.digits + "_", min_size=1, max_size=64)
 attempts = st.text(string.ascii_lowercase + string.digits, min_size=1, max_size=12)
 prefixes = st.lists(
-    st.text(string.ascii_lowercase + string.digits + "-_", min_size=1, max_size=8), min_size=1,
+    st.text(string.ascii_lowercase + string.digits + "-_", min_size=1, max_size=8),
+    min_size=1,
     max_size=3,
-).map("/".join)  # fmt: skip
+).map("/".join)
 
 
 @FAST
-@given(prefixes, sink_ids, st.integers(0, 10**9), st.integers(0, 10**5), attempts,
-       st.lists(st.tuples(names, partition_values), max_size=3, unique_by=lambda p: p[0]),
-       st.integers(1, 99_999), st.sampled_from(["parquet", "jsonl"]))  # fmt: skip
+@given(
+    prefixes,
+    sink_ids,
+    st.integers(0, 10**9),
+    st.integers(0, 10**5),
+    attempts,
+    st.lists(st.tuples(names, partition_values), max_size=3, unique_by=lambda p: p[0]),
+    st.integers(1, 99_999),
+    st.sampled_from(["parquet", "jsonl"]),
+)
 def test_object_key_carries_its_transaction_id_and_directory(
-    prefix: str, sink_id: str, batch_id: int, partition_id: int, attempt: str,
-    columns_and_values: list[tuple[str, object]], number: int, extension: str,
-) -> None:  # fmt: skip
+    prefix: str,
+    sink_id: str,
+    batch_id: int,
+    partition_id: int,
+    attempt: str,
+    columns_and_values: list[tuple[str, object]],
+    number: int,
+    extension: str,
+) -> None:
     transaction = PreparedPiece(sink_id, batch_id, partition_id, attempt, 0).transaction_id
     columns = [column for column, _ in columns_and_values]
     directory = partition_directory(columns, [value for _, value in columns_and_values])

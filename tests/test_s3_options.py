@@ -105,9 +105,15 @@ def test_every_option_parsed_case_insensitively() -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("1048576", 1024**2), ("128m", 128 * 1024**2), ("128MB", 128 * 1024**2), ("1g", 1024**3),
-     ("2048k", 2 * 1024**2), ("5 MiB", 5 * 1024**2)],
-)  # fmt: skip
+    [
+        ("1048576", 1024**2),
+        ("128m", 128 * 1024**2),
+        ("128MB", 128 * 1024**2),
+        ("1g", 1024**3),
+        ("2048k", 2 * 1024**2),
+        ("5 MiB", 5 * 1024**2),
+    ],
+)
 def test_target_file_size_accepts_spark_byte_strings(text: str, size: int) -> None:
     assert parse(targetFileSize=text).target_file_size == size
 
@@ -121,44 +127,85 @@ def test_credentials_never_in_repr() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"path": ""}, "path is required: pass .option('path', 's3://bucket/prefix') or"
-         " .start('s3://bucket/prefix')"),
+        (
+            {"path": ""},
+            "path is required: pass .option('path', 's3://bucket/prefix') or"
+            " .start('s3://bucket/prefix')",
+        ),
         ({"path": "/tmp/out"}, "path '/tmp/out' is not an S3 location: use s3://bucket/prefix"),
-        ({"path": "https://bkt/out"},
-         "path 'https://bkt/out' is not an S3 location: use s3://bucket/prefix"),
-        ({"path": "s3://Bad_Bucket/out"},
-         "path 's3://Bad_Bucket/out' names no valid bucket: use s3://bucket/prefix with a bucket"
-         " of 3 to 63 lower-case letters, digits, dots or hyphens"),
-        ({"path": "s3://bkt"}, "path 's3://bkt' has no prefix: use s3://bkt/prefix (the sink"
-         " keeps its files and _eospack/ manifests below the prefix)"),
-        ({"path": "s3://bkt/a//b"}, "path 's3://bkt/a//b' has an empty, '.' or '..' segment:"
-         " use s3://bucket/prefix with plain segments"),
-        ({"path": "s3://bkt/out/_eospack"}, "path 's3://bkt/out/_eospack' points inside the"
-         " sink's own _eospack/ directory: use the prefix the sink writes to"),
+        (
+            {"path": "https://bkt/out"},
+            "path 'https://bkt/out' is not an S3 location: use s3://bucket/prefix",
+        ),
+        (
+            {"path": "s3://Bad_Bucket/out"},
+            "path 's3://Bad_Bucket/out' names no valid bucket: use s3://bucket/prefix with a bucket"
+            " of 3 to 63 lower-case letters, digits, dots or hyphens",
+        ),
+        (
+            {"path": "s3://bkt"},
+            "path 's3://bkt' has no prefix: use s3://bkt/prefix (the sink"
+            " keeps its files and _eospack/ manifests below the prefix)",
+        ),
+        (
+            {"path": "s3://bkt/a//b"},
+            "path 's3://bkt/a//b' has an empty, '.' or '..' segment:"
+            " use s3://bucket/prefix with plain segments",
+        ),
+        (
+            {"path": "s3://bkt/out/_eospack"},
+            "path 's3://bkt/out/_eospack' points inside the"
+            " sink's own _eospack/ directory: use the prefix the sink writes to",
+        ),
         ({"fileFormat": "csv"}, "fileFormat 'csv' is not supported: use parquet or jsonl"),
-        ({"partitionBy": "a,,b"},
-         "partitionBy 'a,,b' has an empty column name: use comma-separated names"),
+        (
+            {"partitionBy": "a,,b"},
+            "partitionBy 'a,,b' has an empty column name: use comma-separated names",
+        ),
         ({"partitionBy": "a,a"}, "partitionBy 'a,a' names a column twice: name each once"),
-        ({"partitionBy": "a=b"}, "partitionBy column 'a=b' contains '/' or '=': rename the"
-         " column (it becomes a directory name column=value)"),
-        ({"targetFileSize": "big"},
-         "targetFileSize 'big' is not a size: use bytes or a number with k, m or g (e.g. 128m)"),
-        ({"targetFileSize": "512k"},
-         "targetFileSize '512k' is below 1m: use at least 1m (default 128m)"),
-        ({"deliveryGuarantee": "twice"},
-         "deliveryGuarantee 'twice' is not supported: use exactly-once or at-least-once"),
-        ({"endpointUrl": "localhost:9000"}, "endpointUrl 'localhost:9000' is not an HTTP URL:"
-         " use e.g. http://localhost:9000 or https://s3.eu-west-1.amazonaws.com"),
-        ({"sinkId": "my-sink"},
-         "sinkId 'my-sink' is not usable: use 1 to 64 letters, digits or underscores"),
-        ({"accessKeyId": KEY_ID}, "accessKeyId is set but secretAccessKey is not: set both, or"
-         " neither to use boto3's default credential chain"),
-        ({"secretAccessKey": SECRET}, "secretAccessKey is set but accessKeyId is not: set both,"
-         " or neither to use boto3's default credential chain"),
-        ({"sessionToken": TOKEN}, "sessionToken is set without accessKeyId and secretAccessKey:"
-         " set all three, or none to use boto3's default credential chain"),
+        (
+            {"partitionBy": "a=b"},
+            "partitionBy column 'a=b' contains '/' or '=': rename the"
+            " column (it becomes a directory name column=value)",
+        ),
+        (
+            {"targetFileSize": "big"},
+            "targetFileSize 'big' is not a size: use bytes or a number with k, m or g (e.g. 128m)",
+        ),
+        (
+            {"targetFileSize": "512k"},
+            "targetFileSize '512k' is below 1m: use at least 1m (default 128m)",
+        ),
+        (
+            {"deliveryGuarantee": "twice"},
+            "deliveryGuarantee 'twice' is not supported: use exactly-once or at-least-once",
+        ),
+        (
+            {"endpointUrl": "localhost:9000"},
+            "endpointUrl 'localhost:9000' is not an HTTP URL:"
+            " use e.g. http://localhost:9000 or https://s3.eu-west-1.amazonaws.com",
+        ),
+        (
+            {"sinkId": "my-sink"},
+            "sinkId 'my-sink' is not usable: use 1 to 64 letters, digits or underscores",
+        ),
+        (
+            {"accessKeyId": KEY_ID},
+            "accessKeyId is set but secretAccessKey is not: set both, or"
+            " neither to use boto3's default credential chain",
+        ),
+        (
+            {"secretAccessKey": SECRET},
+            "secretAccessKey is set but accessKeyId is not: set both,"
+            " or neither to use boto3's default credential chain",
+        ),
+        (
+            {"sessionToken": TOKEN},
+            "sessionToken is set without accessKeyId and secretAccessKey:"
+            " set all three, or none to use boto3's default credential chain",
+        ),
     ],
-)  # fmt: skip
+)
 def test_option_errors_name_the_option_and_the_fix(options: dict[str, str], message: str) -> None:
     assert error_of(**options) == message
 
@@ -189,8 +236,13 @@ def test_partition_directories_escape_like_spark_and_parse_back() -> None:
         "e=__HIVE_DEFAULT_PARTITION__/"
     )
     assert partition_values_of_key(directory + "file.parquet") == {
-        "s": "a/b=c%", "i": "7", "n": None, "b": "true", "d": "2024-02-29", "e": None,
-    }  # fmt: skip
+        "s": "a/b=c%",
+        "i": "7",
+        "n": None,
+        "b": "true",
+        "d": "2024-02-29",
+        "e": None,
+    }
     assert unescape_path_name(escape_path_name("x:\x01*?[]^{}#'\"\\")) == "x:\x01*?[]^{}#'\"\\"
 
 
@@ -239,10 +291,12 @@ def test_partition_by_columns_must_exist_fit_a_directory_and_leave_data() -> Non
 
 def client_error(code: str, status: int) -> ClientError:
     return ClientError(
-        {"Error": {"Code": code, "Message": "text that is not parsed"},
-         "ResponseMetadata": {"HTTPStatusCode": status}},
+        {
+            "Error": {"Code": code, "Message": "text that is not parsed"},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
         "Op",
-    )  # fmt: skip
+    )
 
 
 def test_s3_errors_are_classified_by_code() -> None:

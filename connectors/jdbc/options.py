@@ -36,10 +36,18 @@ URL_FORMS = (
 # libpq connection parameters accepted in the URL's query string.
 _URL_PARAMETERS = frozenset(
     {
-        "sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "connect_timeout",
-        "options", "target_session_attrs", "gssencmode", "user",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "application_name",
+        "connect_timeout",
+        "options",
+        "target_session_attrs",
+        "gssencmode",
+        "user",
     }
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,10 @@ def _postgres_protocol(options: JdbcSinkOptions, connection: Any) -> str:
     chosen = "prepared" if limit > 0 else "staging"
     logger.info(
         "2pc-jdbc %s: protocol=auto uses %s (max_prepared_transactions=%d)",
-        options.describe(), chosen, limit,
-    )  # fmt: skip
+        options.describe(),
+        chosen,
+        limit,
+    )
     return chosen
 
 

@@ -107,9 +107,12 @@ class JdbcResource(TransactionalResource):
         postgresql = self.dialect == "postgresql"
         error = psycopg.OperationalError if postgresql else sqlite3.OperationalError
         return faults.run_call(
-            f"jdbc.{name}", action, error=error, lose_connection=self.connection.close,
+            f"jdbc.{name}",
+            action,
+            error=error,
+            lose_connection=self.connection.close,
             batch_id=batch_id,
-        )  # fmt: skip
+        )
 
     def _execute(self, statement: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
         return self.connection.execute(statement.replace("%s", self.placeholder), params)
@@ -139,9 +142,7 @@ class JdbcResource(TransactionalResource):
         return BatchDecision.from_pieces_json(sink_id, batch_id, row[0], str(row[1]))
 
     def record_decision(self, decision: BatchDecision) -> BatchDecision:
-        return self._call(
-            "decide", lambda: self._with_slot(decision, DECIDED), decision.batch_id
-        )
+        return self._call("decide", lambda: self._with_slot(decision, DECIDED), decision.batch_id)
 
     def fence(
         self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]
@@ -186,10 +187,15 @@ class JdbcResource(TransactionalResource):
             " VALUES (%s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (sink_id, batch_id) DO NOTHING RETURNING batch_id",
             (
-                decision.sink_id, decision.batch_id, str(self.options.table), self.protocol,
-                decision.rows, status, decision.pieces_json(),
+                decision.sink_id,
+                decision.batch_id,
+                str(self.options.table),
+                self.protocol,
+                decision.rows,
+                status,
+                decision.pieces_json(),
             ),
-        ).fetchone()  # fmt: skip
+        ).fetchone()
         return row is not None
 
     def _update_slot(self, decision: BatchDecision, status: str) -> None:
@@ -197,10 +203,14 @@ class JdbcResource(TransactionalResource):
             f"UPDATE {self.ledger} SET status = %s, pieces = %s, rows = %s, protocol = %s,"
             " committed_at = CURRENT_TIMESTAMP WHERE sink_id = %s AND batch_id = %s",
             (
-                status, decision.pieces_json(), decision.rows, self.protocol,
-                decision.sink_id, decision.batch_id,
+                status,
+                decision.pieces_json(),
+                decision.rows,
+                self.protocol,
+                decision.sink_id,
+                decision.batch_id,
             ),
-        )  # fmt: skip
+        )
 
     def mark_done(self, decision: BatchDecision) -> None:
         self._call(
@@ -256,8 +266,10 @@ class JdbcResource(TransactionalResource):
         if xid is None:
             logger.warning(
                 "2pc-jdbc cannot verify that %s (batch %d, written by an older eospack) was"
-                " committed: it is gone, so it is taken as committed", gid, piece.batch_id,
-            )  # fmt: skip
+                " committed: it is gone, so it is taken as committed",
+                gid,
+                piece.batch_id,
+            )
             return
         row = self.connection.execute("SELECT pg_xact_status(%s::xid8)", (str(xid),)).fetchone()
         status = row[0] if row else None
@@ -366,9 +378,14 @@ class JdbcResource(TransactionalResource):
         options = self.options
         params = pieces_params(self.dialect, pieces)
         move = move_from_stage_sql(
-            self.dialect, options.table, self.stage, self.columns,
-            options.upsert_keys, options.version_column, len(pieces),
-        )  # fmt: skip
+            self.dialect,
+            options.table,
+            self.stage,
+            self.columns,
+            options.upsert_keys,
+            options.version_column,
+            len(pieces),
+        )
         self.connection.execute(move, params)
         cursor = self.connection.execute(
             delete_from_stage_sql(self.dialect, self.stage, len(pieces)), params

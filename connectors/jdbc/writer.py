@@ -49,7 +49,6 @@ from connectors.jdbc.resource import open_resource
 logger = logging.getLogger("eospack.jdbc")
 
 
-
 def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
     """The batches, or None when there is no row at all (nothing to prepare)."""
     iterator = iter(batches)
@@ -93,9 +92,13 @@ class TaskWriter:
                     return empty
                 with sqlite_db.transaction(sqlite_connection):
                     rows = sqlite_db.insert_batches(
-                        sqlite_connection, self.stage, self.columns, rows_iterator,
-                        self.options.batchsize, piece_id,
-                    )  # fmt: skip
+                        sqlite_connection,
+                        self.stage,
+                        self.columns,
+                        rows_iterator,
+                        self.options.batchsize,
+                        piece_id,
+                    )
             finally:
                 sqlite_connection.close()
             return replace(empty, rows=rows, handle={"piece": piece_id})
@@ -113,9 +116,12 @@ class TaskWriter:
                     xid = postgres.current_transaction_id(cursor)
                 try:
                     faults.run_call(
-                        "jdbc.prepare", connection.tpc_prepare, error=psycopg.OperationalError,
-                        lose_connection=connection.close, batch_id=task.batch_id,
-                    )  # fmt: skip
+                        "jdbc.prepare",
+                        connection.tpc_prepare,
+                        error=psycopg.OperationalError,
+                        lose_connection=connection.close,
+                        batch_id=task.batch_id,
+                    )
                 except Exception:
                     self._roll_back_own_piece(piece_id)
                     raise
@@ -151,8 +157,9 @@ class TaskWriter:
         except Exception as error:
             logger.warning(
                 "2pc-jdbc could not roll back %s now (%s): the next commit will",
-                gid, type(error).__name__,
-            )  # fmt: skip
+                gid,
+                type(error).__name__,
+            )
         finally:
             connection.close()
 
@@ -182,8 +189,9 @@ class TaskWriter:
         if row is not None:
             logger.info(
                 "2pc-jdbc batch %d of sink %s is already decided: its replay writes nothing",
-                task.batch_id, task.sink_id,
-            )  # fmt: skip
+                task.batch_id,
+                task.sink_id,
+            )
         return row is not None
 
     def write_directly(self, task: TaskIdentity, batches: Iterable[pa.RecordBatch]) -> int:
@@ -237,9 +245,14 @@ class TaskWriter:
         params = pieces_params(dialect, [piece_id])
         executor.execute(
             move_from_stage_sql(
-                dialect, options.table, self.stage, self.columns,
-                options.upsert_keys, options.version_column, 1,
+                dialect,
+                options.table,
+                self.stage,
+                self.columns,
+                options.upsert_keys,
+                options.version_column,
+                1,
             ),
             params,
-        )  # fmt: skip
+        )
         executor.execute(delete_from_stage_sql(dialect, self.stage, 1), params)

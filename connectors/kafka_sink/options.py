@@ -114,9 +114,12 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
     timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
     if timeout is not None:
         timeout_ms = kafka_value(
-            "transaction.timeout.ms", "transaction_timeout_ms", timeout, "producer",
+            "transaction.timeout.ms",
+            "transaction_timeout_ms",
+            timeout,
+            "producer",
             KafkaSinkOptionError,
-        )  # fmt: skip
+        )
         if timeout_ms < 1000:
             raise KafkaSinkOptionError(
                 f"Option kafka.transaction.timeout.ms is {timeout_ms}: use at least 1000 (the"

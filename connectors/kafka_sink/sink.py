@@ -128,9 +128,12 @@ def with_broker_timeout(options: KafkaSinkOptions, asked: bool) -> KafkaSinkOpti
             "2pc-kafka: kafka.transaction.timeout.ms=%d is above the broker's %s=%d: using"
             " %d; a query down longer than that loses its prepared batch (the restart fails"
             " loudly). Raise %s on the brokers to allow more",
-            options.transaction_timeout_ms, BROKER_TIMEOUT_SETTING, maximum, maximum,
+            options.transaction_timeout_ms,
             BROKER_TIMEOUT_SETTING,
-        )  # fmt: skip
+            maximum,
+            maximum,
+            BROKER_TIMEOUT_SETTING,
+        )
         return replace(options, transaction_timeout_ms=maximum)
     return options
 
@@ -159,8 +162,10 @@ def _broker_transaction_maximum(
     except kafka_errors.KafkaError as error:  # an ACL may forbid it: fall back, say so
         logger.warning(
             "2pc-kafka could not read the brokers' %s (%s): using %d ms",
-            BROKER_TIMEOUT_SETTING, type(error).__name__, DEFAULT_TRANSACTION_TIMEOUT_MS,
-        )  # fmt: skip
+            BROKER_TIMEOUT_SETTING,
+            type(error).__name__,
+            DEFAULT_TRANSACTION_TIMEOUT_MS,
+        )
     finally:
         admin.close()
     return maximum

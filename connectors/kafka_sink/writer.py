@@ -39,9 +39,11 @@ def prepare_task(
     try:
         records = send_rows(producer, options, batches)
         prepared = faults.run_call(
-            "kafka_sink.prepare", lambda: prepare(producer, records),
-            error=kafka_errors.KafkaConnectionError, batch_id=task.batch_id,
-        )  # fmt: skip
+            "kafka_sink.prepare",
+            lambda: prepare(producer, records),
+            error=kafka_errors.KafkaConnectionError,
+            batch_id=task.batch_id,
+        )
     except BaseException:
         with contextlib.suppress(Exception):  # what stays open, recovery fences
             end_transaction(producer, commit=False)

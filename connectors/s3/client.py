@@ -43,11 +43,20 @@ from connectors.s3.options import EOSPACK_DIRECTORY, S3Connection, S3Location
 MISSING_CODES = frozenset({"NoSuchBucket", "NoSuchKey", "NotFound", "404"})
 DENIED_CODES = frozenset(
     {
-        "AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-        "InvalidToken", "ExpiredToken", "TokenRefreshRequired", "AllAccessDisabled",
-        "AccountProblem", "InvalidClientTokenId", "UnrecognizedClientException",
+        "AccessDenied",
+        "403",
+        "Forbidden",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
     }
-)  # fmt: skip
+)
 PRECONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412"})
 CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "409"})
 NO_SUCH_UPLOAD_CODES = frozenset({"NoSuchUpload"})
@@ -64,9 +73,13 @@ def s3_client(connection: S3Connection, max_attempts: int = 5) -> Any:
     """A boto3 S3 client shared by every task and thread of this Python worker process;
     a call is sent at most ``max_attempts`` times (the first included) before it fails."""
     key = (
-        connection.endpoint_url, connection.region, connection.access_key_id,
-        connection.secret_access_key, connection.session_token, max_attempts,
-    )  # fmt: skip
+        connection.endpoint_url,
+        connection.region,
+        connection.access_key_id,
+        connection.secret_access_key,
+        connection.session_token,
+        max_attempts,
+    )
     with _clients_lock:
         client = _clients.get(key)
         if client is None:

@@ -114,8 +114,11 @@ class MultipartObject:
             if not is_no_such_upload(error):
                 logger.warning(
                     "could not abort the upload of s3://%s/%s (%s): the next commit of this"
-                    " sink aborts it", self.bucket, self.key, describe_error(error),
-                )  # fmt: skip
+                    " sink aborts it",
+                    self.bucket,
+                    self.key,
+                    describe_error(error),
+                )
 
     def _submit(self, body: bytes) -> None:
         if self.upload_id is None:

@@ -53,8 +53,15 @@ logger = logging.getLogger("eospack.s3")
 PARTITION_BYTES = 128 * 1024 * 1024
 FILE_OPEN_COST_BYTES = 4 * 1024 * 1024
 READ_BATCH_ROWS = 65_536
-PARTITION_COLUMN_TYPES = (StringType, ByteType, ShortType, IntegerType, LongType, BooleanType,
-                          DateType)  # fmt: skip
+PARTITION_COLUMN_TYPES = (
+    StringType,
+    ByteType,
+    ShortType,
+    IntegerType,
+    LongType,
+    BooleanType,
+    DateType,
+)
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,10 @@ def plan_read(options: S3ReaderOptions) -> ReadPlan:
             logger.warning(
                 "2pc-s3 reader skips batch %s of sink %s: %d of its files are not complete"
                 " yet (a commit in progress or awaiting recovery)",
-                manifest.get("batch_id"), manifest.get("sink_id"), len(missing),
-            )  # fmt: skip
+                manifest.get("batch_id"),
+                manifest.get("sink_id"),
+                len(missing),
+            )
             continue
         schema_text = json.dumps(
             {"schema": manifest["schema"], "partition_by": manifest.get("partition_by", [])},
@@ -233,9 +242,11 @@ def _json_type(data_type: DataType) -> pa.DataType:
 
 
 def _assemble(
-    batch: pa.RecordBatch, partition_values: Mapping[str, str | None], schema: StructType,
+    batch: pa.RecordBatch,
+    partition_values: Mapping[str, str | None],
+    schema: StructType,
     arrow_schema: pa.Schema,
-) -> pa.RecordBatch:  # fmt: skip
+) -> pa.RecordBatch:
     rows = batch.num_rows
     names = set(batch.schema.names)
     arrays = []

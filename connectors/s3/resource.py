@@ -103,9 +103,13 @@ def manifest_key(location: S3Location, sink_id: str, name: str) -> str:
 
 
 def manifest_body(
-    options: S3SinkOptions, schema_json: str, sink_id: str, batch_id: int,
-    pieces: Sequence[PreparedPiece], status: str = DECIDED,
-) -> bytes:  # fmt: skip
+    options: S3SinkOptions,
+    schema_json: str,
+    sink_id: str,
+    batch_id: int,
+    pieces: Sequence[PreparedPiece],
+    status: str = DECIDED,
+) -> bytes:
     """The manifest of a decision (its files and pieces) or of a fence (pieces, no files)."""
     files = [
         {"key": file["key"], "rows": file["rows"], "bytes": file["bytes"]}
@@ -134,9 +138,11 @@ def complete_file(client: Any, bucket: str, file: Mapping[str, Any]) -> bool:
     key, upload_id = file["key"], file["upload_id"]
     try:
         client.complete_multipart_upload(
-            Bucket=bucket, Key=key, UploadId=upload_id,
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
             MultipartUpload={"Parts": [dict(part) for part in file["parts"]]},
-        )  # fmt: skip
+        )
         return True
     except (ClientError, BotoCoreError) as error:
         if not is_no_such_upload(error):
@@ -247,15 +253,22 @@ class S3Resource(TransactionalResource):
         """One conditional PUT: create (``etag`` None) or replace the version ``etag``.
         False when the condition failed (the slot exists, or changed since it was read)."""
         body = manifest_body(
-            self.options, self.schema_json, slot.sink_id, slot.batch_id, slot.pieces,
+            self.options,
+            self.schema_json,
+            slot.sink_id,
+            slot.batch_id,
+            slot.pieces,
             slot.status,
-        )  # fmt: skip
+        )
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
         try:
             self.client.put_object(
-                Bucket=self.location.bucket, Key=key, Body=body,
-                ContentType="application/json", **condition,
-            )  # fmt: skip
+                Bucket=self.location.bucket,
+                Key=key,
+                Body=body,
+                ContentType="application/json",
+                **condition,
+            )
         except (ClientError, BotoCoreError) as error:
             if is_precondition_failed(error) or is_conflict(error):
                 return False
@@ -422,10 +435,15 @@ class S3Resource(TransactionalResource):
             " otherwise aborted, by the first commit after the query restarts from its"
             " checkpoint; list them with: aws s3api list-multipart-uploads --bucket %s"
             " --prefix %s",
-            batch_id, sink_id, len(left),
+            batch_id,
+            sink_id,
+            len(left),
             ", ".join(f"s3://{bucket}/{key} (upload {upload_id})" for key, upload_id in left),
-            bucket, self._slot_key(sink_id, batch_id), bucket, self.location.key(""),
-        )  # fmt: skip
+            bucket,
+            self._slot_key(sink_id, batch_id),
+            bucket,
+            self.location.key(""),
+        )
 
     def _error(self, what: str, error: BaseException) -> S3WriteError:
         return S3WriteError(

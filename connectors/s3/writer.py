@@ -97,9 +97,13 @@ class TaskWriter:
         return current
 
     def _open(
-        self, pool: PartUploader, directory: str, transaction: str, number: int,
+        self,
+        pool: PartUploader,
+        directory: str,
+        transaction: str,
+        number: int,
         batch: pa.RecordBatch,
-    ) -> _OpenFile:  # fmt: skip
+    ) -> _OpenFile:
         options = self.options
         key = object_key(options.location.prefix, directory, transaction, number, options.extension)
         upload = MultipartObject(self.client, options.location.bucket, key, pool)

@@ -196,9 +196,7 @@ class ApacheKafka(_ChildProcess):
         """Start (or restart after ``kill``) the broker on the same ports and log directory."""
         if self.process is not None and self.process.poll() is None:
             return
-        self._launch(
-            self._java_command("kafka.Kafka", str(self.config_file), heap=self.heap)
-        )
+        self._launch(self._java_command("kafka.Kafka", str(self.config_file), heap=self.heap))
         wait_until_ready(
             self.name,
             self._answers_metadata,

@@ -198,10 +198,23 @@ class EmbeddedPostgres(_ChildProcess):
             shutil.chown(self.workdir, user=self.run_as)
             self.workdir.chmod(0o755)
         initdb = subprocess.run(
-            [str(self.binaries / "initdb"), "-D", str(self.datadir), "-U", "postgres",
-             "--auth=trust", "--encoding=UTF8", "--no-sync", "--no-instructions"],
-            capture_output=True, text=True, user=self.run_as, timeout=60, check=False,
-        )  # fmt: skip
+            [
+                str(self.binaries / "initdb"),
+                "-D",
+                str(self.datadir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            capture_output=True,
+            text=True,
+            user=self.run_as,
+            timeout=60,
+            check=False,
+        )
         if initdb.returncode != 0:
             self.stop()
             raise ServiceStartError(f"postgresql initdb failed: {initdb.stderr.strip()[-300:]}")
@@ -213,13 +226,31 @@ class EmbeddedPostgres(_ChildProcess):
         if self.log_file.exists() and self.run_as:
             shutil.chown(self.log_file, user=self.run_as)
         self._launch(
-            [str(self.binaries / "postgres"), "-D", str(self.datadir), "-p", str(self.port),
-             "-h", LOOPBACK, "-k", str(self.workdir),
-             "-c", f"max_prepared_transactions={self.max_prepared_transactions}",
-             "-c", "max_connections=200", "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off", "-c", "log_min_messages=warning"],
+            [
+                str(self.binaries / "postgres"),
+                "-D",
+                str(self.datadir),
+                "-p",
+                str(self.port),
+                "-h",
+                LOOPBACK,
+                "-k",
+                str(self.workdir),
+                "-c",
+                f"max_prepared_transactions={self.max_prepared_transactions}",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "log_min_messages=warning",
+            ],
             user=self.run_as,
-        )  # fmt: skip
+        )
         wait_until_ready(self.name, self._accepts_queries, self._exit_code, self.log_file)
 
     def _accepts_queries(self) -> bool:

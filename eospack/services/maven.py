@@ -198,9 +198,14 @@ def _run_mvn(
 ) -> None:
     """Run mvn in batch mode, echoing its output; raise JarFetchError on failure."""
     command = [
-        mvn, "-B", "-Dstyle.color=never", "-f", str(pom), f"-Dmaven.repo.local={repository}",
+        mvn,
+        "-B",
+        "-Dstyle.color=never",
+        "-f",
+        str(pom),
+        f"-Dmaven.repo.local={repository}",
         *arguments,
-    ]  # fmt: skip
+    ]
     errors: deque[str] = deque(maxlen=1)
     tail: deque[str] = deque(maxlen=3)
     try:

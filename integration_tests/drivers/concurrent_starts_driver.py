@@ -48,8 +48,7 @@ def main() -> None:
         thread.join()
     deadline = time.monotonic() + TIMEOUT_SECONDS
     while not all(
-        any(progress["numInputRows"] > 0 for progress in query.recentProgress)
-        for query in queries
+        any(progress["numInputRows"] > 0 for progress in query.recentProgress) for query in queries
     ):
         for query in queries:
             if query.exception() is not None:

@@ -48,10 +48,13 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def start_query(spark: Any, arguments: argparse.Namespace) -> Any:
     """Start the query on ``spark`` (this driver's session, or a test's own session)."""
     options = {
-        "url": arguments.url, "user": arguments.user, "dbtable": arguments.table,
-        "protocol": arguments.protocol, "writeMode": arguments.write_mode,
+        "url": arguments.url,
+        "user": arguments.user,
+        "dbtable": arguments.table,
+        "protocol": arguments.protocol,
+        "writeMode": arguments.write_mode,
         "createTableIfNotExists": "true",
-    }  # fmt: skip
+    }
     if arguments.write_mode == "upsert":
         options.update(upsertKeys="id", versionColumn="version")
     if arguments.lock_timeout:

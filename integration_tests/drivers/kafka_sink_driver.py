@@ -20,9 +20,13 @@ SCHEMA = "id BIGINT, grp STRING"
 
 
 def start_query(
-    spark: Any, source: str, checkpoint: str, bootstrap: str, topic: str,
+    spark: Any,
+    source: str,
+    checkpoint: str,
+    bootstrap: str,
+    topic: str,
     options: Mapping[str, str] | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """Start the driver's query in ``spark``; ``options`` adds sink options."""
     return (
         spark.readStream.schema(SCHEMA)
@@ -53,9 +57,13 @@ def main() -> None:
     spark = local_session(app_name="eospack-kafka-sink-crash-driver", master=arguments.master)
     options = dict(option.split("=", 1) for option in arguments.option)
     query = start_query(
-        spark, arguments.source, arguments.checkpoint, arguments.bootstrap_servers,
-        arguments.topic, options,
-    )  # fmt: skip
+        spark,
+        arguments.source,
+        arguments.checkpoint,
+        arguments.bootstrap_servers,
+        arguments.topic,
+        options,
+    )
     await_query(query, timeout=120)
     spark.stop()
 

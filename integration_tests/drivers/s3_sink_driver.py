@@ -21,9 +21,14 @@ SCHEMA = "id BIGINT, grp STRING"
 
 
 def start_query(
-    spark: Any, source: str, checkpoint: str, path: str, endpoint_url: str,
-    partition_by: str = "", options: Mapping[str, str] | None = None,
-) -> Any:  # fmt: skip
+    spark: Any,
+    source: str,
+    checkpoint: str,
+    path: str,
+    endpoint_url: str,
+    partition_by: str = "",
+    options: Mapping[str, str] | None = None,
+) -> Any:
     """Start the driver's query in ``spark``; ``options`` adds sink options (credentials)."""
     return (
         spark.readStream.schema(SCHEMA)
@@ -51,9 +56,13 @@ def main() -> None:
 
     spark = local_session(app_name="eospack-s3-crash-driver")
     query = start_query(
-        spark, arguments.source, arguments.checkpoint, arguments.path, arguments.endpoint_url,
+        spark,
+        arguments.source,
+        arguments.checkpoint,
+        arguments.path,
+        arguments.endpoint_url,
         arguments.partition_by,
-    )  # fmt: skip
+    )
     await_query(query, timeout=120)
     spark.stop()
 

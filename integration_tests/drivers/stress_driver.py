@@ -32,9 +32,17 @@ POLL_SECONDS = 0.2
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     for name in (
-        "--bootstrap-servers", "--topic", "--jdbc-url", "--jdbc-user", "--table-prefix",
-        "--s3-endpoint", "--s3-path", "--s3-access-key", "--checkpoint-root", "--control",
-    ):  # fmt: skip
+        "--bootstrap-servers",
+        "--topic",
+        "--jdbc-url",
+        "--jdbc-user",
+        "--table-prefix",
+        "--s3-endpoint",
+        "--s3-path",
+        "--s3-access-key",
+        "--checkpoint-root",
+        "--control",
+    ):
         parser.add_argument(name, required=True)
     parser.add_argument("--master", default="local[2,2]")
     return parser.parse_args()
@@ -87,10 +95,13 @@ class Pipelines:
     def jdbc_options(self, table: str, settings: dict[str, Any]) -> dict[str, str]:
         arguments = self.arguments
         return {
-            "url": arguments.jdbc_url, "user": arguments.jdbc_user,
-            "dbtable": f"{arguments.table_prefix}_{table}", "createTableIfNotExists": "true",
-            "protocol": settings["protocol"], "lockTimeout": "20s",
-        }  # fmt: skip
+            "url": arguments.jdbc_url,
+            "user": arguments.jdbc_user,
+            "dbtable": f"{arguments.table_prefix}_{table}",
+            "createTableIfNotExists": "true",
+            "protocol": settings["protocol"],
+            "lockTimeout": "20s",
+        }
 
     def start(self, name: str, settings: dict[str, Any]) -> Any:
         from stateful_ops import running_count
