@@ -1,14 +1,22 @@
 """One counting pipeline of the demo, run as its own driver process (it gets SIGKILLed).
 
-Reads the events topic with replayable-kafka, keeps a per-key ``running_count`` and
-prints it with 2pc-jdbc into two tables: ``<name>_current`` (upsert, versionColumn, so a
-printed count never moves backwards) and ``<name>_history`` (append: every printed
-(key, count, version) with the micro-batch that printed it). Both are long-running queries
-over one DataFrame with a ``processingTime`` trigger, as users run them; once
-``--done-file`` exists (the sources have finished), each query processes what is left and
-the driver exits 0: by then every event is counted.
+Reads the events topic with replayable-kafka and keeps a per-key ``running_count``. With
+``--sink jdbc`` (default) it prints the counts with 2pc-jdbc into two tables:
+``<name>_current`` (upsert, versionColumn, so a printed count never moves backwards) and
+``<name>_history`` (append: every printed (key, count, version) with the micro-batch that
+printed it). With ``--sink kafka`` it prints them with 2pc-kafka into ``--output-topic``:
+one record per printed count, keyed by the key, its value the JSON
+``{"count": ..., "version": ...}``. One query is enough there: the topic is the history,
+and its last record per key is the current count. The sink partitions by key (no
+partition column), so a key's records keep their order in one partition.
+
+Each query is a long-running one with a ``processingTime`` trigger, as users run them,
+with its checkpoint in ``--checkpoint-dir/<query>`` (``current`` and ``history``, or
+``output``); once ``--done-file`` exists (the sources have finished), each query
+processes what is left and the driver exits 0: by then every event is counted.
 
     python -m eospack.demo.pipeline --name count_1 --bootstrap-servers ... --jdbc-url ...
+    python -m eospack.demo.pipeline --name count_1 --bootstrap-servers ... --sink kafka
 """
 
 from __future__ import annotations
@@ -17,9 +25,15 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 POLL_SECONDS = 0.5
 TABLES = ("current", "history")
+KAFKA_QUERY = "output"
+"""The one query of ``--sink kafka``: its name suffix and checkpoint directory."""
+QUERY_DIRECTORIES = (*TABLES, KAFKA_QUERY)
+"""Every checkpoint directory a pipeline may have under ``--checkpoint-dir``."""
+SINKS = ("jdbc", "kafka")
 MILESTONE_PREFIX = "eospack-pipeline milestone"
 """Lines ``<prefix> <name> <unix time>`` on stdout: where a (re)start spends its time."""
 
@@ -41,21 +55,28 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", required=True, help="pipeline name, prefix of its tables")
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--jdbc-url", required=True)
+    parser.add_argument(
+        "--sink", choices=SINKS, default="jdbc", help="2pc-jdbc tables (default) or 2pc-kafka"
+    )
+    parser.add_argument("--jdbc-url", default=None, help="required with --sink jdbc")
     parser.add_argument("--jdbc-user", default=None)
+    parser.add_argument(
+        "--output-topic", default=None, help="--sink kafka: where to print (<name>_out)"
+    )
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--done-file", required=True, type=Path)
     parser.add_argument("--guarantee", default="exactly-once")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=2000)
     parser.add_argument(
-        "--trigger-interval", default="500 milliseconds", help="processingTime of both queries"
+        "--trigger-interval", default="500 milliseconds", help="processingTime of the queries"
     )
     parser.add_argument(
         "--tables",
         nargs="+",
         choices=TABLES,
-        default=list(TABLES),
-        help="which of the two queries to run (the latency benchmark runs history only)",
+        default=None,
+        help="--sink jdbc: which of the two queries to run (default both; the latency"
+        " benchmark runs history only)",
     )
     parser.add_argument(
         "--source-option",
@@ -65,7 +86,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="another replayable-kafka option (repeatable)",
     )
-    return parser.parse_args(argv)
+    arguments = parser.parse_args(argv)
+    # Checked here, before a Spark session starts: a missing option fails in a second.
+    if arguments.sink == "jdbc":
+        if not arguments.jdbc_url:
+            parser.error("--sink jdbc needs --jdbc-url (jdbc:postgresql://host:port/db)")
+        if arguments.output_topic:
+            parser.error("--output-topic applies to --sink kafka")
+        arguments.tables = arguments.tables or list(TABLES)
+    else:
+        if arguments.jdbc_url or arguments.jdbc_user or arguments.tables:
+            parser.error("--jdbc-url, --jdbc-user and --tables apply to --sink jdbc")
+        arguments.output_topic = arguments.output_topic or f"{arguments.name}_out"
+    return arguments
 
 
 def sink_options(arguments: argparse.Namespace, table: str) -> dict[str, str]:
@@ -81,6 +114,47 @@ def sink_options(arguments: argparse.Namespace, table: str) -> dict[str, str]:
     if password:
         options["password"] = password
     return options
+
+
+def start_jdbc_queries(counts: Any, arguments: argparse.Namespace) -> list[Any]:
+    """``<name>_current`` and ``<name>_history`` (or those of ``--tables``)."""
+    table_options = {
+        "current": {"writeMode": "upsert", "upsertKeys": "key", "versionColumn": "version"},
+        "history": {"writeMode": "append", "batchIdColumn": "batch_id"},
+    }
+    return [
+        counts.writeStream.format("2pc-jdbc")
+        .queryName(f"{arguments.name}_{table}")
+        .outputMode("append")
+        .options(**sink_options(arguments, f"{arguments.name}_{table}"))
+        .options(**table_options[table])
+        .option("checkpointLocation", str(arguments.checkpoint_dir / table))
+        .trigger(processingTime=arguments.trigger_interval)
+        .start()
+        for table in arguments.tables
+    ]
+
+
+def start_kafka_query(counts: Any, arguments: argparse.Namespace) -> Any:
+    """Every printed count as one record of ``--output-topic``: key, JSON count and version.
+
+    No partition column: the producer's partitioner puts every record of a key into one
+    partition, so a consumer sees a key's counts in the order they were printed.
+    """
+    return (
+        counts.selectExpr(
+            "key", "to_json(named_struct('count', `count`, 'version', version)) AS value"
+        )
+        .writeStream.format("2pc-kafka")
+        .queryName(f"{arguments.name}_{KAFKA_QUERY}")
+        .outputMode("append")
+        .option("kafka.bootstrap.servers", arguments.bootstrap_servers)
+        .option("topic", arguments.output_topic)
+        .option("deliveryGuarantee", arguments.guarantee)
+        .option("checkpointLocation", str(arguments.checkpoint_dir / KAFKA_QUERY))
+        .trigger(processingTime=arguments.trigger_interval)
+        .start()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,25 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         .selectExpr("CAST(key AS STRING) AS key")
     )
     counts = running_count(events, "key", output_mode="append")
-    table_options = {
-        "current": {"writeMode": "upsert", "upsertKeys": "key", "versionColumn": "version"},
-        "history": {"writeMode": "append", "batchIdColumn": "batch_id"},
-    }
-
-    queries = [
-        counts.writeStream.format("2pc-jdbc")
-        .queryName(f"{arguments.name}_{table}")
-        .outputMode("append")
-        .options(**sink_options(arguments, f"{arguments.name}_{table}"))
-        .options(**table_options[table])
-        .option("checkpointLocation", str(arguments.checkpoint_dir / table))
-        .trigger(processingTime=arguments.trigger_interval)
-        .start()
-        for table in arguments.tables
-    ]
+    if arguments.sink == "kafka":
+        queries = [start_kafka_query(counts, arguments)]
+    else:
+        queries = start_jdbc_queries(counts, arguments)
     milestone("queries")
     while not arguments.done_file.exists():
-        spark.streams.awaitAnyTermination(POLL_SECONDS)
+        spark.streams.awaitAnyTermination(POLL_SECONDS)  # type: ignore[arg-type]  # float s work
         spark.streams.resetTerminated()
         for query in queries:
             if not query.isActive:

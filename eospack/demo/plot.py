@@ -19,8 +19,13 @@ def plot_timeline(timeline: Any, labels: Mapping[str, str], path: Path) -> None:
             times, totals = zip(*samples, strict=True)
             axes.step(times, totals, where="post", label=labels.get(name, name))
     for index, moment in enumerate(timeline.crash_times):
-        axes.axvline(moment, color="red", linestyle="--", linewidth=1,
-                     label="SIGKILL of count_1" if index == 0 else None)  # fmt: skip
+        axes.axvline(
+            moment,
+            color="red",
+            linestyle="--",
+            linewidth=1,
+            label="SIGKILL of count_1" if index == 0 else None,
+        )
     axes.set_xlabel("seconds since start")
     axes.set_ylabel("sum of printed counts")
     axes.set_title("eospack demo: printed counts, exactly once across crashes")

@@ -6,7 +6,11 @@ SIGKILLed ``--crashes`` times at random moments (each after it committed some wo
 its last start; on a fast machine while the sources still produce) and restarted from its
 checkpoint; count_2 is left alone. Both count while events flow (long-running queries with a
 processingTime trigger); when the sources stop, both count what is left and exit, and the
-verdict compares their tables with what was produced.
+verdict compares their output with what was produced.
+
+``--sink`` chooses where the pipelines print: PostgreSQL tables through 2pc-jdbc (default)
+or a Kafka topic per pipeline through 2pc-kafka. Reading that output back, while running
+and at the end, is ``eospack.demo.outputs``' part; everything here is the same for both.
 
 The sources hold back after a first chunk until both pipelines have committed their first
 batch: a fresh Spark driver's first micro-batch takes 10-40 s on a 2-core machine (JVM
@@ -17,8 +21,10 @@ were all produced before anything counted would not show counting while events f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -27,18 +33,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from eospack.demo.verify import (
-    PipelineResult,
-    check_pipeline,
-    count_decreases,
-    verification_table,
-)
+from eospack.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
+from eospack.demo.outputs import sink_leftovers as sink_leftovers  # used by the crash tests
+from eospack.demo.verify import verification_table
 from eospack.processes import DriverProcess
-
-if TYPE_CHECKING:
-    import psycopg
 
 PIPELINE_DEADLINE_SECONDS = 600.0
 CHUNKS_PER_SECOND = 4
@@ -59,6 +58,14 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="spread production over this long (default: 15 s per crash, at least 30 s)",
     )
     parser.add_argument(
+        "--sink",
+        choices=["jdbc", "kafka"],
+        default="jdbc",
+        help="where the pipelines print their counts: jdbc (default), PostgreSQL tables"
+        " through 2pc-jdbc; kafka, a topic per pipeline through 2pc-kafka, read back with"
+        " read_committed (needs Apache Kafka, not tansu)",
+    )
+    parser.add_argument(
         "--guarantee",
         choices=["exactly-once", "at-least-once"],
         default="exactly-once",
@@ -69,7 +76,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jdbc-url",
         default=None,
-        help="use this PostgreSQL (jdbc:postgresql://host:port/db), not embedded;"
+        help="--sink jdbc: use this PostgreSQL (jdbc:postgresql://host:port/db), not embedded;"
         " user and password from --jdbc-user and EOSPACK_DEMO_JDBC_PASSWORD",
     )
     parser.add_argument("--jdbc-user", default=None)
@@ -84,10 +91,14 @@ class Timeline:
     totals: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     crash_times: list[float] = field(default_factory=list)
     regressions: Counter[str] = field(default_factory=Counter)
-    last_seen: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def now(self) -> float:
         return time.monotonic() - self.started
+
+    def record(self, samples: dict[str, Sample]) -> None:
+        for name, sample in samples.items():
+            self.regressions[name] += sample.regressions
+            self.totals.setdefault(name, []).append((self.now(), sample.counted))
 
 
 class Producer(threading.Thread):
@@ -138,30 +149,33 @@ class Producer(threading.Thread):
 
 
 def committed_batches(checkpoint_dir: Path) -> int:
-    """Batches the pipeline's two queries committed together (Spark's own commit logs)."""
+    """Batches the pipeline's queries committed together (Spark's own commit logs): those
+    of ``current`` and ``history`` with ``--sink jdbc``, of ``output`` with ``--sink kafka``."""
+    # Imported here: ``python -m eospack.demo.pipeline`` imports this package first, and a
+    # pipeline module already imported by it would make runpy warn about a double import.
+    from eospack.demo.pipeline import QUERY_DIRECTORIES
+
     return sum(
         sum(1 for entry in commits.iterdir() if entry.name.isdigit())
-        for commits in (
-            checkpoint_dir / "current" / "commits",
-            checkpoint_dir / "history" / "commits",
-        )
+        for commits in (checkpoint_dir / query / "commits" for query in QUERY_DIRECTORIES)
         if commits.is_dir()
     )
 
 
 def run_demo(arguments: argparse.Namespace) -> int:
+    if arguments.sink == "kafka" and (arguments.jdbc_url or arguments.jdbc_user):
+        print("eospack demo: --jdbc-url and --jdbc-user apply to --sink jdbc", file=sys.stderr)
+        return 2
     timeline = Timeline()
 
     def say(message: str) -> None:
         print(f"[{timeline.now():6.1f}s] {message}", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="eospack-demo-"))
-    services: list = []
     try:
-        return _run(arguments, timeline, say, workdir, services)
+        with contextlib.ExitStack() as cleanup:
+            return _run(arguments, timeline, say, workdir, cleanup)
     finally:
-        for service in reversed(services):
-            service.stop()
         if arguments.keep_workdir:
             say(f"logs and checkpoints kept in {workdir}")
         else:
@@ -173,10 +187,11 @@ def _run(
     timeline: Timeline,
     say: Callable[[str], None],
     workdir: Path,
-    services: list,
+    cleanup: contextlib.ExitStack,
 ) -> int:
-
-    from eospack.services import start_kafka, start_postgres
+    """The demo itself; ``cleanup`` stops what it starts (services, readers, pipelines still
+    running after an error), in reverse order, however it ends."""
+    from eospack.services import start_kafka
     from eospack.services.kafka_tools import create_topic
     from eospack.spark import check_java
 
@@ -185,38 +200,50 @@ def _run(
         bootstrap = arguments.bootstrap_servers
     else:
         say("starting the embedded Kafka broker")
-        services.append(start_kafka())
-        bootstrap = services[-1].endpoint.bootstrap_servers
-    if arguments.jdbc_url:
-        jdbc_url, jdbc_user = arguments.jdbc_url, arguments.jdbc_user
-    else:
-        say("starting the embedded PostgreSQL")
-        services.append(start_postgres())
-        jdbc_url = services[-1].endpoint.jdbc_url
-        jdbc_user = services[-1].endpoint.user
-    database_url = _libpq_url(jdbc_url, jdbc_user)
+        broker = start_kafka()
+        cleanup.callback(broker.stop)
+        bootstrap = broker.endpoint.bootstrap_servers
+        if arguments.sink == "kafka" and broker.endpoint.kind != "kafka":
+            say(
+                "--sink kafka needs Apache Kafka (transactions, read_committed), but the"
+                " embedded broker is tansu: install java and mvn (see Prerequisites)"
+            )
+            return 2
 
     run_id = uuid.uuid4().hex[:6]
     topic = f"demo_events_{run_id}"
     create_topic(bootstrap, topic, arguments.partitions)
     names = [f"demo_{run_id}_count_1", f"demo_{run_id}_count_2"]
+    output = _open_output(arguments, say, cleanup, bootstrap, names, workdir)
+    cleanup.callback(output.close)
     done_file = workdir / "sources-finished"
     seconds = arguments.produce_seconds or max(30.0, 15.0 * arguments.crashes)
     say(
         f"{arguments.events} events over {arguments.keys} keys into {topic}"
         f" ({arguments.partitions} partitions) during ~{seconds:.0f} s once both counters run;"
-        f" {arguments.crashes} crashes of count_1; sinks {arguments.guarantee}"
+        f" {arguments.crashes} crashes of count_1; {output.describe()}"
     )
 
     def start_pipeline(name: str) -> DriverProcess:
         command = [
-            "-m", "eospack.demo.pipeline", "--name", name, "--bootstrap-servers", bootstrap,
-            "--topic", topic, "--jdbc-url", jdbc_url, "--checkpoint-dir", str(workdir / name),
-            "--done-file", str(done_file), "--guarantee", arguments.guarantee,
-            "--max-offsets-per-trigger", str(CATCH_UP_OFFSETS_PER_TRIGGER),
-        ]  # fmt: skip
-        if jdbc_user:
-            command += ["--jdbc-user", jdbc_user]
+            "-m",
+            "eospack.demo.pipeline",
+            "--name",
+            name,
+            "--bootstrap-servers",
+            bootstrap,
+            "--topic",
+            topic,
+            "--checkpoint-dir",
+            str(workdir / name),
+            "--done-file",
+            str(done_file),
+            "--guarantee",
+            arguments.guarantee,
+            "--max-offsets-per-trigger",
+            str(CATCH_UP_OFFSETS_PER_TRIGGER),
+            *output.pipeline_arguments(name),
+        ]
         return DriverProcess(
             command,
             log_path=workdir / f"{name}.log",
@@ -226,6 +253,14 @@ def _run(
     producer = Producer(bootstrap, topic, arguments, seconds)
     producer.start()
     pipelines = {name: start_pipeline(name) for name in names}
+
+    def kill_running_pipelines() -> None:
+        """After an error: no driver outlives the demo (each runs in its own session)."""
+        for driver in pipelines.values():
+            if driver.poll() is None:
+                driver.kill()
+
+    cleanup.callback(kill_running_pipelines)
     crashed_name = names[0]
     rng = random.Random(arguments.seed + 1)
     crashes = 0
@@ -243,7 +278,7 @@ def _run(
         if not producer.is_alive() and not done_file.exists():
             done_file.touch()
             say(f"sources finished: {producer.sent} events; counting what is left")
-        _sample(database_url, names, timeline)
+        timeline.record(output.sample())
         if not producer.flowing.is_set() and all(
             committed_batches(workdir / name) > 0 for name in names
         ):
@@ -279,9 +314,9 @@ def _run(
             say(f"produced {producer.sent:,}/{arguments.events:,} | {progress} | crashes {crashes}")
         time.sleep(0.25)  # polling cadence of the orchestrator
 
-    _sample(database_url, names, timeline)
+    timeline.record(output.sample())
     results = [
-        _verify(database_url, name, producer.produced, timeline, crashes if i == 0 else 0)
+        output.verify(name, producer.produced, crashes if i == 0 else 0, timeline.regressions[name])
         for i, name in enumerate(names)
     ]
     for result in results:
@@ -304,86 +339,36 @@ def _run(
     return 0 if ok else 1
 
 
+def _open_output(
+    arguments: argparse.Namespace,
+    say: Callable[[str], None],
+    cleanup: contextlib.ExitStack,
+    bootstrap: str,
+    names: list[str],
+    workdir: Path,
+) -> Output:
+    """Where the pipelines print: PostgreSQL (the embedded one unless --jdbc-url) or a
+    topic per pipeline on the demo's broker (no PostgreSQL started)."""
+    if arguments.sink == "kafka":
+        checkpoints = {name: workdir / name for name in names}
+        return KafkaOutput(bootstrap, checkpoints, arguments.partitions, arguments.guarantee)
+    if arguments.jdbc_url:
+        jdbc_url, jdbc_user = arguments.jdbc_url, arguments.jdbc_user
+    else:
+        from eospack.services import start_postgres
+
+        say("starting the embedded PostgreSQL")
+        postgres = start_postgres()
+        cleanup.callback(postgres.stop)
+        jdbc_url, jdbc_user = postgres.endpoint.jdbc_url, postgres.endpoint.user
+    return JdbcOutput(jdbc_url, jdbc_user, names, arguments.guarantee)
+
+
 def _counted(timeline: Timeline, name: str) -> int:
-    """The events a pipeline's current table counts, at the last sample."""
+    """The events a pipeline's output counts (sum of its latest counts), at the last sample."""
     samples = timeline.totals.get(name)
     return samples[-1][1] if samples else 0
 
 
 def _short(name: str) -> str:
     return name.split("_", 2)[-1]
-
-
-def _libpq_url(jdbc_url: str, user: str | None) -> str:
-    import os
-
-    url = jdbc_url.removeprefix("jdbc:")
-    if user and "@" not in url:
-        password = os.environ.get("EOSPACK_DEMO_JDBC_PASSWORD", "")
-        credentials = f"{user}:{password}" if password else user
-        url = url.replace("postgresql://", f"postgresql://{credentials}@", 1)
-    return url
-
-
-def _read_current(connection: psycopg.Connection, name: str) -> dict[str, int]:
-    import psycopg
-
-    try:
-        rows = connection.execute(f'SELECT key, "count" FROM "{name}_current"').fetchall()
-    except psycopg.errors.UndefinedTable:  # the table appears with the first batch
-        connection.rollback()
-        return {}
-    return {key: int(count) for key, count in rows}
-
-
-def _sample(database_url: str, names: list[str], timeline: Timeline) -> None:
-    import psycopg
-
-    with psycopg.connect(database_url) as connection:
-        for name in names:
-            latest = _read_current(connection, name)
-            previous = timeline.last_seen.get(name, {})
-            timeline.regressions[name] += count_decreases(previous, latest)
-            timeline.last_seen[name] = latest
-            timeline.totals.setdefault(name, []).append((timeline.now(), sum(latest.values())))
-
-
-def _verify(
-    database_url: str, name: str, produced: Counter[str], timeline: Timeline, crashes: int
-) -> PipelineResult:
-    import psycopg
-
-    with psycopg.connect(database_url) as connection:
-        current = _read_current(connection, name)
-        history = [
-            (key, int(count), int(version), int(batch_id))
-            for key, count, version, batch_id in connection.execute(
-                f'SELECT key, "count", version, batch_id FROM "{name}_history"'
-            ).fetchall()
-        ]
-        leftovers = sink_leftovers(connection)
-    return check_pipeline(
-        name, crashes, produced, current, history, timeline.regressions[name], leftovers
-    )
-
-
-def sink_leftovers(connection: psycopg.Connection) -> int:
-    """Prepared transactions, staged rows and unfinished decisions the sinks left behind."""
-    row = connection.execute(
-        "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE 'eospack-%'"
-    ).fetchone()
-    leftovers = int(row[0]) if row else 0
-    stages = connection.execute(
-        "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name)"
-        " FROM information_schema.tables WHERE table_name LIKE '%\\_eospack\\_stage\\_%'"
-    ).fetchall()
-    for (stage,) in stages:
-        staged = connection.execute(f"SELECT count(*) FROM {stage}").fetchone()
-        leftovers += int(staged[0]) if staged else 0
-    ledger = connection.execute("SELECT to_regclass('eospack_commits') IS NOT NULL").fetchone()
-    if ledger and ledger[0]:
-        undone = connection.execute(
-            "SELECT count(*) FROM eospack_commits WHERE status <> 'done'"
-        ).fetchone()
-        leftovers += int(undone[0]) if undone else 0
-    return leftovers
