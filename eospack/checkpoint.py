@@ -211,16 +211,17 @@ def _with_keys(
 
 def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
     from commit_protocols import derive_sink_id, sink_prefix
-    from connectors.jdbc import postgres
     from connectors.jdbc.dialect import stage_table
-    from connectors.jdbc.options import parse_options
+    from connectors.jdbc.options import dialect_for, parse_options
+    from connectors.jdbc.postgres import PostgresDialect
 
     password = os.environ.get(PASSWORD_VARIABLE)
     options = parse_options({**raw, **({"password": password} if password else {})})
-    if options.url.dialect != "postgresql":
+    dialect = dialect_for(options.url)
+    if not isinstance(dialect, PostgresDialect):  # the queries below read its catalog
         raise CheckpointInspectError("checkpoint inspect reads PostgreSQL sinks only (url)")
     sink_id = options.sink_id or derive_sink_id(query_id, options.target)
-    with postgres.connect(options, autocommit=True) as connection:
+    with dialect.connect(options, autocommit=True) as connection:
         ledger_exists = connection.execute(
             "SELECT to_regclass(%s) IS NOT NULL", (options.ledger_table.sql(),)
         ).fetchone()
@@ -231,7 +232,7 @@ def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
                 " WHERE sink_id = %s ORDER BY batch_id",
                 (sink_id,),
             ).fetchall()
-        prepared = postgres.prepared_gids(connection, sink_prefix(sink_id))
+        prepared = dialect.prepared_gids(connection, sink_prefix(sink_id))
         stage = stage_table(options.table)
         staged = 0
         stage_exists = connection.execute(

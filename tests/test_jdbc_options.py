@@ -9,14 +9,7 @@ import psycopg
 import pytest
 from pyspark.sql import types as T
 
-from connectors.jdbc.dialect import (
-    TableName,
-    column_type,
-    create_table_sql,
-    move_from_stage_sql,
-    quote,
-    stage_table,
-)
+from connectors.jdbc.dialect import TableName, quote, stage_table
 from connectors.jdbc.errors import (
     JdbcIdentifierError,
     JdbcSchemaError,
@@ -24,6 +17,7 @@ from connectors.jdbc.errors import (
     JdbcWriteError,
 )
 from connectors.jdbc.options import JdbcSinkOptions, parse_options
+from connectors.jdbc.postgres import PostgresDialect
 from connectors.jdbc.sink import _ConnectionErrors
 
 BASE = {"url": "jdbc:postgresql://db.example:5433/shop", "dbtable": "sales.orders"}
@@ -260,12 +254,12 @@ def test_type_mapping_and_refusals() -> None:
             T.StructField("flag", T.BooleanType()),
         ]
     )
-    assert create_table_sql("postgresql", TableName(None, "t"), schema, ("id",)) == (
+    assert PostgresDialect().create_table_sql(TableName(None, "t"), schema, ("id",)) == (
         'CREATE TABLE IF NOT EXISTS "t" ("id" bigint, "amount" numeric(12,2),'
         ' "at" timestamp with time zone, "flag" boolean, PRIMARY KEY ("id"))'
     )
     with pytest.raises(JdbcSchemaError) as caught:
-        column_type("postgresql", T.StructField("tags", T.ArrayType(T.StringType())))
+        PostgresDialect().column_type(T.StructField("tags", T.ArrayType(T.StringType())))
     assert str(caught.value) == (
         "column 'tags' has type array<string>, which 2pc-jdbc cannot store: cast it to a"
         " supported type first (e.g. to_json(col) for arrays, maps, structs)"
@@ -273,8 +267,7 @@ def test_type_mapping_and_refusals() -> None:
 
 
 def test_upsert_sql_never_moves_a_version_backwards() -> None:
-    statement = move_from_stage_sql(
-        "postgresql",
+    statement = PostgresDialect().move_from_stage_sql(
         TableName(None, "t"),
         TableName(None, "s"),
         ["id", "v", "name"],

@@ -1,4 +1,12 @@
-"""SQL text for PostgreSQL and SQLite: identifier quoting, Spark -> SQL types, DDL.
+"""What 2pc-jdbc needs of a database, as one interface (``Dialect``), and the SQL text
+both databases share: identifier quoting, table names, the staging table's name.
+
+``Dialect`` is the sink's only view of a database, in the manner of Flink's
+``JdbcDialect``: planning, the task writer and the driver's resource ask it how to
+connect, quote parameters, read the catalog, create tables, write rows and move staged
+rows, and never compare database names. ``PostgresDialect`` (``postgres.py``) and
+``SqliteDialect`` (``sqlite.py``) implement it; ``options.dialect_for`` picks one from
+the parsed URL.
 
 Names are always quoted as identifiers, never pasted into SQL as given; a name that
 cannot be quoted safely (empty, too long for PostgreSQL's 63-byte limit, control
@@ -7,14 +15,26 @@ characters, double quotes) is refused with ``JdbcIdentifierError`` instead of es
 
 from __future__ import annotations
 
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import pyarrow as pa
 from pyspark.sql import types as T
 
-from connectors.jdbc.errors import JdbcIdentifierError, JdbcSchemaError
+from connectors.jdbc.errors import JdbcIdentifierError, JdbcSchemaError, JdbcWriteError
+
+if TYPE_CHECKING:
+    from connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+    from connectors.jdbc.planning import SinkPlan
 
 DialectName = Literal["postgresql", "sqlite"]
+Connection = Any
+"""A ``psycopg.Connection`` or a ``sqlite3.Connection``: only its dialect uses it beyond
+``execute``, ``commit`` and ``close``."""
 
 MAX_IDENTIFIER_BYTES = 63
 PIECE_COLUMN = "eospack_piece"
@@ -73,35 +93,6 @@ class TableName:
         return f"{self.schema}.{self.name}" if self.schema else self.name
 
 
-def column_type(dialect: DialectName, field: T.StructField) -> str:
-    """The SQL type that stores a Spark column without loss; unsupported types are refused."""
-    data_type = field.dataType
-    postgres = dialect == "postgresql"
-    simple: dict[type[T.DataType], tuple[str, str]] = {
-        T.LongType: ("bigint", "INTEGER"),
-        T.IntegerType: ("integer", "INTEGER"),
-        T.ShortType: ("smallint", "INTEGER"),
-        T.ByteType: ("smallint", "INTEGER"),
-        T.BooleanType: ("boolean", "BOOLEAN"),
-        T.FloatType: ("real", "REAL"),
-        T.DoubleType: ("double precision", "REAL"),
-        T.StringType: ("text", "TEXT"),
-        T.BinaryType: ("bytea", "BLOB"),
-        T.DateType: ("date", "TEXT"),
-        T.TimestampType: ("timestamp with time zone", "TEXT"),
-        T.TimestampNTZType: ("timestamp without time zone", "TEXT"),
-    }
-    for spark_type, (pg_type, sqlite_type) in simple.items():
-        if isinstance(data_type, spark_type):
-            return pg_type if postgres else sqlite_type
-    if isinstance(data_type, T.DecimalType):
-        return f"numeric({data_type.precision},{data_type.scale})" if postgres else "NUMERIC"
-    raise JdbcSchemaError(
-        f"column {field.name!r} has type {data_type.simpleString()}, which 2pc-jdbc cannot"
-        " store: cast it to a supported type first (e.g. to_json(col) for arrays, maps, structs)"
-    )
-
-
 def check_columns(schema: T.StructType) -> None:
     """Refuse DataFrame columns that cannot be quoted or clash with the sink's own column."""
     for field in schema.fields:
@@ -112,89 +103,253 @@ def check_columns(schema: T.StructType) -> None:
             )
 
 
-def create_table_sql(
-    dialect: DialectName,
-    table: TableName,
-    schema: T.StructType,
-    primary_key: tuple[str, ...] = (),
-) -> str:
-    columns = [f"{quote(field.name)} {column_type(dialect, field)}" for field in schema.fields]
-    if primary_key:
-        columns.append(f"PRIMARY KEY ({column_list(primary_key)})")
-    return f"CREATE TABLE IF NOT EXISTS {table.sql()} ({', '.join(columns)})"
-
-
 def column_list(names: list[str] | tuple[str, ...]) -> str:
     return ", ".join(quote(name) for name in names)
 
 
-def pieces_filter(dialect: DialectName, count: int) -> str:
-    """``WHERE`` condition selecting staging rows of ``count`` pieces (see ``pieces_params``)."""
-    if dialect == "postgresql":
-        return f"{quote(PIECE_COLUMN)} = ANY(%s)"
-    return f"{quote(PIECE_COLUMN)} IN ({', '.join('?' for _ in range(count))})"
-
-
-def pieces_params(dialect: DialectName, pieces: list[str]) -> list[object]:
-    return [pieces] if dialect == "postgresql" else list(pieces)
-
-
-def move_from_stage_sql(
-    dialect: DialectName,
-    target: TableName,
-    stage: TableName,
-    columns: list[str],
-    upsert_keys: tuple[str, ...],
-    version_column: str | None,
-    piece_count: int,
-) -> str:
-    """Append or upsert the staged rows of some pieces into the target.
-
-    Upsert keeps, per key, the row with the highest version (PostgreSQL cannot touch a
-    row twice in one statement) and replaces a stored row only if its version is lower
-    (or NULL), so a stored value never moves backwards. Rows are taken in key order, so
-    concurrent upserts lock rows in the same order.
-    """
-    selected = column_list(columns)
-    where = pieces_filter(dialect, piece_count)
-    if not upsert_keys:
-        return (
-            f"INSERT INTO {target.sql()} ({selected})"
-            f" SELECT {selected} FROM {stage.sql()} WHERE {where}"
-        )
-    keys = column_list(upsert_keys)
-    if dialect == "postgresql":
-        order = keys + (f", {quote(version_column)} DESC NULLS LAST" if version_column else "")
-        source = (
-            f"SELECT DISTINCT ON ({keys}) {selected} FROM {stage.sql()}"
-            f" WHERE {where} ORDER BY {order}"
-        )
-    else:
-        order = quote(version_column) if version_column else "rowid"
-        source = f"SELECT {selected} FROM {stage.sql()} WHERE {where} ORDER BY {order}"
-    updated = [name for name in columns if name not in upsert_keys]
-    if not updated:
-        action = "DO NOTHING"
-    else:
-        action = "DO UPDATE SET " + ", ".join(
-            f"{quote(name)} = excluded.{quote(name)}" for name in updated
-        )
-        if version_column:
-            stored = f"eospack_target.{quote(version_column)}"
-            action += f" WHERE {stored} IS NULL OR {stored} < excluded.{quote(version_column)}"
-    return (
-        f"INSERT INTO {target.sql()} AS eospack_target ({selected}) {source}"
-        f" ON CONFLICT ({keys}) {action}"
-    )
-
-
-def delete_from_stage_sql(dialect: DialectName, stage: TableName, piece_count: int) -> str:
-    return f"DELETE FROM {stage.sql()} WHERE {pieces_filter(dialect, piece_count)}"
-
-
 def stage_table(target: TableName) -> TableName:
     """The staging table of a target: same schema, name derived from the target's."""
-    import hashlib
-
     digest = hashlib.sha256(str(target).encode()).hexdigest()[:8]
     return target.sibling(f"{target.name[:30]}_eospack_stage_{digest}")
+
+
+class Dialect(ABC):
+    """One database as 2pc-jdbc uses it: what differs between PostgreSQL and SQLite.
+
+    Why: the sink's protocol (ledger, pieces, staging, recovery) is the same for every
+    database; only connections, catalog queries, DDL, bulk writes and prepared
+    transactions differ. Callers hold a ``Dialect`` and never test which database it is.
+
+    Guarantees: an implementation is stateless (``options.dialect_for`` hands out one
+    shared instance per database); every SQL text it returns quotes names with ``quote``
+    and takes parameters with ``placeholder``; the shared builders below produce the same
+    statement shape for every database, differing only where a hook says so.
+    """
+
+    name: ClassVar[DialectName]
+    placeholder: ClassVar[str]
+    """How a statement marks a parameter (``%s`` or ``?``)."""
+    operational_error: ClassVar[type[Exception]]
+    """What the driver raises when the connection is lost (the fault rig raises it too)."""
+    lock_clause: ClassVar[str] = ""
+    """Appended to a ledger ``SELECT`` to lock the slot row (``FOR UPDATE`` where rows
+    can be locked; SQLite locks the whole database for a write transaction instead)."""
+    orphans_can_block_commit: ClassVar[bool] = False
+    """Whether an orphaned piece can hold row locks that a commit would wait on."""
+    supports_prepared_transactions: ClassVar[bool] = False
+    """Whether pieces can be prepared transactions (``protocol=prepared``)."""
+    column_types: ClassVar[Mapping[type[T.DataType], str]]
+    """Spark type -> SQL type, checked in order (decimals: ``decimal_type``)."""
+
+    # Connections and transactions ------------------------------------------------------
+
+    @abstractmethod
+    def display_url(self, url: DatabaseUrl) -> str:
+        """The URL for logs and errors (never a credential)."""
+
+    @abstractmethod
+    def connect(self, options: JdbcSinkOptions, *, autocommit: bool) -> Connection:
+        """Open a connection or raise ``JdbcConnectionError`` naming the database and fix.
+
+        ``autocommit=False`` lets statements open a transaction implicitly where the driver
+        does so (psycopg); transactions the sink relies on are begun with ``transaction``.
+        """
+
+    @abstractmethod
+    def transaction(self, connection: Connection) -> AbstractContextManager[object]:
+        """A transaction: committed when the block ends, rolled back if it raises."""
+
+    def ddl_transaction(
+        self, connection: Connection, options: JdbcSinkOptions
+    ) -> AbstractContextManager[object]:
+        """The transaction that checks and creates the sink's tables at query start."""
+        return self.transaction(connection)
+
+    @abstractmethod
+    def limit_lock_wait(self, connection: Connection, lock_timeout_ms: int) -> None:
+        """Inside a task's transaction: wait at most ``lockTimeout`` for a row lock."""
+
+    # Catalog -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def table_columns(
+        self, connection: Connection, table: TableName
+    ) -> dict[str, tuple[str, bool]] | None:
+        """Column name -> (type, required: NOT NULL without default); None if no such table."""
+
+    @abstractmethod
+    def unique_key_sets(self, connection: Connection, table: TableName) -> list[frozenset[str]]:
+        """The column sets of the table's primary key and unique indexes (ON CONFLICT
+        targets)."""
+
+    # DDL ---------------------------------------------------------------------------------
+
+    def column_type(self, field: T.StructField) -> str:
+        """The SQL type that stores a Spark column without loss; unsupported types are
+        refused."""
+        data_type = field.dataType
+        for spark_type, sql_type in self.column_types.items():
+            if isinstance(data_type, spark_type):
+                return sql_type
+        if isinstance(data_type, T.DecimalType):
+            return self.decimal_type(data_type)
+        raise JdbcSchemaError(
+            f"column {field.name!r} has type {data_type.simpleString()}, which 2pc-jdbc cannot"
+            " store: cast it to a supported type first (e.g. to_json(col) for arrays, maps,"
+            " structs)"
+        )
+
+    @abstractmethod
+    def decimal_type(self, data_type: T.DecimalType) -> str: ...
+
+    def create_table_sql(
+        self, table: TableName, schema: T.StructType, primary_key: tuple[str, ...] = ()
+    ) -> str:
+        columns = [f"{quote(field.name)} {self.column_type(field)}" for field in schema.fields]
+        if primary_key:
+            columns.append(f"PRIMARY KEY ({column_list(primary_key)})")
+        return f"CREATE TABLE IF NOT EXISTS {table.sql()} ({', '.join(columns)})"
+
+    @abstractmethod
+    def create_stage_sql(
+        self, stage: TableName, target: TableName, columns: list[str]
+    ) -> list[str]:
+        """The staging table: the target's column types plus the piece column."""
+
+    @abstractmethod
+    def ledger_ddl(self, ledger: TableName) -> list[str]:
+        """The ledger table and its partial index on unfinished decisions."""
+
+    # Rows --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def write_rows(
+        self,
+        connection: Connection,
+        table: TableName,
+        columns: list[str],
+        batches: Iterable[pa.RecordBatch],
+        batchsize: int,
+        piece: str | None = None,
+    ) -> int:
+        """Write the rows into ``table`` in the open transaction (tagged with ``piece``,
+        for the staging table); return the row count."""
+
+    @abstractmethod
+    def pieces_filter(self, count: int) -> str:
+        """``WHERE`` condition selecting staging rows of ``count`` pieces (see
+        ``pieces_params``)."""
+
+    @abstractmethod
+    def pieces_params(self, pieces: list[str]) -> list[object]: ...
+
+    @abstractmethod
+    def upsert_source(
+        self,
+        stage: TableName,
+        columns: list[str],
+        upsert_keys: tuple[str, ...],
+        version_column: str | None,
+        where: str,
+    ) -> str:
+        """The ``SELECT`` of the staged rows an upsert inserts (``where`` picks the pieces)."""
+
+    def move_from_stage_sql(
+        self,
+        target: TableName,
+        stage: TableName,
+        columns: list[str],
+        upsert_keys: tuple[str, ...],
+        version_column: str | None,
+        piece_count: int,
+    ) -> str:
+        """Append or upsert the staged rows of some pieces into the target.
+
+        Upsert replaces a stored row only if its version is lower (or NULL), so a stored
+        value never moves backwards.
+        """
+        selected = column_list(columns)
+        where = self.pieces_filter(piece_count)
+        if not upsert_keys:
+            return (
+                f"INSERT INTO {target.sql()} ({selected})"
+                f" SELECT {selected} FROM {stage.sql()} WHERE {where}"
+            )
+        keys = column_list(upsert_keys)
+        source = self.upsert_source(stage, columns, upsert_keys, version_column, where)
+        updated = [name for name in columns if name not in upsert_keys]
+        if not updated:
+            action = "DO NOTHING"
+        else:
+            action = "DO UPDATE SET " + ", ".join(
+                f"{quote(name)} = excluded.{quote(name)}" for name in updated
+            )
+            if version_column:
+                stored = f"eospack_target.{quote(version_column)}"
+                action += f" WHERE {stored} IS NULL OR {stored} < excluded.{quote(version_column)}"
+        return (
+            f"INSERT INTO {target.sql()} AS eospack_target ({selected}) {source}"
+            f" ON CONFLICT ({keys}) {action}"
+        )
+
+    def delete_from_stage_sql(self, stage: TableName, piece_count: int) -> str:
+        return f"DELETE FROM {stage.sql()} WHERE {self.pieces_filter(piece_count)}"
+
+    def move_from_stage(
+        self, connection: Connection, options: JdbcSinkOptions, plan: SinkPlan, pieces: list[str]
+    ) -> int:
+        """In the open transaction: move the pieces' staged rows into the target and delete
+        them; return the rows deleted."""
+        params = self.pieces_params(pieces)
+        move = self.move_from_stage_sql(
+            options.table,
+            plan.stage,
+            list(plan.columns),
+            options.upsert_keys,
+            options.version_column,
+            len(pieces),
+        )
+        connection.execute(move, params)
+        cursor = connection.execute(self.delete_from_stage_sql(plan.stage, len(pieces)), params)
+        return int(cursor.rowcount)
+
+    @abstractmethod
+    def vacuum_stage(self, connection: Connection, stage: TableName) -> None:
+        """Housekeeping after a move of staged rows; never fails."""
+
+    # Prepared transactions (protocol=prepared) ---------------------------------------------
+
+    def max_prepared_transactions(self, connection: Connection) -> int:
+        """How many prepared transactions the server allows at once (0: none)."""
+        return 0
+
+    def prepared_gids(self, connection: Connection, prefix: str) -> list[str]:
+        """The gids of this database's prepared transactions that start with ``prefix``."""
+        return []
+
+    def begin_prepared(self, connection: Connection, gid: str) -> None:
+        """Begin the two-phase transaction ``gid`` on a connection without autocommit."""
+        raise self._no_prepared_transactions()
+
+    def prepare(self, connection: Connection) -> None:
+        """``PREPARE TRANSACTION``: durable, holding its locks, until finished."""
+        raise self._no_prepared_transactions()
+
+    def current_transaction_id(self, connection: Connection) -> str:
+        """The running transaction's id, recorded with a prepared piece."""
+        raise self._no_prepared_transactions()
+
+    def finish_prepared(
+        self, connection: Connection, gid: str, verb: str, *, wait_if_busy: bool = True
+    ) -> bool:
+        """``COMMIT``/``ROLLBACK PREPARED``; False when the gid is gone."""
+        raise self._no_prepared_transactions()
+
+    def transaction_status(self, connection: Connection, xid: str) -> str | None:
+        """What became of a transaction id: committed, aborted, in progress or None."""
+        raise self._no_prepared_transactions()
+
+    def _no_prepared_transactions(self) -> JdbcWriteError:
+        return JdbcWriteError(
+            f"2pc-jdbc found a prepared transaction to finish in {self.name}, which has none"
+        )

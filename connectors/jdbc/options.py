@@ -16,8 +16,10 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from commit_protocols import SinkIdentityError, validate_sink_id
-from connectors.jdbc.dialect import DialectName, TableName, check_identifier
+from connectors.jdbc.dialect import Dialect, DialectName, TableName, check_identifier
 from connectors.jdbc.errors import JdbcSinkOptionError
+from connectors.jdbc.postgres import PostgresDialect
+from connectors.jdbc.sqlite import SqliteDialect
 
 WriteMode = Literal["append", "upsert"]
 Protocol = Literal["auto", "prepared", "staging"]
@@ -62,9 +64,18 @@ class DatabaseUrl:
     parameters: tuple[tuple[str, str], ...] = ()
 
     def display(self) -> str:
-        if self.dialect == "sqlite":
-            return f"jdbc:sqlite:{self.path}"
-        return f"postgresql://{self.host}:{self.port}/{self.database}"
+        return dialect_for(self).display_url(self)
+
+
+_DIALECTS: dict[DialectName, Dialect] = {
+    "postgresql": PostgresDialect(),
+    "sqlite": SqliteDialect(),
+}
+
+
+def dialect_for(url: DatabaseUrl) -> Dialect:
+    """The database behind a parsed URL: the one place that maps a URL to its ``Dialect``."""
+    return _DIALECTS[url.dialect]
 
 
 @dataclass(frozen=True)
@@ -250,7 +261,7 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         "deliveryGuarantee", ("exactly-once", "at-least-once"), "exactly-once"
     )
     protocol = options.choice("protocol", ("auto", "prepared", "staging"), "auto")
-    if url.dialect == "sqlite" and protocol == "prepared":
+    if protocol == "prepared" and not dialect_for(url).supports_prepared_transactions:
         raise JdbcSinkOptionError(
             "protocol=prepared needs PostgreSQL (SQLite has no prepared transactions):"
             " use protocol=staging or auto"

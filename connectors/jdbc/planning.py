@@ -12,24 +12,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-import psycopg
 from pyspark.sql.types import LongType, StructField, StructType
 
-from connectors.jdbc import postgres
-from connectors.jdbc import sqlite as sqlite_db
 from connectors.jdbc.dialect import (
     PIECE_COLUMN,
+    Connection,
+    Dialect,
     TableName,
     check_columns,
-    column_type,
-    create_table_sql,
     quote,
     stage_table,
 )
-from connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError, JdbcWriteError
-from connectors.jdbc.options import JdbcSinkOptions
+from connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
+from connectors.jdbc.options import JdbcSinkOptions, dialect_for
 
 logger = logging.getLogger("eospack.jdbc")
 
@@ -58,9 +54,9 @@ def plan_sink(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
 def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
     check_columns(schema)
     schema = with_batch_id_column(options, schema)
-    dialect = options.url.dialect
+    dialect = dialect_for(options.url)
     for field in schema.fields:
-        column_type(dialect, field)
+        dialect.column_type(field)
     columns = tuple(schema.fieldNames())
     for option, names in (
         ("upsertKeys", options.upsert_keys),
@@ -73,25 +69,13 @@ def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
                     f" use one of {', '.join(columns)}"
                 )
     stage = stage_table(options.table)
-    if dialect == "postgresql":
-        connection = postgres.connect(options, autocommit=True)
-        try:
-            protocol = _postgres_protocol(options, connection)
-            try:
-                with postgres.ddl_transaction(connection, options.lock_timeout_ms):
-                    _prepare_tables(options, schema, protocol, stage, connection)
-            except psycopg.errors.LockNotAvailable as error:
-                raise _locked_tables_error(options, connection) from error
-        finally:
-            connection.close()
-    else:
-        protocol = "staging" if options.exactly_once else "direct"
-        sqlite_connection = sqlite_db.connect(options)
-        try:
-            with sqlite_db.transaction(sqlite_connection):
-                _prepare_tables(options, schema, protocol, stage, sqlite_connection)
-        finally:
-            sqlite_connection.close()
+    connection = dialect.connect(options, autocommit=True)
+    try:
+        protocol = _protocol(options, dialect, connection)
+        with dialect.ddl_transaction(connection, options):
+            _prepare_tables(options, dialect, schema, protocol, stage, connection)
+    finally:
+        connection.close()
     return SinkPlan(protocol, columns, stage)
 
 
@@ -108,22 +92,12 @@ def with_batch_id_column(options: JdbcSinkOptions, schema: StructType) -> Struct
     return StructType([*schema.fields, StructField(name, LongType(), nullable=False)])
 
 
-def _locked_tables_error(options: JdbcSinkOptions, connection: Any) -> JdbcWriteError:
-    gids = postgres.prepared_gids(connection, "eospack-")
-    shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
-    return JdbcWriteError(
-        f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one is"
-        f" locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
-        + (f" (prepared transactions of eospack sinks: {shown})" if gids else "")
-        + ": restart the query with the columns it had before, so that its recovery finishes"
-        " what a crashed run left, or roll them back by hand (ROLLBACK PREPARED '<gid>')"
-    )
-
-
-def _postgres_protocol(options: JdbcSinkOptions, connection: Any) -> str:
+def _protocol(options: JdbcSinkOptions, dialect: Dialect, connection: Connection) -> str:
     if not options.exactly_once:
         return "direct"
-    limit = postgres.max_prepared_transactions(connection)
+    if not dialect.supports_prepared_transactions:
+        return "staging"
+    limit = dialect.max_prepared_transactions(connection)
     if options.protocol == "prepared" and limit == 0:
         raise JdbcSinkOptionError(
             f"protocol=prepared needs max_prepared_transactions > 0 on {options.url.display()}"
@@ -143,22 +117,25 @@ def _postgres_protocol(options: JdbcSinkOptions, connection: Any) -> str:
 
 
 def _prepare_tables(
-    options: JdbcSinkOptions, schema: StructType, protocol: str, stage: TableName, connection: Any
+    options: JdbcSinkOptions,
+    dialect: Dialect,
+    schema: StructType,
+    protocol: str,
+    stage: TableName,
+    connection: Connection,
 ) -> None:
-    db = postgres if options.url.dialect == "postgresql" else sqlite_db
-    dialect = options.url.dialect
     table = options.table
-    existing = db.table_columns(connection, table)
+    existing = dialect.table_columns(connection, table)
     if existing is None:
         if not options.create_table:
             raise JdbcSchemaError(
                 f"dbtable {str(table)!r} does not exist in {options.url.display()}: create it"
                 " or set createTableIfNotExists=true"
             )
-        connection.execute(create_table_sql(dialect, table, schema, options.upsert_keys))
-        existing = db.table_columns(connection, table) or {}
+        connection.execute(dialect.create_table_sql(table, schema, options.upsert_keys))
+        existing = dialect.table_columns(connection, table) or {}
     _check_table_columns(options, schema, existing)
-    if options.upsert_keys and frozenset(options.upsert_keys) not in db.unique_key_sets(
+    if options.upsert_keys and frozenset(options.upsert_keys) not in dialect.unique_key_sets(
         connection, table
     ):
         keys = ", ".join(quote(key) for key in options.upsert_keys)
@@ -168,9 +145,9 @@ def _prepare_tables(
             f" ({keys})) or fix upsertKeys"
         )
     if protocol == "staging" or options.write_mode == "upsert":
-        _ensure_stage(options, schema, stage, connection)
-    if options.exactly_once and db.table_columns(connection, options.ledger_table) is None:
-        for statement in db.ledger_ddl(options.ledger_table):
+        _ensure_stage(options, dialect, schema, stage, connection)
+    if options.exactly_once and dialect.table_columns(connection, options.ledger_table) is None:
+        for statement in dialect.ledger_ddl(options.ledger_table):
             connection.execute(statement)
 
 
@@ -196,11 +173,14 @@ def _check_table_columns(
 
 
 def _ensure_stage(
-    options: JdbcSinkOptions, schema: StructType, stage: TableName, connection: Any
+    options: JdbcSinkOptions,
+    dialect: Dialect,
+    schema: StructType,
+    stage: TableName,
+    connection: Connection,
 ) -> None:
-    db = postgres if options.url.dialect == "postgresql" else sqlite_db
     wanted = {PIECE_COLUMN, *schema.fieldNames()}
-    existing = db.table_columns(connection, stage)
+    existing = dialect.table_columns(connection, stage)
     if existing is not None and set(existing) != wanted:
         if connection.execute(f"SELECT 1 FROM {stage.sql()} LIMIT 1").fetchone() is not None:
             raise JdbcSchemaError(
@@ -210,5 +190,5 @@ def _ensure_stage(
         connection.execute(f"DROP TABLE {stage.sql()}")
     elif existing is not None:
         return
-    for statement in db.create_stage_sql(stage, options.table, list(schema.fieldNames())):
+    for statement in dialect.create_stage_sql(stage, options.table, list(schema.fieldNames())):
         connection.execute(statement)

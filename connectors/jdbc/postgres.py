@@ -1,4 +1,5 @@
-"""PostgreSQL access for 2pc-jdbc: connections, catalog checks, COPY of Arrow batches.
+"""PostgreSQL for 2pc-jdbc (``PostgresDialect``): connections, catalog checks, COPY of
+Arrow batches, prepared transactions.
 
 Rows travel as CSV written by Arrow (``pyarrow.csv.write_csv``) into ``COPY ... FROM
 STDIN (FORMAT csv)``: about 6x faster than feeding COPY row by row from Python.
@@ -12,24 +13,32 @@ are classified by SQLSTATE, never by message text; connection errors name the se
 from __future__ import annotations
 
 import io
+import logging
+import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
+from psycopg import sql
+from pyspark.sql import types as T
 
-from connectors.jdbc.dialect import PIECE_COLUMN, TableName, column_list, quote
-from connectors.jdbc.errors import JdbcConnectionError
-from connectors.jdbc.options import JdbcSinkOptions
+from connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
+from connectors.jdbc.errors import JdbcConnectionError, JdbcWriteError
 
-PLACEHOLDER = "%s"
+if TYPE_CHECKING:
+    from connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+
+logger = logging.getLogger("eospack.jdbc")
+
 PIECE_SETTING = "eospack.piece"
 """Session setting that fills the staging table's piece column during a COPY."""
 DDL_LOCK_KEY = 0x6E05_2BC0
 """Advisory lock serialising the sink's DDL, so queries starting together do not race."""
+BUSY_PREPARED_SECONDS = 10.0
 
 _AUTHENTICATION_SQLSTATES = frozenset({"28000", "28P01"})
 _LOGIN_REFUSED_MARKERS = (
@@ -41,12 +50,247 @@ _LOGIN_REFUSED_MARKERS = (
 _CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, batch_size=8192)
 
 
-def connect(options: JdbcSinkOptions, *, autocommit: bool = False) -> psycopg.Connection:
-    """Open a connection or raise ``JdbcConnectionError`` with the server and the fix."""
-    try:
-        return psycopg.connect(autocommit=autocommit, **options.psycopg_kwargs())
-    except psycopg.OperationalError as error:
-        raise connection_error(options, error) from error
+class PostgresDialect(Dialect):
+    """PostgreSQL through psycopg: COPY for bulk rows, prepared transactions for pieces.
+
+    Why its own class: PostgreSQL locks rows (so orphaned pieces can block a commit and
+    ledger slots are locked ``FOR UPDATE``), has prepared transactions, and takes rows
+    fastest by COPY. Guarantees: connection errors name the server and the fix, never the
+    password; every wait for a lock is bounded by ``lockTimeout``; DDL at query start is
+    serialised across sessions by an advisory lock.
+    """
+
+    name = "postgresql"
+    placeholder = "%s"
+    operational_error = psycopg.OperationalError
+    lock_clause = " FOR UPDATE"
+    orphans_can_block_commit = True
+    supports_prepared_transactions = True
+    column_types = {
+        T.LongType: "bigint",
+        T.IntegerType: "integer",
+        T.ShortType: "smallint",
+        T.ByteType: "smallint",
+        T.BooleanType: "boolean",
+        T.FloatType: "real",
+        T.DoubleType: "double precision",
+        T.StringType: "text",
+        T.BinaryType: "bytea",
+        T.DateType: "date",
+        T.TimestampType: "timestamp with time zone",
+        T.TimestampNTZType: "timestamp without time zone",
+    }
+
+    # Connections and transactions ------------------------------------------------------
+
+    def display_url(self, url: DatabaseUrl) -> str:
+        return f"postgresql://{url.host}:{url.port}/{url.database}"
+
+    def connect(self, options: JdbcSinkOptions, *, autocommit: bool) -> psycopg.Connection:
+        try:
+            return psycopg.connect(autocommit=autocommit, **options.psycopg_kwargs())
+        except psycopg.OperationalError as error:
+            raise connection_error(options, error) from error
+
+    def transaction(self, connection: psycopg.Connection) -> AbstractContextManager[object]:
+        return connection.transaction()
+
+    @contextmanager
+    def ddl_transaction(
+        self, connection: psycopg.Connection, options: JdbcSinkOptions
+    ) -> Iterator[psycopg.Connection]:
+        """A transaction holding the sink's DDL advisory lock until it ends.
+
+        Its statements wait at most ``lockTimeout`` for a table lock: a prepared
+        transaction left by a crashed run can hold one for ever, and query start must fail
+        with a message (naming the sink's prepared transactions) rather than hang.
+        """
+        try:
+            with connection.transaction():
+                connection.execute(f"SET LOCAL lock_timeout = '{int(options.lock_timeout_ms)}ms'")
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK_KEY,))
+                yield connection
+        except psycopg.errors.LockNotAvailable as error:
+            raise self._locked_tables_error(options, connection) from error
+
+    def _locked_tables_error(
+        self, options: JdbcSinkOptions, connection: psycopg.Connection
+    ) -> JdbcWriteError:
+        gids = self.prepared_gids(connection, "eospack-")
+        shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
+        return JdbcWriteError(
+            f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one"
+            f" is locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
+            + (f" (prepared transactions of eospack sinks: {shown})" if gids else "")
+            + ": restart the query with the columns it had before, so that its recovery"
+            " finishes what a crashed run left, or roll them back by hand (ROLLBACK PREPARED"
+            " '<gid>')"
+        )
+
+    def limit_lock_wait(self, connection: psycopg.Connection, lock_timeout_ms: int) -> None:
+        connection.execute(f"SET LOCAL lock_timeout = '{lock_timeout_ms}ms'")
+
+    # Catalog -----------------------------------------------------------------------------
+
+    def table_columns(
+        self, connection: psycopg.Connection, table: TableName
+    ) -> dict[str, tuple[str, bool]] | None:
+        row = connection.execute("SELECT to_regclass(%s)::oid", (table.sql(),)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        rows = connection.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull AND NOT atthasdef"
+            " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+            " ORDER BY attnum",
+            (row[0],),
+        ).fetchall()
+        return {name: (type_name, bool(required)) for name, type_name, required in rows}
+
+    def unique_key_sets(
+        self, connection: psycopg.Connection, table: TableName
+    ) -> list[frozenset[str]]:
+        rows = connection.execute(
+            "SELECT array_agg(a.attname) FROM pg_index i"
+            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+            " WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL"
+            " GROUP BY i.indexrelid",
+            (table.sql(),),
+        ).fetchall()
+        return [frozenset(names) for (names,) in rows]
+
+    # DDL ---------------------------------------------------------------------------------
+
+    def decimal_type(self, data_type: T.DecimalType) -> str:
+        return f"numeric({data_type.precision},{data_type.scale})"
+
+    def create_stage_sql(
+        self, stage: TableName, target: TableName, columns: list[str]
+    ) -> list[str]:
+        """UNLOGGED and without an index, so staging costs about one extra COPY. It only
+        ever holds rows of undecided batches (the move into the target, the ledger row and
+        the delete are one transaction), and that commit checks the staged row count
+        against the tasks' counts: if a database crash empties the table, the commit
+        fails, nothing is applied, and Spark's replay of the batch stages it again.
+        """
+        return [
+            f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage.sql()} AS SELECT NULL::text"
+            f' COLLATE "C" AS {quote(PIECE_COLUMN)}, {column_list(columns)}'
+            f" FROM {target.sql()} WITH NO DATA",
+            f"ALTER TABLE {stage.sql()} ALTER COLUMN {quote(PIECE_COLUMN)}"
+            f" SET DEFAULT current_setting('{PIECE_SETTING}')",
+        ]
+
+    def ledger_ddl(self, ledger: TableName) -> list[str]:
+        index = quote(f"{ledger.name[:48]}_unfinished")
+        return [
+            f"CREATE TABLE IF NOT EXISTS {ledger.sql()} ("
+            " sink_id text NOT NULL, batch_id bigint NOT NULL, target text NOT NULL,"
+            " protocol text NOT NULL, rows bigint NOT NULL, status text NOT NULL,"
+            " committed_at timestamp with time zone NOT NULL DEFAULT now(),"
+            " pieces text NOT NULL, PRIMARY KEY (sink_id, batch_id))",
+            f"CREATE INDEX IF NOT EXISTS {index} ON {ledger.sql()} (sink_id, batch_id)"
+            " WHERE status = 'decided'",
+        ]
+
+    # Rows --------------------------------------------------------------------------------
+
+    def write_rows(
+        self,
+        connection: psycopg.Connection,
+        table: TableName,
+        columns: list[str],
+        batches: Iterable[pa.RecordBatch],
+        batchsize: int,
+        piece: str | None = None,
+    ) -> int:
+        """One COPY; a piece fills the staging table's piece column through its default."""
+        with connection.cursor() as cursor:
+            if piece is not None:
+                set_piece(cursor, piece)
+            return copy_batches(cursor, table, columns, batches, batchsize)
+
+    def pieces_filter(self, count: int) -> str:
+        return f"{quote(PIECE_COLUMN)} = ANY(%s)"
+
+    def pieces_params(self, pieces: list[str]) -> list[object]:
+        return [pieces]
+
+    def upsert_source(
+        self,
+        stage: TableName,
+        columns: list[str],
+        upsert_keys: tuple[str, ...],
+        version_column: str | None,
+        where: str,
+    ) -> str:
+        """Per key, the row with the highest version (PostgreSQL cannot touch a row twice in
+        one statement), in key order, so concurrent upserts lock rows in the same order."""
+        keys = column_list(upsert_keys)
+        order = keys + (f", {quote(version_column)} DESC NULLS LAST" if version_column else "")
+        return (
+            f"SELECT DISTINCT ON ({keys}) {column_list(columns)} FROM {stage.sql()}"
+            f" WHERE {where} ORDER BY {order}"
+        )
+
+    def vacuum_stage(self, connection: psycopg.Connection, stage: TableName) -> None:
+        """Reclaim the moved rows at once (2-3 ms): otherwise every later move and recovery
+        scan reads the dead rows of all batches since the last autovacuum, up to a minute's
+        worth. Housekeeping only: a failure is logged and ignored."""
+        try:
+            connection.execute(f"VACUUM {stage.sql()}")
+        except psycopg.Error as error:
+            logger.debug("2pc-jdbc could not vacuum %s: %s", stage, error)
+
+    # Prepared transactions -----------------------------------------------------------------
+
+    def max_prepared_transactions(self, connection: psycopg.Connection) -> int:
+        row = connection.execute("SELECT current_setting('max_prepared_transactions')").fetchone()
+        return int(row[0]) if row else 0
+
+    def prepared_gids(self, connection: psycopg.Connection, prefix: str) -> list[str]:
+        rows = connection.execute(
+            "SELECT gid FROM pg_prepared_xacts"
+            " WHERE database = current_database() AND starts_with(gid, %s) ORDER BY gid",
+            (prefix,),
+        ).fetchall()
+        return [gid for (gid,) in rows]
+
+    def begin_prepared(self, connection: psycopg.Connection, gid: str) -> None:
+        connection.tpc_begin(gid)
+
+    def prepare(self, connection: psycopg.Connection) -> None:
+        connection.tpc_prepare()
+
+    def current_transaction_id(self, connection: psycopg.Connection) -> str:
+        """The 64-bit id: a later ``COMMIT PREPARED`` that finds the gid gone asks
+        ``pg_xact_status`` what happened to it (``transaction_status``)."""
+        row = connection.execute("SELECT pg_current_xact_id()::text").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def finish_prepared(
+        self, connection: psycopg.Connection, gid: str, verb: str, *, wait_if_busy: bool = True
+    ) -> bool:
+        """SQLSTATE 42704 means the gid is gone. Another session finishing the same gid at
+        this moment (two tasks cleaning up the same leftover, SQLSTATE 55000 "is busy") is
+        waited for, up to ``BUSY_PREPARED_SECONDS``, if ``wait_if_busy``; it then is gone,
+        which the caller verifies."""
+        statement = sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid))
+        deadline = time.monotonic() + BUSY_PREPARED_SECONDS
+        while True:
+            try:
+                connection.execute(statement)
+                return True
+            except psycopg.errors.UndefinedObject:
+                return False
+            except psycopg.errors.ObjectInUse:
+                if not wait_if_busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def transaction_status(self, connection: psycopg.Connection, xid: str) -> str | None:
+        row = connection.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+        return row[0] if row else None
 
 
 def connection_error(options: JdbcSinkOptions, error: psycopg.Error) -> JdbcConnectionError:
@@ -70,85 +314,6 @@ def connection_error(options: JdbcSinkOptions, error: psycopg.Error) -> JdbcConn
     return JdbcConnectionError(
         f"could not connect to {where}: {text} (check the url option and that the server runs)"
     )
-
-
-def max_prepared_transactions(connection: psycopg.Connection) -> int:
-    row = connection.execute("SELECT current_setting('max_prepared_transactions')").fetchone()
-    return int(row[0]) if row else 0
-
-
-def table_columns(
-    connection: psycopg.Connection, table: TableName
-) -> dict[str, tuple[str, bool]] | None:
-    """Column name -> (type, required: NOT NULL without default); None if no such table."""
-    row = connection.execute("SELECT to_regclass(%s)::oid", (table.sql(),)).fetchone()
-    if row is None or row[0] is None:
-        return None
-    rows = connection.execute(
-        "SELECT attname, format_type(atttypid, atttypmod), attnotnull AND NOT atthasdef"
-        " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
-        " ORDER BY attnum",
-        (row[0],),
-    ).fetchall()
-    return {name: (type_name, bool(required)) for name, type_name, required in rows}
-
-
-def unique_key_sets(connection: psycopg.Connection, table: TableName) -> list[frozenset[str]]:
-    """The column sets of the table's unique indexes (what ON CONFLICT can target)."""
-    rows = connection.execute(
-        "SELECT array_agg(a.attname) FROM pg_index i"
-        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
-        " WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL"
-        " GROUP BY i.indexrelid",
-        (table.sql(),),
-    ).fetchall()
-    return [frozenset(names) for (names,) in rows]
-
-
-@contextmanager
-def ddl_transaction(
-    connection: psycopg.Connection, lock_timeout_ms: int
-) -> Iterator[psycopg.Connection]:
-    """A transaction holding the sink's DDL advisory lock until it ends.
-
-    Its statements wait at most ``lock_timeout_ms`` for a table lock: a prepared
-    transaction left by a crashed run can hold one for ever, and query start must fail
-    with a message rather than hang.
-    """
-    with connection.transaction():
-        connection.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_ms)}ms'")
-        connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK_KEY,))
-        yield connection
-
-
-def create_stage_sql(stage: TableName, target: TableName, columns: list[str]) -> list[str]:
-    """The staging table: the target's column types plus the piece column.
-
-    UNLOGGED and without an index, so staging costs about one extra COPY. It only ever
-    holds rows of undecided batches (the move into the target, the ledger row and the
-    delete are one transaction), and that commit checks the staged row count against
-    the tasks' counts: if a database crash empties the table, the commit fails, nothing
-    is applied, and Spark's replay of the batch stages it again.
-    """
-    return [
-        f'CREATE UNLOGGED TABLE IF NOT EXISTS {stage.sql()} AS SELECT NULL::text COLLATE "C"'
-        f" AS {quote(PIECE_COLUMN)}, {column_list(columns)} FROM {target.sql()} WITH NO DATA",
-        f"ALTER TABLE {stage.sql()} ALTER COLUMN {quote(PIECE_COLUMN)}"
-        f" SET DEFAULT current_setting('{PIECE_SETTING}')",
-    ]
-
-
-def ledger_ddl(ledger: TableName) -> list[str]:
-    index = quote(f"{ledger.name[:48]}_unfinished")
-    return [
-        f"CREATE TABLE IF NOT EXISTS {ledger.sql()} ("
-        " sink_id text NOT NULL, batch_id bigint NOT NULL, target text NOT NULL,"
-        " protocol text NOT NULL, rows bigint NOT NULL, status text NOT NULL,"
-        " committed_at timestamp with time zone NOT NULL DEFAULT now(),"
-        " pieces text NOT NULL, PRIMARY KEY (sink_id, batch_id))",
-        f"CREATE INDEX IF NOT EXISTS {index} ON {ledger.sql()} (sink_id, batch_id)"
-        " WHERE status = 'decided'",
-    ]
 
 
 def set_piece(cursor: psycopg.Cursor[Any], piece: str) -> None:
@@ -209,22 +374,3 @@ def csv_ready(table: pa.Table) -> pa.Table:
                 index, column_field.name, pc.cast(table.column(index), column_field.type.value_type)
             )
     return table
-
-
-def prepared_gids(connection: psycopg.Connection, prefix: str) -> list[str]:
-    """The gids of this database's prepared transactions that start with ``prefix``."""
-    rows = connection.execute(
-        "SELECT gid FROM pg_prepared_xacts"
-        " WHERE database = current_database() AND starts_with(gid, %s) ORDER BY gid",
-        (prefix,),
-    ).fetchall()
-    return [gid for (gid,) in rows]
-
-
-def current_transaction_id(cursor: psycopg.Cursor[Any]) -> str:
-    """The running transaction's 64-bit id: recorded with a prepared piece, so that a later
-    ``COMMIT PREPARED`` that finds the gid gone can ask ``pg_xact_status`` what happened."""
-    cursor.execute("SELECT pg_current_xact_id()::text")
-    row = cursor.fetchone()
-    assert row is not None
-    return str(row[0])

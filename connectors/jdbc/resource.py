@@ -41,13 +41,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
 
 from commit_protocols import (
     BatchDecision,
@@ -59,72 +56,51 @@ from commit_protocols import (
 )
 from commit_protocols.pieces import ABORTED, DECIDED, DONE
 from commit_protocols.resource import DecidedPieceLostError
-from connectors.jdbc import postgres
-from connectors.jdbc import sqlite as sqlite_db
-from connectors.jdbc.dialect import (
-    PIECE_COLUMN,
-    TableName,
-    delete_from_stage_sql,
-    move_from_stage_sql,
-    pieces_params,
-    quote,
-)
+from connectors.jdbc.dialect import PIECE_COLUMN, quote
 from connectors.jdbc.errors import JdbcWriteError
-from connectors.jdbc.options import JdbcSinkOptions
+from connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from connectors.jdbc.planning import SinkPlan
 
 logger = logging.getLogger("eospack.jdbc")
 
-Connection = Any  # psycopg.Connection (autocommit) or sqlite3.Connection (autocommit)
-BUSY_PREPARED_SECONDS = 10.0
 Result = TypeVar("Result")
 
 
 class JdbcResource(TransactionalResource):
-    """The ledger, prepared transactions and staged pieces of one target table."""
+    """The ledger, prepared transactions and staged pieces of one target table.
 
-    def __init__(
-        self, options: JdbcSinkOptions, protocol: str, columns: tuple[str, ...], stage: TableName
-    ) -> None:
+    Why: the coordinator (``commit_protocols``) decides and finishes batches through this
+    one object, whatever the database; what differs between databases is asked of the
+    ``Dialect``. Guarantees: a ledger slot changes only by compare-and-set inside one
+    transaction; a staged batch's move, delete and ``done`` slot commit together or not
+    at all; a decided prepared piece found gone is checked by its transaction id.
+    """
+
+    def __init__(self, options: JdbcSinkOptions, plan: SinkPlan) -> None:
         self.options = options
-        self.protocol = protocol
-        self.commits_atomically = protocol == "staging"
-        self.columns = list(columns)
-        self.stage = stage
-        self.dialect = options.url.dialect
-        self.orphans_can_block_commit = self.dialect == "postgresql"
-        self.connection: Connection = (
-            postgres.connect(options, autocommit=True)
-            if self.dialect == "postgresql"
-            else sqlite_db.connect(options)
-        )
-        self.placeholder = "%s" if self.dialect == "postgresql" else "?"
+        self.plan = plan
+        self.protocol = plan.protocol
+        self.commits_atomically = plan.protocol == "staging"
+        self.stage = plan.stage
+        self.dialect = dialect_for(options.url)
+        self.orphans_can_block_commit = self.dialect.orphans_can_block_commit
+        self.connection = self.dialect.connect(options, autocommit=True)
         self.ledger = options.ledger_table.sql()
 
     # Calls, through the fault rig ------------------------------------------------------
 
     def _call(self, name: str, action: Callable[[], Result], batch_id: int | None) -> Result:
         """Run one database call as ``jdbc.<name>`` (see ``commit_protocols.faults``)."""
-        postgresql = self.dialect == "postgresql"
-        error = psycopg.OperationalError if postgresql else sqlite3.OperationalError
         return faults.run_call(
             f"jdbc.{name}",
             action,
-            error=error,
+            error=self.dialect.operational_error,
             lose_connection=self.connection.close,
             batch_id=batch_id,
         )
 
     def _execute(self, statement: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
-        return self.connection.execute(statement.replace("%s", self.placeholder), params)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        if self.dialect == "postgresql":
-            with self.connection.transaction():
-                yield
-        else:
-            with sqlite_db.transaction(self.connection):
-                yield
+        return self.connection.execute(statement.replace("%s", self.dialect.placeholder), params)
 
     # The decision slot -----------------------------------------------------------------
 
@@ -154,7 +130,7 @@ class JdbcResource(TransactionalResource):
         return self._call("decide", lambda: self._commit_staged(decision), decision.batch_id)
 
     def _with_slot(self, wanted: BatchDecision, status: str) -> BatchDecision:
-        with self._transaction():
+        with self.dialect.transaction(self.connection):
             return self._write_slot(wanted, status)
 
     def _write_slot(self, wanted: BatchDecision, status: str) -> BatchDecision:
@@ -162,7 +138,7 @@ class JdbcResource(TransactionalResource):
         allow (see ``BatchDecision``); return what the slot holds now."""
         if self._insert_slot(wanted, status):
             return BatchDecision(wanted.sink_id, wanted.batch_id, wanted.pieces, status)
-        lock = " FOR UPDATE" if self.dialect == "postgresql" else ""
+        lock = self.dialect.lock_clause
         row = self._execute(
             f"SELECT pieces, status FROM {self.ledger} WHERE sink_id = %s AND batch_id = %s{lock}",
             (wanted.sink_id, wanted.batch_id),
@@ -239,7 +215,7 @@ class JdbcResource(TransactionalResource):
         elif piece.handle.get("piece") and piece.rows:
 
             def move() -> None:
-                with self._transaction():
+                with self.dialect.transaction(self.connection):
                     self._move([piece.transaction_id])
 
             self._call("commit_piece", move, piece.batch_id)
@@ -247,20 +223,24 @@ class JdbcResource(TransactionalResource):
     def rollback_piece(self, piece: PreparedPiece) -> None:
         gid = piece.handle.get("gid")
         if gid:
-            self._call("rollback_piece", lambda: self._finish_prepared(gid, "ROLLBACK"), None)
+            self._call(
+                "rollback_piece",
+                lambda: self.dialect.finish_prepared(self.connection, gid, "ROLLBACK"),
+                None,
+            )
         elif piece.handle.get("piece"):
             self._call(
                 "rollback_piece",
                 lambda: self.connection.execute(
-                    delete_from_stage_sql(self.dialect, self.stage, 1),
-                    pieces_params(self.dialect, [piece.transaction_id]),
+                    self.dialect.delete_from_stage_sql(self.stage, 1),
+                    self.dialect.pieces_params([piece.transaction_id]),
                 ),
                 None,
             )
 
     def _commit_prepared(self, piece: PreparedPiece) -> None:
         gid = str(piece.handle["gid"])
-        if self._finish_prepared(gid, "COMMIT"):
+        if self.dialect.finish_prepared(self.connection, gid, "COMMIT"):
             return
         xid = piece.handle.get("xid")
         if xid is None:
@@ -271,8 +251,7 @@ class JdbcResource(TransactionalResource):
                 piece.batch_id,
             )
             return
-        row = self.connection.execute("SELECT pg_xact_status(%s::xid8)", (str(xid),)).fetchone()
-        status = row[0] if row else None
+        status = self.dialect.transaction_status(self.connection, str(xid))
         if status == "committed":
             return
         fix = (
@@ -292,34 +271,12 @@ class JdbcResource(TransactionalResource):
             f" {xid} committed (status {status}): {fix}"
         )
 
-    def _finish_prepared(self, gid: str, verb: str) -> bool:
-        """COMMIT/ROLLBACK PREPARED; False when the gid is gone (SQLSTATE 42704).
-
-        Another session finishing the same gid at this moment (two tasks cleaning up the
-        same leftover, SQLSTATE 55000 "is busy") is waited for, up to
-        ``BUSY_PREPARED_SECONDS``; it then is gone, which the caller verifies.
-        """
-        statement = sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid))
-        deadline = time.monotonic() + BUSY_PREPARED_SECONDS
-        while True:
-            try:
-                self.connection.execute(statement)
-                return True
-            except psycopg.errors.UndefinedObject:
-                return False
-            except psycopg.errors.ObjectInUse:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
     def prepared_pieces(self, sink_id: str) -> list[PreparedPiece]:
         """Prepared transactions and staged pieces of this sink, whatever today's protocol."""
-        found = []
-        if self.dialect == "postgresql":
-            found += [
-                _piece_of(gid, {"gid": gid})
-                for gid in postgres.prepared_gids(self.connection, sink_prefix(sink_id))
-            ]
+        found = [
+            _piece_of(gid, {"gid": gid})
+            for gid in self.dialect.prepared_gids(self.connection, sink_prefix(sink_id))
+        ]
         if self._stage_exists():
             prefix = sink_prefix(sink_id)
             upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
@@ -333,8 +290,7 @@ class JdbcResource(TransactionalResource):
         return [piece for piece in found if piece is not None]
 
     def _stage_exists(self) -> bool:
-        db = postgres if self.dialect == "postgresql" else sqlite_db
-        return db.table_columns(self.connection, self.stage) is not None
+        return self.dialect.table_columns(self.connection, self.stage) is not None
 
     # Staging -----------------------------------------------------------------------------
 
@@ -344,7 +300,7 @@ class JdbcResource(TransactionalResource):
             # Tasks prepared transactions (the protocol resolved differently when the batch
             # was planned): decide, and let the coordinator commit them piece by piece.
             return self._with_slot(decision, DECIDED)
-        with self._transaction():
+        with self.dialect.transaction(self.connection):
             slot = self._write_slot(decision, DONE)
             if not (slot.status == DONE and slot.same_pieces(decision)):
                 return slot
@@ -359,38 +315,12 @@ class JdbcResource(TransactionalResource):
                         f" restart the query to stage the batch again (the database restarted,"
                         f" which empties the unlogged {self.stage}, or the table was edited)"
                     )
-        self._vacuum_stage()
+        self.dialect.vacuum_stage(self.connection, self.stage)
         return slot
-
-    def _vacuum_stage(self) -> None:
-        """Reclaim the moved rows at once (2-3 ms): otherwise every later move and recovery
-        scan reads the dead rows of all batches since the last autovacuum, up to a minute's
-        worth. Housekeeping only: a failure is logged and ignored."""
-        if self.dialect != "postgresql":
-            return
-        try:
-            self.connection.execute(f"VACUUM {self.stage.sql()}")
-        except psycopg.Error as error:
-            logger.debug("2pc-jdbc could not vacuum %s: %s", self.stage, error)
 
     def _move(self, pieces: list[str]) -> int:
         """Move the pieces' rows into the target, delete them; return rows deleted."""
-        options = self.options
-        params = pieces_params(self.dialect, pieces)
-        move = move_from_stage_sql(
-            self.dialect,
-            options.table,
-            self.stage,
-            self.columns,
-            options.upsert_keys,
-            options.version_column,
-            len(pieces),
-        )
-        self.connection.execute(move, params)
-        cursor = self.connection.execute(
-            delete_from_stage_sql(self.dialect, self.stage, len(pieces)), params
-        )
-        return int(cursor.rowcount)
+        return self.dialect.move_from_stage(self.connection, self.options, self.plan, pieces)
 
     def close(self) -> None:
         self.connection.close()
@@ -405,10 +335,8 @@ def _piece_of(transaction_id: str, handle: dict[str, str]) -> PreparedPiece | No
     return PreparedPiece(sink_id, batch_id, partition_id, attempt, 1, handle)
 
 
-def open_resource(
-    options: JdbcSinkOptions, protocol: str, columns: tuple[str, ...], stage: TableName
-) -> JdbcResource:
-    return JdbcResource(options, protocol, columns, stage)
+def open_resource(options: JdbcSinkOptions, plan: SinkPlan) -> JdbcResource:
+    return JdbcResource(options, plan)
 
 
 DATABASE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (

@@ -70,13 +70,11 @@ class JdbcStreamWriter(TwoPhaseCommitStreamWriter):
         return f"JdbcStreamWriter({self.options.describe()}, protocol={self.plan.protocol})"
 
     def _task_writer(self) -> TaskWriter:
-        return TaskWriter(self.options, self.plan.columns, self.plan.stage)
+        return TaskWriter(self.options, self.plan)
 
     def prepare(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> PreparedPiece:
         with self._failing_clearly(f"task {task.partition_id} of batch {task.batch_id}"):
-            return self._task_writer().prepare(
-                self.plan.protocol, task, self._with_batch_id(task, batches)
-            )
+            return self._task_writer().prepare(task, self._with_batch_id(task, batches))
 
     def write_directly(self, task: TaskIdentity, batches: Iterator[pa.RecordBatch]) -> int:
         with self._failing_clearly(f"task {task.partition_id} of batch {task.batch_id}"):
@@ -95,7 +93,7 @@ class JdbcStreamWriter(TwoPhaseCommitStreamWriter):
         )
 
     def open_resource(self) -> TransactionalResource:
-        return open_resource(self.options, self.plan.protocol, self.plan.columns, self.plan.stage)
+        return open_resource(self.options, self.plan)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         with self._failing_clearly(f"the commit of batch {batchId}"):

@@ -18,11 +18,8 @@ import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import Any
 
-import psycopg
 import pyarrow as pa
-from psycopg import sql
 
 from commit_protocols import (
     PreparedPiece,
@@ -35,15 +32,9 @@ from commit_protocols import (
 )
 from commit_protocols.coordinator import stale_pieces
 from commit_protocols.pieces import DECIDED, DONE
-from connectors.jdbc import postgres
-from connectors.jdbc import sqlite as sqlite_db
-from connectors.jdbc.dialect import (
-    TableName,
-    delete_from_stage_sql,
-    move_from_stage_sql,
-    pieces_params,
-)
-from connectors.jdbc.options import JdbcSinkOptions
+from connectors.jdbc.dialect import Connection
+from connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from connectors.jdbc.planning import SinkPlan
 from connectors.jdbc.resource import open_resource
 
 logger = logging.getLogger("eospack.jdbc")
@@ -59,18 +50,22 @@ def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | 
 
 
 class TaskWriter:
-    """Writes one task's rows; the same object is used for every protocol."""
+    """Writes one task's rows, for every protocol and database.
 
-    def __init__(
-        self, options: JdbcSinkOptions, columns: tuple[str, ...], stage: TableName
-    ) -> None:
+    Why one class: the steps (skip a decided batch, write, prepare or commit) are the
+    same everywhere; the database's part is its ``Dialect``. Guarantees: a task of a batch
+    already decided writes nothing; a piece is either prepared/staged whole with its row
+    count or not at all; a failed PREPARE leaves no prepared transaction it could name.
+    """
+
+    def __init__(self, options: JdbcSinkOptions, plan: SinkPlan) -> None:
         self.options = options
-        self.columns = list(columns)
-        self.stage = stage
+        self.plan = plan
+        self.columns = list(plan.columns)
+        self.stage = plan.stage
+        self.dialect = dialect_for(options.url)
 
-    def prepare(
-        self, protocol: str, task: TaskIdentity, batches: Iterable[pa.RecordBatch]
-    ) -> PreparedPiece:
+    def prepare(self, task: TaskIdentity, batches: Iterable[pa.RecordBatch]) -> PreparedPiece:
         """Prepare the task's rows, or nothing when the batch is already decided.
 
         A restarted query replays its last batch; if that batch was decided before the
@@ -85,57 +80,53 @@ class TaskWriter:
         rows_iterator = _non_empty(batches)
         if rows_iterator is None:
             return empty
-        if self.options.url.dialect == "sqlite":
-            sqlite_connection = sqlite_db.connect(self.options)
-            try:
-                if self._decided(sqlite_connection, "?", task):
-                    return empty
-                with sqlite_db.transaction(sqlite_connection):
-                    rows = sqlite_db.insert_batches(
-                        sqlite_connection,
+        connection = self.dialect.connect(self.options, autocommit=False)
+        try:
+            decided = self._decided(connection, task)
+            connection.commit()  # ends the read's transaction (psycopg opens one; SQLite none)
+            if decided:
+                return empty
+            if self.plan.protocol == "prepared":
+                rows, handle = self._prepare_transaction(connection, task, piece_id, rows_iterator)
+            else:
+                with self.dialect.transaction(connection):
+                    rows = self.dialect.write_rows(
+                        connection,
                         self.stage,
                         self.columns,
                         rows_iterator,
                         self.options.batchsize,
                         piece_id,
                     )
-            finally:
-                sqlite_connection.close()
-            return replace(empty, rows=rows, handle={"piece": piece_id})
-        connection = postgres.connect(self.options)
-        try:
-            decided = self._decided(connection, "%s", task)
-            connection.commit()
-            if decided:
-                return empty
-            if protocol == "prepared":
-                self._roll_back_stale(connection, task)
-                connection.tpc_begin(piece_id)
-                with connection.cursor() as cursor:
-                    rows = self._write_postgres(cursor, piece_id, rows_iterator)
-                    xid = postgres.current_transaction_id(cursor)
-                try:
-                    faults.run_call(
-                        "jdbc.prepare",
-                        connection.tpc_prepare,
-                        error=psycopg.OperationalError,
-                        lose_connection=connection.close,
-                        batch_id=task.batch_id,
-                    )
-                except Exception:
-                    self._roll_back_own_piece(piece_id)
-                    raise
-                handle = {"gid": piece_id, "xid": xid}
-            else:
-                with connection.transaction(), connection.cursor() as cursor:
-                    postgres.set_piece(cursor, piece_id)
-                    rows = postgres.copy_batches(
-                        cursor, self.stage, self.columns, rows_iterator, self.options.batchsize
-                    )
                 handle = {"piece": piece_id}
         finally:
             connection.close()  # after PREPARE the transaction lives on without us
         return replace(empty, rows=rows, handle=handle)
+
+    def _prepare_transaction(
+        self,
+        connection: Connection,
+        task: TaskIdentity,
+        piece_id: str,
+        batches: Iterator[pa.RecordBatch],
+    ) -> tuple[int, dict[str, str]]:
+        """Write the rows in the two-phase transaction ``piece_id`` and PREPARE it."""
+        self._roll_back_stale(connection, task)
+        self.dialect.begin_prepared(connection, piece_id)
+        rows = self._write(connection, piece_id, batches)
+        xid = self.dialect.current_transaction_id(connection)
+        try:
+            faults.run_call(
+                "jdbc.prepare",
+                lambda: self.dialect.prepare(connection),
+                error=self.dialect.operational_error,
+                lose_connection=connection.close,
+                batch_id=task.batch_id,
+            )
+        except Exception:
+            self._roll_back_own_piece(piece_id)
+            raise
+        return rows, {"gid": piece_id, "xid": xid}
 
     def _roll_back_own_piece(self, gid: str) -> None:
         """PREPARE failed, or its answer was lost: roll back ``gid`` if it exists.
@@ -144,16 +135,13 @@ class TaskWriter:
         if the database cannot be reached now, the next commit of the sink rolls it back.
         """
         try:
-            connection = postgres.connect(self.options)
+            connection = self.dialect.connect(self.options, autocommit=True)
         except Exception:
             logger.warning("2pc-jdbc could not roll back %s now: the next commit will", gid)
             return
         try:
-            connection.autocommit = True
-            connection.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-            logger.warning("2pc-jdbc task failed after PREPARE: rolled back %s", gid)
-        except psycopg.errors.UndefinedObject:
-            pass  # PREPARE did not apply
+            if self.dialect.finish_prepared(connection, gid, "ROLLBACK", wait_if_busy=False):
+                logger.warning("2pc-jdbc task failed after PREPARE: rolled back %s", gid)
         except Exception as error:
             logger.warning(
                 "2pc-jdbc could not roll back %s now (%s): the next commit will",
@@ -163,26 +151,27 @@ class TaskWriter:
         finally:
             connection.close()
 
-    def _roll_back_stale(self, connection: Any, task: TaskIdentity) -> None:
+    def _roll_back_stale(self, connection: Connection, task: TaskIdentity) -> None:
         listed = [
             PreparedPiece(*parsed, rows=1, handle={"gid": gid})
-            for gid in postgres.prepared_gids(connection, sink_prefix(task.sink_id))
+            for gid in self.dialect.prepared_gids(connection, sink_prefix(task.sink_id))
             if (parsed := parse_transaction_id(gid)) is not None
         ]
         stale = stale_pieces(task, listed)
         connection.commit()
         if not stale:
             return
-        resource = open_resource(self.options, "prepared", tuple(self.columns), self.stage)
+        resource = open_resource(self.options, self.plan)
         try:
             TwoPhaseCommitCoordinator(resource, "2pc-jdbc").roll_back_orphans(task.sink_id, stale)
         finally:
             resource.close()
 
-    def _decided(self, connection: Any, placeholder: str, task: TaskIdentity) -> bool:
+    def _decided(self, connection: Connection, task: TaskIdentity) -> bool:
+        mark = self.dialect.placeholder
         row = connection.execute(
             f"SELECT 1 FROM {self.options.ledger_table.sql()}"
-            f" WHERE sink_id = {placeholder} AND batch_id = {placeholder}"
+            f" WHERE sink_id = {mark} AND batch_id = {mark}"
             f" AND status IN ('{DECIDED}', '{DONE}')",
             (task.sink_id, task.batch_id),
         ).fetchone()
@@ -199,60 +188,26 @@ class TaskWriter:
         rows_iterator = _non_empty(batches)
         if rows_iterator is None:
             return 0
-        if self.options.url.dialect == "sqlite":
-            sqlite_connection = sqlite_db.connect(self.options)
-            try:
-                with sqlite_db.transaction(sqlite_connection):
-                    return self._write_sqlite(sqlite_connection, piece_id, rows_iterator)
-            finally:
-                sqlite_connection.close()
-        connection = postgres.connect(self.options)
+        connection = self.dialect.connect(self.options, autocommit=False)
         try:
-            with connection.transaction(), connection.cursor() as cursor:
-                return self._write_postgres(cursor, piece_id, rows_iterator)
+            with self.dialect.transaction(connection):
+                return self._write(connection, piece_id, rows_iterator)
         finally:
             connection.close()
 
-    def _write_postgres(self, cursor: Any, piece_id: str, batches: Iterator[pa.RecordBatch]) -> int:
-        """Append by COPY into the target, or upsert through the staging table."""
-        options = self.options
-        cursor.execute(f"SET LOCAL lock_timeout = '{options.lock_timeout_ms}ms'")
-        if options.write_mode == "append":
-            return postgres.copy_batches(
-                cursor, options.table, self.columns, batches, options.batchsize
-            )
-        postgres.set_piece(cursor, piece_id)
-        rows = postgres.copy_batches(cursor, self.stage, self.columns, batches, options.batchsize)
-        self._merge(cursor, "postgresql", piece_id)
-        return rows
-
-    def _write_sqlite(
-        self, connection: Any, piece_id: str, batches: Iterator[pa.RecordBatch]
+    def _write(
+        self, connection: Connection, piece_id: str, batches: Iterator[pa.RecordBatch]
     ) -> int:
+        """In the open transaction: append into the target, or upsert through the staging
+        table (stage the rows as ``piece_id``, merge them, delete them)."""
         options = self.options
+        self.dialect.limit_lock_wait(connection, options.lock_timeout_ms)
         if options.write_mode == "append":
-            return sqlite_db.insert_batches(
+            return self.dialect.write_rows(
                 connection, options.table, self.columns, batches, options.batchsize
             )
-        rows = sqlite_db.insert_batches(
+        rows = self.dialect.write_rows(
             connection, self.stage, self.columns, batches, options.batchsize, piece_id
         )
-        self._merge(connection, "sqlite", piece_id)
+        self.dialect.move_from_stage(connection, options, self.plan, [piece_id])
         return rows
-
-    def _merge(self, executor: Any, dialect: Any, piece_id: str) -> None:
-        options = self.options
-        params = pieces_params(dialect, [piece_id])
-        executor.execute(
-            move_from_stage_sql(
-                dialect,
-                options.table,
-                self.stage,
-                self.columns,
-                options.upsert_keys,
-                options.version_column,
-                1,
-            ),
-            params,
-        )
-        executor.execute(delete_from_stage_sql(dialect, self.stage, 1), params)
