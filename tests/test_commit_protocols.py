@@ -249,6 +249,23 @@ def test_sink_id_changes_with_the_query_and_the_target():
         validate_sink_id("a-b")
 
 
+def test_the_sinks_common_options_parse_alike_and_fail_in_the_sinks_error():
+    from commit_protocols.sink_options import parse_sink_common_options
+
+    class SinkOptionError(ValueError):
+        pass
+
+    assert parse_sink_common_options(None, None, SinkOptionError) == (
+        parse_sink_common_options(" Exactly-Once ", None, SinkOptionError)
+    )
+    parsed = parse_sink_common_options("AT-LEAST-ONCE", " my_sink ", SinkOptionError)
+    assert (parsed.exactly_once, parsed.sink_id) == (False, "my_sink")
+    with pytest.raises(SinkOptionError, match="^Option deliveryGuarantee is 'twice': use"):
+        parse_sink_common_options("twice", None, SinkOptionError)
+    with pytest.raises(SinkOptionError, match="^sinkId 'a-b' is not usable"):
+        parse_sink_common_options(None, "a-b", SinkOptionError)
+
+
 def test_fault_point_names_are_checked():
     assert _parse("after_decision@3") == ("after_decision", 3)
     assert _parse("after_commit") == ("after_commit", None)

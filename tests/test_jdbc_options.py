@@ -187,7 +187,7 @@ def test_sqlite_url_is_made_absolute() -> None:
         ),
         (
             {"deliveryGuarantee": "exactly_once"},
-            "deliveryGuarantee 'exactly_once' is not supported: use one of exactly-once,"
+            "Option deliveryGuarantee is 'exactly_once': use exactly-once (default) or"
             " at-least-once",
         ),
         ({"protocol": "xa"}, "protocol 'xa' is not supported: use one of auto, prepared, staging"),

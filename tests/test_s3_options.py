@@ -178,7 +178,7 @@ def test_credentials_never_in_repr() -> None:
         ),
         (
             {"deliveryGuarantee": "twice"},
-            "deliveryGuarantee 'twice' is not supported: use exactly-once or at-least-once",
+            "Option deliveryGuarantee is 'twice': use exactly-once (default) or at-least-once",
         ),
         (
             {"endpointUrl": "localhost:9000"},

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from commit_protocols import SinkIdentityError, validate_sink_id
+from commit_protocols.sink_options import parse_sink_common_options
 from connectors.jdbc.dialect import Dialect, DialectName, TableName, check_identifier
 from connectors.jdbc.errors import JdbcSinkOptionError
 from connectors.jdbc.postgres import PostgresDialect
@@ -257,8 +257,8 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
                 f"batchIdColumn {batch_id_column!r} is one of the upsertKeys: name a new column"
             )
 
-    guarantee = options.choice(
-        "deliveryGuarantee", ("exactly-once", "at-least-once"), "exactly-once"
+    common = parse_sink_common_options(
+        options.get("deliveryGuarantee"), options.get("sinkId"), JdbcSinkOptionError
     )
     protocol = options.choice("protocol", ("auto", "prepared", "staging"), "auto")
     if protocol == "prepared" and not dialect_for(url).supports_prepared_transactions:
@@ -266,13 +266,6 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
             "protocol=prepared needs PostgreSQL (SQLite has no prepared transactions):"
             " use protocol=staging or auto"
         )
-
-    sink_id = options.get("sinkId")
-    if sink_id is not None:
-        try:
-            validate_sink_id(sink_id)
-        except SinkIdentityError as error:
-            raise JdbcSinkOptionError(str(error)) from error
 
     user = options.get("user") or url_user
     return JdbcSinkOptions(
@@ -285,11 +278,11 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         upsert_keys=upsert_keys,
         version_column=version_column,
         batch_id_column=batch_id_column,
-        exactly_once=guarantee == "exactly-once",
+        exactly_once=common.exactly_once,
         protocol=protocol,  # type: ignore[arg-type]
         create_table=options.boolean("createTableIfNotExists", False),
         ledger_table=ledger,
-        sink_id=sink_id,
+        sink_id=common.sink_id,
         lock_timeout_ms=_duration_ms(
             "lockTimeout", options.get("lockTimeout"), DEFAULT_LOCK_TIMEOUT_MS
         ),

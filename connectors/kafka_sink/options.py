@@ -13,14 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from commit_protocols import SinkIdentityError, validate_sink_id
+from commit_protocols.sink_options import parse_sink_common_options
 from connectors.kafka.client_config import kafka_client_params, kafka_value
 
 DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
 """Kafka's default ``transaction.max.timeout.ms`` (15 minutes): the longest a broker lets a
 prepared transaction wait for the driver's commit, so the longest the query may stay down."""
-DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
 
 # Producer settings this sink owns, with the fix to offer.
 REFUSED_PRODUCER_OPTIONS = {
@@ -86,18 +85,9 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
         raise KafkaSinkOptionError(
             "Option kafka.bootstrap.servers is required: set it to host:port[,host:port...]"
         )
-    guarantee = (values.get("deliveryguarantee") or "exactly-once").strip().lower()
-    if guarantee not in DELIVERY_GUARANTEES:
-        raise KafkaSinkOptionError(
-            f"Option deliveryGuarantee is {guarantee!r}: use exactly-once (default) or"
-            " at-least-once"
-        )
-    sink_id = values.get("sinkid")
-    if sink_id is not None:
-        try:
-            sink_id = validate_sink_id(sink_id.strip())
-        except SinkIdentityError as error:
-            raise KafkaSinkOptionError(str(error)) from None
+    common = parse_sink_common_options(
+        values.get("deliveryguarantee"), values.get("sinkid"), KafkaSinkOptionError
+    )
     topic = (values.get("topic") or "").strip() or None
     ledger_topic = (values.get("ledgertopic") or DEFAULT_LEDGER_TOPIC).strip()
     if not ledger_topic or ledger_topic == topic:
@@ -131,8 +121,8 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
     return KafkaSinkOptions(
         bootstrap_servers=bootstrap,
         topic=topic,
-        exactly_once=guarantee == "exactly-once",
-        sink_id=sink_id,
+        exactly_once=common.exactly_once,
+        sink_id=common.sink_id,
         ledger_topic=ledger_topic,
         transaction_timeout_ms=timeout_ms,
         producer_params=params,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from commit_protocols import SinkIdentityError, validate_sink_id
+from commit_protocols.sink_options import parse_sink_common_options
 from connectors.s3.errors import S3OptionError
 
 FileFormat = Literal["parquet", "jsonl"]
@@ -27,7 +27,6 @@ EOSPACK_DIRECTORY = "_eospack"
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _BYTE_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$")
 _BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-_DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
 
 
 @dataclass(frozen=True)
@@ -98,20 +97,17 @@ class S3ReaderOptions:
 def parse_sink_options(options: Mapping[str, str]) -> S3SinkOptions:
     """Parse and validate the options of ``df.writeStream.format("2pc-s3")``."""
     values = _lower_keys(options)
-    sink_id = values.get("sinkid")
-    if sink_id is not None:
-        try:
-            sink_id = validate_sink_id(sink_id.strip())
-        except SinkIdentityError as error:
-            raise S3OptionError(str(error)) from None
+    common = parse_sink_common_options(
+        values.get("deliveryguarantee"), values.get("sinkid"), S3OptionError
+    )
     return S3SinkOptions(
         location=parse_location(values.get("path")),
         connection=_parse_connection(values),
         file_format=_parse_file_format(values.get("fileformat")),
         partition_by=_parse_partition_by(values.get("partitionby")),
         target_file_size=_parse_target_file_size(values.get("targetfilesize")),
-        exactly_once=_parse_delivery_guarantee(values.get("deliveryguarantee")),
-        sink_id=sink_id,
+        exactly_once=common.exactly_once,
+        sink_id=common.sink_id,
     )
 
 
@@ -246,17 +242,6 @@ def _parse_target_file_size(value: str | None) -> int:
     if size < MIN_TARGET_FILE_SIZE:
         raise S3OptionError(f"targetFileSize {value!r} is below 1m: use at least 1m (default 128m)")
     return size
-
-
-def _parse_delivery_guarantee(value: str | None) -> bool:
-    if value is None:
-        return True
-    normalized = value.strip().lower()
-    if normalized not in _DELIVERY_GUARANTEES:
-        raise S3OptionError(
-            f"deliveryGuarantee {value!r} is not supported: use exactly-once or at-least-once"
-        )
-    return normalized == "exactly-once"
 
 
 def _blank_to_none(value: str | None) -> str | None:
