@@ -60,11 +60,12 @@ from commit_protocols.fault_points import (
 from commit_protocols.identity import TaskIdentity, parse_attempt
 from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from commit_protocols.resource import TransactionalResource
+from eospack.errors import EospackError
 
 logger = logging.getLogger("eospack.commit")
 
 
-class CommitProtocolError(RuntimeError):
+class CommitProtocolError(EospackError, RuntimeError):
     """The batch cannot be committed as it stands (inconsistent messages, or pieces fenced)."""
 
 

@@ -13,13 +13,15 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
+from eospack.errors import EospackError
+
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 SINK_ID_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
-class SinkIdentityError(ValueError):
+class SinkIdentityError(EospackError, ValueError):
     """The sink id cannot be derived or the given one is unusable."""
 
 

@@ -6,9 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 from commit_protocols.pieces import BatchDecision, PreparedPiece
+from eospack.errors import EospackError
 
 
-class DecidedPieceLostError(RuntimeError):
+class DecidedPieceLostError(EospackError, RuntimeError):
     """A piece that a decision names is gone without having been committed: its rows are lost.
 
     Raised by ``commit_piece`` when the resource can tell (a marker, a transaction status,

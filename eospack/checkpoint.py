@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from eospack.errors import EospackError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -28,7 +30,7 @@ PROVIDER_SETTING = "spark.sql.streaming.stateStore.providerClass"
 PASSWORD_VARIABLE = "EOSPACK_JDBC_PASSWORD"
 
 
-class CheckpointInspectError(ValueError):
+class CheckpointInspectError(EospackError, ValueError):
     """The path is not a streaming checkpoint, or the sink cannot be read."""
 
 

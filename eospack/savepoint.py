@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
+from eospack.errors import EospackError
 from stateful_ops.initial_state import InitialState
 from stateful_ops.state_reader import read_state_table
 
@@ -53,7 +54,7 @@ RESTORED_DIRECTORY = "eospack-savepoint"
 ClaimMode = Literal["no-claim", "claim"]
 
 
-class SavepointError(ValueError):
+class SavepointError(EospackError, ValueError):
     """A savepoint cannot be created or restored; the message says why and what to do."""
 
 

@@ -21,11 +21,12 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from eospack import register
+from eospack.errors import EospackError
 
 SUPPORTED_JAVA_MAJORS = (17, 21)
 
 
-class JavaNotFoundError(RuntimeError):
+class JavaNotFoundError(EospackError, RuntimeError):
     """Java 17 or 21 is required by Spark 4.3 and was not found or has another version."""
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from eospack.errors import EospackError
+
 logger = logging.getLogger("eospack.supervisor")
 
 PERMANENT_ERROR_NAMES = (
@@ -54,11 +56,11 @@ reaches the driver as a ``StreamingQueryException`` whose message carries the or
 error (raised in Spark's Python planner or worker processes) as text."""
 
 
-class PermanentQueryError(RuntimeError):
+class PermanentQueryError(EospackError, RuntimeError):
     """A query failed in a way no restart can fix; its cause is chained."""
 
 
-class RestartsExhaustedError(RuntimeError):
+class RestartsExhaustedError(EospackError, RuntimeError):
     """The restart strategy refused another restart; the last failure is chained."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from eospack.errors import EospackError
 
-class StatefulOpsError(Exception):
+
+class StatefulOpsError(EospackError):
     """Base class of every error raised by stateful_ops."""
 
 

@@ -6,8 +6,10 @@ carries a secret: the password and any URL credentials are never formatted into 
 
 from __future__ import annotations
 
+from eospack.errors import EospackError
 
-class JdbcSinkOptionError(ValueError):
+
+class JdbcSinkOptionError(EospackError, ValueError):
     """An option is missing, malformed or inconsistent; raised before any data moves."""
 
 
@@ -15,13 +17,13 @@ class JdbcIdentifierError(JdbcSinkOptionError):
     """A table or column name that cannot be quoted safely as an SQL identifier."""
 
 
-class JdbcConnectionError(ConnectionError):
+class JdbcConnectionError(EospackError, ConnectionError):
     """The database refused the connection (down, unknown host, wrong credentials)."""
 
 
-class JdbcSchemaError(ValueError):
+class JdbcSchemaError(EospackError, ValueError):
     """The target table does not fit the DataFrame (missing, other columns, absent keys)."""
 
 
-class JdbcWriteError(RuntimeError):
+class JdbcWriteError(EospackError, RuntimeError):
     """A task or commit failed against the database (classified by SQLSTATE)."""

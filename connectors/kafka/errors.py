@@ -6,22 +6,24 @@ None of them ever carries a secret: option values are only quoted for non-secret
 
 from __future__ import annotations
 
+from eospack.errors import EospackError
 
-class KafkaSourceOptionError(ValueError):
+
+class KafkaSourceOptionError(EospackError, ValueError):
     """An option is missing, malformed or inconsistent; raised before any data moves."""
 
 
-class KafkaBrokerUnreachableError(ConnectionError):
+class KafkaBrokerUnreachableError(EospackError, ConnectionError):
     """The bootstrap servers did not answer within the metadata timeout."""
 
 
-class KafkaDataLossError(RuntimeError):
+class KafkaDataLossError(EospackError, RuntimeError):
     """Offsets that a batch must read are gone (retention, deleted topic, shrunk partition)."""
 
 
-class KafkaReadTimeoutError(TimeoutError):
+class KafkaReadTimeoutError(EospackError, TimeoutError):
     """A partition made no progress towards its end offset within kafkaConsumer.pollTimeoutMs."""
 
 
-class KafkaCodecMissingError(RuntimeError):
+class KafkaCodecMissingError(EospackError, RuntimeError):
     """Records are compressed with a codec whose Python package is missing on an executor."""

@@ -39,6 +39,7 @@ from kafka import errors as kafka_errors
 from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from connectors.kafka_sink.options import KafkaSinkOptions, client_config
 from connectors.kafka_sink.transactions import CONTROL_SETTINGS, admin_client, end_transaction
+from eospack.errors import EospackError
 
 LEDGER_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -51,7 +52,7 @@ READ_TIMEOUT_SECONDS = 60.0
 _TOMBSTONE = None
 
 
-class LedgerError(RuntimeError):
+class LedgerError(EospackError, RuntimeError):
     """The ledger topic cannot be created, read or written."""
 
 

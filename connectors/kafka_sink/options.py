@@ -15,6 +15,7 @@ from typing import Any
 
 from commit_protocols.sink_options import parse_sink_common_options
 from connectors.kafka.client_config import kafka_client_params, kafka_value
+from eospack.errors import EospackError
 
 DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
@@ -32,7 +33,7 @@ REFUSED_PRODUCER_OPTIONS = {
 }
 
 
-class KafkaSinkOptionError(ValueError):
+class KafkaSinkOptionError(EospackError, ValueError):
     """An option of 2pc-kafka is missing, malformed or inconsistent."""
 
 

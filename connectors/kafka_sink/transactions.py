@@ -31,6 +31,8 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.producer.transaction_manager import ProducerIdAndEpoch, TransactionState
 
+from eospack.errors import EospackError
+
 PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""
 END_TIMEOUT_MS = 60_000
@@ -43,7 +45,7 @@ begin or commit cost 0.22 s instead of 0.04 s. It also paces retried sends after
 error; ``delivery.timeout.ms`` still bounds them. A ``kafka.retry.backoff.ms`` option wins."""
 
 
-class TransactionFencedError(RuntimeError):
+class TransactionFencedError(EospackError, RuntimeError):
     """The transaction can no longer be committed: its epoch moved on (fenced or timed out)."""
 
 

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from eospack.errors import EospackError
+
 START_TIMEOUT_SECONDS = 30.0
 
 
-class ServiceStartError(RuntimeError):
+class ServiceStartError(EospackError, RuntimeError):
     """A service could not be started; the message names the service and the reason."""
 
 
