@@ -107,13 +107,26 @@ def assert_exactly_once_and_clean(postgres: Any, table: str, expected: list[Any]
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "fault_points",
+    [
+        pytest.param(("between_piece_commits@2",), id="roll-forward"),
+        pytest.param(
+            ("after_prepare@1", "between_piece_commits@2", "after_commit@3"),
+            id="three-points",
+            marks=pytest.mark.chaos,
+        ),
+    ],
+)
 def test_driver_killed_at_fault_points_on_a_cluster_then_restarted_applies_each_row_once(
-    postgres: Any, tmp_path: Path, unique_name: str
+    postgres: Any, tmp_path: Path, unique_name: str, fault_points: tuple[str, ...]
 ) -> None:
-    """The default-CI cluster crash test; the checkpoint is given as a ``file://`` URI."""
+    """The default-CI cluster crash test (one kill, between two piece commits: the batch is
+    rolled forward by the restart; three kills in the chaos lane, for CI time); the
+    checkpoint is given as a ``file://`` URI."""
     expected = prepare_table(postgres, tmp_path, unique_name)
     arguments = driver_arguments(tmp_path, postgres, unique_name, checkpoint_form="uri")
-    for fault_point in ("after_prepare@1", "between_piece_commits@2", "after_commit@3"):
+    for fault_point in fault_points:
         run = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT, fault_point=fault_point)
         assert run.was_killed, f"{fault_point} was not reached:\n{run.explain()}"
     final = run_driver(DRIVER, arguments, timeout=DRIVER_TIMEOUT)
