@@ -105,7 +105,9 @@ class Ledger:
             for batch_id, value in sorted(records.items()):
                 self.producer.send(self.topic, key=slot_key(self.sink_id, batch_id), value=value)
             end_transaction(self.producer, commit=True)
-        except kafka_errors.ProducerFencedError:
+        except kafka_errors.KafkaError as error:
+            if not _fenced(self.producer, error):
+                raise
             raise LedgerFencedError(
                 f"2pc-kafka sink {self.sink_id}: another process now writes this sink's"
                 f" decisions to {self.topic} (a newer run of the query, or another query with"
@@ -114,6 +116,15 @@ class Ledger:
 
     def close(self) -> None:
         self.producer.close(timeout=0)
+
+
+def _fenced(producer: KafkaProducer, error: kafka_errors.KafkaError) -> bool:
+    """Whether ``error`` means another producer of the id took over. kafka-python raises
+    ``ProducerFencedError`` only when EndTxn itself was refused; when the sender saw it
+    first (AddPartitionsToTxn, a produce), every later call raises a plain ``KafkaError``
+    about the error state, and the cause is the transaction manager's last error."""
+    fenced = (kafka_errors.ProducerFencedError, kafka_errors.InvalidProducerEpochError)
+    return isinstance(error, fenced) or isinstance(producer._transaction_manager.last_error, fenced)
 
 
 _shared: dict[tuple[str, str, str], Ledger] = {}
@@ -128,12 +139,9 @@ def shared_ledger(options: KafkaSinkOptions, sink_id: str) -> tuple[Ledger, bool
         ledger = _shared.get(key)
         if ledger is not None:
             return ledger, True
-    ledger = Ledger(options, sink_id)
-    with _shared_lock:
-        previous = _shared.pop(key, None)
+        # Opened under the lock: two threads opening at once would fence each other.
+        ledger = Ledger(options, sink_id)
         _shared[key] = ledger
-    if previous is not None:
-        previous.close()
     return ledger, False
 
 
