@@ -1,5 +1,5 @@
 """Auto-registers ``format("2pc-jdbc")`` with Spark (found by its module name)."""
 
-from connectors.jdbc.sink import TwoPhaseJdbcDataSource as DefaultSource
+from eospack.connectors.jdbc.sink import TwoPhaseJdbcDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

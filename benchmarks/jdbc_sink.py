@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.data import ROWS_PER_FILE, parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
-from connectors.jdbc.postgres import csv_ready
+from eospack.connectors.jdbc.postgres import csv_ready
 from eospack.testing import await_query
 
 TIMEOUT = 1200.0

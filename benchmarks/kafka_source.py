@@ -32,10 +32,10 @@ from pyspark.sql.types import StructType
 
 from benchmarks.data import VALUE_BYTES, fill_topic
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
-from connectors.kafka import reader
-from connectors.kafka.options import parse_options
-from connectors.kafka.planning import OffsetRange
-from connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
+from eospack.connectors.kafka import reader
+from eospack.connectors.kafka.options import parse_options
+from eospack.connectors.kafka.planning import OffsetRange
+from eospack.connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
 from eospack.testing import await_query
 
 TIMEOUT = 900.0

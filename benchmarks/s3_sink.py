@@ -25,11 +25,11 @@ import pyarrow.parquet as pq
 
 from benchmarks.data import parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, measure, say
-from commit_protocols import TaskIdentity
-from connectors.s3.client import s3_client
-from connectors.s3.options import parse_sink_options
-from connectors.s3.resource import complete_file
-from connectors.s3.writer import TaskWriter
+from eospack.commit_protocols import TaskIdentity
+from eospack.connectors.s3.client import s3_client
+from eospack.connectors.s3.options import parse_sink_options
+from eospack.connectors.s3.resource import complete_file
+from eospack.connectors.s3.writer import TaskWriter
 from eospack.testing import await_query
 
 TIMEOUT = 900.0

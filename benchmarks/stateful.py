@@ -14,7 +14,7 @@ FILES = 5
 
 
 def count_stream(spark, directory: Path, use_running_count: bool) -> None:
-    from stateful_ops import running_count
+    from eospack.stateful_ops import running_count
 
     events = (
         spark.readStream.schema("key string, value long")

@@ -3,34 +3,34 @@
 - ``PreparedPiece``: what a task prepared (its ``write()`` commit message).
 - ``TransactionalResource``: the storage side a sink implements.
 - ``TwoPhaseCommitCoordinator``: commit/abort/recover on the driver, in a fixed order
-  with named fault points (``commit_protocols.fault_points``) for crash tests.
+  with named fault points (``eospack.commit_protocols.fault_points``) for crash tests.
 - ``current_task`` / ``derive_sink_id``: transaction ids derived from sink, batch,
   partition and attempt, so a restarted query finds its own prepared work.
 """
 
-from commit_protocols.coordinator import (
+from eospack.commit_protocols.coordinator import (
     CommitProtocolError,
     TwoPhaseCommitCoordinator,
     prepared_pieces_of,
     stale_pieces,
 )
-from commit_protocols.fault_points import AFTER_PREPARE, ALL_FAULT_POINTS, fault_point
-from commit_protocols.identity import (
+from eospack.commit_protocols.fault_points import AFTER_PREPARE, ALL_FAULT_POINTS, fault_point
+from eospack.commit_protocols.identity import (
     SinkIdentityError,
     TaskIdentity,
     current_task,
     derive_sink_id,
     validate_sink_id,
 )
-from commit_protocols.pieces import (
+from eospack.commit_protocols.pieces import (
     BatchDecision,
     PreparedPiece,
     parse_transaction_id,
     sink_prefix,
     transaction_id,
 )
-from commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from commit_protocols.stream_writer import TwoPhaseCommitStreamWriter
+from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+from eospack.commit_protocols.stream_writer import TwoPhaseCommitStreamWriter
 
 __all__ = [
     "AFTER_PREPARE",

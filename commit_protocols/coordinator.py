@@ -50,19 +50,19 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from commit_protocols.fault_points import (
+from eospack.commit_protocols.fault_points import (
     AFTER_COMMIT,
     AFTER_DECISION,
     BEFORE_DECISION,
     BETWEEN_PIECE_COMMITS,
     fault_point,
 )
-from commit_protocols.identity import TaskIdentity, parse_attempt
-from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from commit_protocols.resource import TransactionalResource
+from eospack.commit_protocols.identity import TaskIdentity, parse_attempt
+from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
+from eospack.commit_protocols.resource import TransactionalResource
 from eospack.errors import EospackError
 
-logger = logging.getLogger("eospack.commit")
+logger = logging.getLogger(__name__)
 
 
 class CommitProtocolError(EospackError, RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from commit_protocols.pieces import BatchDecision, PreparedPiece
+from eospack.commit_protocols.pieces import BatchDecision, PreparedPiece
 from eospack.errors import EospackError
 
 
@@ -22,7 +22,7 @@ class TransactionalResource(ABC):
     """Driver-side view of where a sink's pieces are prepared and its decisions kept.
 
     Implementations: PostgreSQL/SQLite prepared transactions and staging tables
-    (``connectors.jdbc``), S3 multipart uploads and manifests (``connectors.s3``).
+    (``eospack.connectors.jdbc``), S3 multipart uploads and manifests (``eospack.connectors.s3``).
 
     Decisions live in one durable *slot* per (sink, batch) that changes only by
     compare-and-set (see ``BatchDecision``): absent -> decided -> done, or absent -> aborted

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commit_protocols.identity import SinkIdentityError, validate_sink_id
+from eospack.commit_protocols.identity import SinkIdentityError, validate_sink_id
 
 DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
 
@@ -18,7 +18,7 @@ DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
 @dataclass(frozen=True)
 class SinkCommonOptions:
     """``exactly_once`` unless ``deliveryGuarantee=at-least-once``; ``sink_id`` None means
-    derived from the query id and the target (``commit_protocols.identity``)."""
+    derived from the query id and the target (``eospack.commit_protocols.identity``)."""
 
     exactly_once: bool
     sink_id: str | None

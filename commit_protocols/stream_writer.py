@@ -8,11 +8,11 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from commit_protocols.coordinator import TwoPhaseCommitCoordinator
-from commit_protocols.fault_points import AFTER_PREPARE, fault_point
-from commit_protocols.identity import TaskIdentity, current_task
-from commit_protocols.pieces import PreparedPiece
-from commit_protocols.resource import TransactionalResource
+from eospack.commit_protocols.coordinator import TwoPhaseCommitCoordinator
+from eospack.commit_protocols.fault_points import AFTER_PREPARE, fault_point
+from eospack.commit_protocols.identity import TaskIdentity, current_task
+from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.commit_protocols.resource import TransactionalResource
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):

@@ -192,7 +192,7 @@ def _with_keys(
     operators, whose state is not eospack's group-state table)."""
     from pyspark.errors import AnalysisException
 
-    from stateful_ops.state_reader import read_state_table
+    from eospack.stateful_ops.state_reader import read_state_table
 
     if batch_id is None:
         return operator
@@ -212,10 +212,10 @@ def _with_keys(
 
 
 def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
-    from commit_protocols import derive_sink_id, sink_prefix
-    from connectors.jdbc.dialect import stage_table
-    from connectors.jdbc.options import dialect_for, parse_options
-    from connectors.jdbc.postgres import PostgresDialect
+    from eospack.commit_protocols import derive_sink_id, sink_prefix
+    from eospack.connectors.jdbc.dialect import stage_table
+    from eospack.connectors.jdbc.options import dialect_for, parse_options
+    from eospack.connectors.jdbc.postgres import PostgresDialect
 
     password = os.environ.get(PASSWORD_VARIABLE)
     options = parse_options({**raw, **({"password": password} if password else {})})
@@ -266,12 +266,12 @@ def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
 def _s3_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
     """2pc-s3 keeps no "done": a decided batch is finished when none of its uploads is in
     progress (see connectors/s3/resource.py), so that is what ``status`` says."""
-    from commit_protocols import derive_sink_id
-    from commit_protocols.pieces import ABORTED
-    from connectors.s3.client import s3_client
-    from connectors.s3.errors import S3WriteError
-    from connectors.s3.options import parse_sink_options
-    from connectors.s3.resource import S3Resource
+    from eospack.commit_protocols import derive_sink_id
+    from eospack.commit_protocols.pieces import ABORTED
+    from eospack.connectors.s3.client import s3_client
+    from eospack.connectors.s3.errors import S3WriteError
+    from eospack.connectors.s3.options import parse_sink_options
+    from eospack.connectors.s3.resource import S3Resource
 
     options = parse_sink_options(raw)
     sink_id = options.sink_id or derive_sink_id(query_id, options.target)

@@ -16,7 +16,7 @@ from its checkpoint and cannot be handed a state store, so a query restored with
 settings must start fresh. ``restore_savepoint`` puts the savepoint inside the new
 checkpoint directory (``eospack-savepoint/``, copied for no-claim, moved for claim);
 ``RestoredCheckpoint`` hands the query its starting offsets and each operator's initial
-state (see ``stateful_ops.initial_state``). Both are read only until the query's first
+state (see ``eospack.stateful_ops.initial_state``). Both are read only until the query's first
 batch commits; after that the checkpoint decides, as for any query.
 
 Exactly-once across a restore: the new query starts where the savepoint's batch ended, so
@@ -43,8 +43,8 @@ from pyspark.sql import SparkSession
 
 from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
 from eospack.errors import EospackError
-from stateful_ops.initial_state import InitialState
-from stateful_ops.state_reader import read_state_table
+from eospack.stateful_ops.initial_state import InitialState
+from eospack.stateful_ops.state_reader import read_state_table
 
 FORMAT = "eospack-savepoint"
 FORMAT_VERSION = 1

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from eospack.errors import EospackError
 
-logger = logging.getLogger("eospack.supervisor")
+logger = logging.getLogger(__name__)
 
 PERMANENT_ERROR_NAMES = (
     # eospack: options, identities, schemas and state layouts are checked before data moves

@@ -11,8 +11,8 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from commit_protocols import sink_prefix
-from connectors.jdbc.dialect import TableName, stage_table
+from eospack.commit_protocols import sink_prefix
+from eospack.connectors.jdbc.dialect import TableName, stage_table
 
 INPUT_SCHEMA_DDL = "id BIGINT, name STRING, version BIGINT"
 ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("version", pa.int64())])

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from commit_protocols.fault_points import ALL_FAULT_POINTS
+from eospack.commit_protocols.fault_points import ALL_FAULT_POINTS
 from eospack.demo.run import committed_batches, sink_leftovers
 from eospack.demo.verify import check_pipeline
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from commit_protocols import faults
-from connectors.jdbc.dialect import TableName, stage_table
+from eospack.commit_protocols import faults
+from eospack.connectors.jdbc.dialect import TableName, stage_table
 from eospack.testing import await_query
 from integration_tests.crash_harness import DriverRun, run_driver
 from integration_tests.drivers import jdbc_sink_driver

@@ -437,9 +437,9 @@ def test_a_missing_codec_library_fails_in_one_line_naming_the_package(
     this is a broken environment) fails the read with one line naming codec and package."""
     from kafka import codec
 
-    from connectors.kafka import reader
-    from connectors.kafka.options import parse_options
-    from connectors.kafka.planning import OffsetRange
+    from eospack.connectors.kafka import reader
+    from eospack.connectors.kafka.options import parse_options
+    from eospack.connectors.kafka.planning import OffsetRange
 
     servers = kafka.endpoint.bootstrap_servers
     create_topic(servers, unique_name, partitions=1)

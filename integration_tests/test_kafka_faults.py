@@ -1,4 +1,4 @@
-"""replayable-kafka under broker-call faults (``connectors.kafka.broker_calls``).
+"""replayable-kafka under broker-call faults (``eospack.connectors.kafka.broker_calls``).
 
 An armed ``kafka.<call>`` fault makes one call fail as kafka-python fails: a dropped connection
 before the call applied or after (its answer lost), or a stall ending in a timeout. On the
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from commit_protocols import faults
+from eospack.commit_protocols import faults
 from eospack.services.kafka_tools import create_topic, produce_sealed
 from eospack.testing import wait_until
 from integration_tests.crash_harness import run_driver

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
-from commit_protocols import derive_sink_id, faults, sink_prefix
-from connectors.kafka_sink.ledger import read_slots
-from connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
-from connectors.kafka_sink.transactions import open_transactions
+from eospack.commit_protocols import derive_sink_id, faults, sink_prefix
+from eospack.connectors.kafka_sink.ledger import read_slots
+from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
+from eospack.connectors.kafka_sink.transactions import open_transactions
 from eospack.services.kafka_tools import create_topic
 from eospack.testing import await_query, wait_until
 from integration_tests.crash_harness import DriverRun, run_driver

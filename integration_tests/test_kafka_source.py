@@ -23,9 +23,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
-from connectors.kafka import reader as kafka_reader
-from connectors.kafka.options import parse_options
-from connectors.kafka.planning import OffsetRange, topic_id_text
+from eospack.connectors.kafka import reader as kafka_reader
+from eospack.connectors.kafka.options import parse_options
+from eospack.connectors.kafka.planning import OffsetRange, topic_id_text
 from eospack.services.kafka_tools import (
     Record,
     add_partitions,

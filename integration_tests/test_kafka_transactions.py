@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
-from connectors.kafka_sink.transactions import (
+from eospack.connectors.kafka_sink.transactions import (
     PreparedTransaction,
     TransactionFencedError,
     begin,
@@ -118,10 +118,10 @@ def test_a_kept_ledger_rereads_after_another_process_took_the_sink_over(
     """A driver keeps its ledger open between commits; a restarted query (another process)
     opens its own, fencing the kept one. The kept one's stale view must not decide: its next
     step rereads and finds what the other wrote."""
-    from commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
-    from connectors.kafka_sink.ledger import Ledger
-    from connectors.kafka_sink.options import parse_options
-    from connectors.kafka_sink.resource import KafkaResource
+    from eospack.commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
+    from eospack.connectors.kafka_sink.ledger import Ledger
+    from eospack.connectors.kafka_sink.options import parse_options
+    from eospack.connectors.kafka_sink.resource import KafkaResource
 
     options = parse_options(
         {

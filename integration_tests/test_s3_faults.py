@@ -1,6 +1,6 @@
 """2pc-s3 under the faults a driver kill cannot make, against a real S3 endpoint (moto).
 
-- The fault layer (``connectors.s3.client``): armed ``s3.<Operation>`` faults become the
+- The fault layer (``eospack.connectors.s3.client``): armed ``s3.<Operation>`` faults become the
   network failures botocore sees (before sending, answer lost, stall), for one batch.
 - Decision slots: manifests change only by conditional writes; fences refuse decisions
   naming rolled-back pieces; a lost answer to a slot write is recognised as our own write.
@@ -34,7 +34,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeou
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import StructType
 
-from commit_protocols import (
+from eospack.commit_protocols import (
     BatchDecision,
     DecidedPieceLostError,
     PreparedPiece,
@@ -42,16 +42,16 @@ from commit_protocols import (
     TwoPhaseCommitCoordinator,
     faults,
 )
-from commit_protocols.faults import CallFault
-from commit_protocols.pieces import ABORTED, DECIDED
-from connectors.s3 import sink as sink_module
-from connectors.s3.client import error_code, new_client
-from connectors.s3.errors import S3WriteError
-from connectors.s3.options import S3SinkOptions, parse_sink_options
-from connectors.s3.reader import plan_read
-from connectors.s3.resource import S3Resource, complete_file, write_task_manifest
-from connectors.s3.sink import S3StreamWriter
-from connectors.s3.writer import TaskWriter
+from eospack.commit_protocols.faults import CallFault
+from eospack.commit_protocols.pieces import ABORTED, DECIDED
+from eospack.connectors.s3 import sink as sink_module
+from eospack.connectors.s3.client import error_code, new_client
+from eospack.connectors.s3.errors import S3WriteError
+from eospack.connectors.s3.options import S3SinkOptions, parse_sink_options
+from eospack.connectors.s3.reader import plan_read
+from eospack.connectors.s3.resource import S3Resource, complete_file, write_task_manifest
+from eospack.connectors.s3.sink import S3StreamWriter
+from eospack.connectors.s3.writer import TaskWriter
 from eospack.testing import await_query
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.s3_sink_driver import start_query
@@ -168,8 +168,8 @@ def test_a_crash_fault_applies_the_call_then_kills_the_process(
     faults.arm(directory, "s3.PutObject", "crash")
     key = f"{unique_name}/before-the-crash"
     script = (
-        "import sys; from connectors.s3.client import new_client;"
-        " from connectors.s3.options import S3Connection;"
+        "import sys; from eospack.connectors.s3.client import new_client;"
+        " from eospack.connectors.s3.options import S3Connection;"
         " client = new_client(S3Connection(*sys.argv[1:5]), 1);"
         " client.put_object(Bucket=sys.argv[5], Key=sys.argv[6], Body=b'x')"
     )
@@ -389,7 +389,9 @@ def test_an_abort_that_cannot_reach_s3_names_every_upload_it_leaves(
     with caplog.at_level(logging.WARNING, logger="eospack"):
         S3StreamWriter(options, SCHEMA_JSON).abort([*pieces, None], 0)  # does not raise
 
-    (left,) = [r.getMessage() for r in caplog.records if r.name == "eospack.s3"]
+    (left,) = [
+        r.getMessage() for r in caplog.records if r.name.startswith("eospack.connectors.s3.")
+    ]
     bucket = s3.endpoint.bucket
     files = [file for piece in pieces for file in piece.handle["files"]]
     assert left.startswith(f"2pc-s3 batch 0 of sink sinkX: {len(files)} uploads are left")

@@ -26,15 +26,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from commit_protocols import BatchDecision, TaskIdentity, TwoPhaseCommitCoordinator
-from connectors.s3 import writer as writer_module
-from connectors.s3.client import s3_client
-from connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
-from connectors.s3.multipart import MIN_PART_SIZE
-from connectors.s3.options import S3Connection, parse_sink_options
-from connectors.s3.resource import S3Resource
-from connectors.s3.sink import TwoPhaseS3DataSource
-from connectors.s3.writer import TaskWriter
+from eospack.commit_protocols import BatchDecision, TaskIdentity, TwoPhaseCommitCoordinator
+from eospack.connectors.s3 import writer as writer_module
+from eospack.connectors.s3.client import s3_client
+from eospack.connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
+from eospack.connectors.s3.multipart import MIN_PART_SIZE
+from eospack.connectors.s3.options import S3Connection, parse_sink_options
+from eospack.connectors.s3.resource import S3Resource
+from eospack.connectors.s3.sink import TwoPhaseS3DataSource
+from eospack.connectors.s3.writer import TaskWriter
 from eospack.services.base import free_port, port_accepts_connections, wait_until_ready
 from eospack.services.embedded import _ChildProcess, moto_server_binary
 from eospack.testing import await_query

@@ -25,10 +25,15 @@ from eospack.checkpoint import inspect_checkpoint
 from eospack.cli import main
 from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint, SavepointError
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.stateful_ops import (
+    OperatorDefinitionError,
+    read_state,
+    running_aggregate,
+    running_count,
+)
+from eospack.stateful_ops.state_store import state_store_conf
 from eospack.testing import await_query
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
-from stateful_ops import OperatorDefinitionError, read_state, running_aggregate, running_count
-from stateful_ops.state_store import state_store_conf
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from eospack.testing import await_query, wait_until
-from stateful_ops import (
+from eospack.stateful_ops import (
     Deduplicate,
     OperatorDefinitionError,
     StatefulOperator,
@@ -36,7 +35,8 @@ from stateful_ops import (
     running_count,
     sessionize,
 )
-from stateful_ops.state_store import state_store_conf
+from eospack.stateful_ops.state_store import state_store_conf
+from eospack.testing import await_query, wait_until
 
 SCHEMA = "k string, n int, v double, t long"
 T0 = 1_700_000_000
@@ -523,9 +523,9 @@ def test_bad_definitions_fail_before_the_query_starts(spark: SparkSession, tmp_r
 # Fixed settings checked by every batch with rows (settings markers) -------------------------
 
 CHANGED_KEY_GROUPS_ERROR = (
-    "stateful_ops.errors.StateSchemaMismatchError: {operator}: stored state was written with"
-    " key_groups=8, this query declares key_groups=16; keep key_groups=8 for this checkpoint"
-    " or restart from a new checkpoint location\n"
+    "eospack.stateful_ops.errors.StateSchemaMismatchError: {operator}: stored state was"
+    " written with key_groups=8, this query declares key_groups=16; keep key_groups=8 for this"
+    " checkpoint or restart from a new checkpoint location\n"
 )
 
 

@@ -35,10 +35,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from commit_protocols import faults
-from connectors.jdbc.options import APPLICATION_NAME
-from connectors.s3.options import parse_reader_options
-from connectors.s3.reader import CommittedDataReader, FilesPartition, plan_read
+from eospack.commit_protocols import faults
+from eospack.connectors.jdbc.options import APPLICATION_NAME
+from eospack.connectors.s3.options import parse_reader_options
+from eospack.connectors.s3.reader import CommittedDataReader, FilesPartition, plan_read
 from eospack.processes import DriverProcess
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 from eospack.testing import wait_until

@@ -5,14 +5,14 @@ finished; after a crash and restart, state equals the state of the last committe
 the replayed batch produces the same output. See README.md for the per-key contracts.
 """
 
-from stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
-from stateful_ops.errors import (
+from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from eospack.stateful_ops.errors import (
     OperatorDefinitionError,
     StatefulOpsError,
     StateSchemaMismatchError,
 )
-from stateful_ops.initial_state import InitialState
-from stateful_ops.operators import (
+from eospack.stateful_ops.initial_state import InitialState
+from eospack.stateful_ops.operators import (
     Deduplicate,
     RunningAggregate,
     RunningCount,
@@ -22,8 +22,8 @@ from stateful_ops.operators import (
     running_count,
     sessionize,
 )
-from stateful_ops.state_reader import read_state
-from stateful_ops.state_store import configure_state_store
+from eospack.stateful_ops.state_reader import read_state
+from eospack.stateful_ops.state_store import configure_state_store
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",

@@ -33,10 +33,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from stateful_ops.errors import OperatorDefinitionError
+from eospack.stateful_ops.errors import OperatorDefinitionError
 
 if TYPE_CHECKING:
-    from stateful_ops.base import StatefulOperator
+    from eospack.stateful_ops.base import StatefulOperator
 
 SPLIT_COMPLETE = "_complete"
 

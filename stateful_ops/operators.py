@@ -41,10 +41,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from stateful_ops.base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
-from stateful_ops.errors import OperatorDefinitionError
-from stateful_ops.initial_state import InitialState
-from stateful_ops.validation import (
+from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
+from eospack.stateful_ops.errors import OperatorDefinitionError
+from eospack.stateful_ops.initial_state import InitialState
+from eospack.stateful_ops.validation import (
     INTEGRAL_TYPES,
     NUMERIC_TYPES,
     duration_ms,

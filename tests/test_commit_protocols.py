@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from commit_protocols import (
+from eospack.commit_protocols import (
     BatchDecision,
     CommitProtocolError,
     DecidedPieceLostError,
@@ -20,15 +20,15 @@ from commit_protocols import (
     transaction_id,
     validate_sink_id,
 )
-from commit_protocols.fault_points import _parse
-from commit_protocols.identity import (
+from eospack.commit_protocols.fault_points import _parse
+from eospack.commit_protocols.identity import (
     Attempt,
     SinkIdentityError,
     TaskIdentity,
     attempt_string,
     parse_attempt,
 )
-from commit_protocols.pieces import ABORTED, DECIDED, DONE
+from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
 
 
 class InMemoryResource(TransactionalResource):
@@ -250,7 +250,7 @@ def test_sink_id_changes_with_the_query_and_the_target():
 
 
 def test_the_sinks_common_options_parse_alike_and_fail_in_the_sinks_error():
-    from commit_protocols.sink_options import parse_sink_common_options
+    from eospack.commit_protocols.sink_options import parse_sink_common_options
 
     class SinkOptionError(ValueError):
         pass

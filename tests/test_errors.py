@@ -11,7 +11,7 @@ import pytest
 
 from eospack.errors import EospackError
 
-PACKAGES = ("commit_protocols", "connectors", "stateful_ops", "eospack")
+PACKAGES = ("eospack",)
 
 
 def error_classes() -> list[type[BaseException]]:

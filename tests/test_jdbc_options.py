@@ -9,16 +9,16 @@ import psycopg
 import pytest
 from pyspark.sql import types as T
 
-from connectors.jdbc.dialect import TableName, quote, stage_table
-from connectors.jdbc.errors import (
+from eospack.connectors.jdbc.dialect import TableName, quote, stage_table
+from eospack.connectors.jdbc.errors import (
     JdbcIdentifierError,
     JdbcSchemaError,
     JdbcSinkOptionError,
     JdbcWriteError,
 )
-from connectors.jdbc.options import JdbcSinkOptions, parse_options
-from connectors.jdbc.postgres import PostgresDialect
-from connectors.jdbc.sink import _ConnectionErrors
+from eospack.connectors.jdbc.options import JdbcSinkOptions, parse_options
+from eospack.connectors.jdbc.postgres import PostgresDialect
+from eospack.connectors.jdbc.sink import _ConnectionErrors
 
 BASE = {"url": "jdbc:postgresql://db.example:5433/shop", "dbtable": "sales.orders"}
 PASSWORD = "s3cret-value"

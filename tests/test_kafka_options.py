@@ -9,13 +9,13 @@ import pyarrow as pa
 import pytest
 from kafka.consumer.fetcher import ConsumerRecord
 
-from connectors.kafka.errors import (
+from eospack.connectors.kafka.errors import (
     KafkaDataLossError,
     KafkaReadTimeoutError,
     KafkaSourceOptionError,
 )
-from connectors.kafka.options import KafkaSourceOptions, parse_options
-from connectors.kafka.planning import (
+from eospack.connectors.kafka.options import KafkaSourceOptions, parse_options
+from eospack.connectors.kafka.planning import (
     OffsetRange,
     TriggerPacer,
     available_records,
@@ -25,7 +25,7 @@ from connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
-from connectors.kafka.reader import _to_arrow, _within, output_schema
+from eospack.connectors.kafka.reader import _to_arrow, _within, output_schema
 
 BASE = {"kafka.bootstrap.servers": "broker1:9092,broker2:9093", "subscribe": "orders"}
 
@@ -561,7 +561,7 @@ def read_fake(
 
     from kafka import KafkaConsumer
 
-    from connectors.kafka.reader import _RangeReader
+    from eospack.connectors.kafka.reader import _RangeReader
 
     # Only kafka-python's real consumer methods, with their real signatures.
     consumer = mock.create_autospec(KafkaConsumer, instance=True, spec_set=True)
@@ -601,7 +601,7 @@ def test_range_reader_reports_offsets_lost_to_retention(
 def test_a_range_beyond_the_last_stable_offset_waits_for_the_transaction(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from connectors.kafka import reader
+    from eospack.connectors.kafka import reader
 
     monkeypatch.setattr(reader, "_STALL_CHECK_MS", 0)
     # Planned up to 12 under read_uncommitted; a transaction open at 8 holds read_committed.

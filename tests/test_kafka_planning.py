@@ -18,11 +18,11 @@ import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
-from commit_protocols import faults
-from connectors.kafka import broker_calls
-from connectors.kafka.errors import KafkaDataLossError
-from connectors.kafka.options import KafkaSourceOptions, Subscription, parse_options
-from connectors.kafka.planning import (
+from eospack.commit_protocols import faults
+from eospack.connectors.kafka import broker_calls
+from eospack.connectors.kafka.errors import KafkaDataLossError
+from eospack.connectors.kafka.options import KafkaSourceOptions, Subscription, parse_options
+from eospack.connectors.kafka.planning import (
     BatchOffsets,
     ClusterView,
     KafkaMetadata,
@@ -32,7 +32,7 @@ from connectors.kafka.planning import (
     plan_next_batch,
     topic_id_text,
 )
-from connectors.kafka.source import ReplayableKafkaStreamReader
+from eospack.connectors.kafka.source import ReplayableKafkaStreamReader
 
 TopicPartitionKey = tuple[str, int]
 ID_A = "AAAAAAAAAAAAAAAAAAAAAQ"

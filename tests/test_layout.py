@@ -3,6 +3,7 @@ packages), so two test files with one name make the second fail to collect."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -16,3 +17,21 @@ def test_every_test_module_has_its_own_basename() -> None:
         for path in (ROOT / folder).rglob("test_*.py")
     )
     assert [name for name, count in names.items() if count > 1] == []
+
+
+LINKED_FOLDERS = ("connectors", "commit_protocols", "stateful_ops")
+
+
+def test_the_linked_folders_are_imported_only_under_eospack() -> None:
+    """``eospack/connectors`` (and the others) link to the top-level folders, which a
+    development install also puts on ``sys.path``: importing one module under both names
+    would make two copies of it (two ledger caches, error classes that do not match)."""
+    for folder in LINKED_FOLDERS:
+        link = ROOT / "eospack" / folder
+        assert link.is_symlink() and link.resolve() == ROOT / folder, link
+    bare = re.compile(rf"^\s*(from|import) ({'|'.join(LINKED_FOLDERS)})\b", re.MULTILINE)
+    sources = [*ROOT.glob("*.py")]
+    for folder in (*LINKED_FOLDERS, "eospack", "tests", "integration_tests", "benchmarks"):
+        sources += (ROOT / folder).rglob("*.py")  # rglob does not follow the links
+    offenders = [str(path) for path in sources if bare.search(path.read_text())]
+    assert offenders == []

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commit_protocols import PreparedPiece
-from connectors.jdbc.errors import JdbcSinkOptionError
-from connectors.jdbc.options import parse_options as parse_jdbc_options
-from connectors.kafka.options import parse_options as parse_kafka_options
-from connectors.kafka.planning import (
+from eospack.commit_protocols import PreparedPiece
+from eospack.connectors.jdbc.errors import JdbcSinkOptionError
+from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
+from eospack.connectors.kafka.options import parse_options as parse_kafka_options
+from eospack.connectors.kafka.planning import (
     BatchOffsets,
     ClusterView,
     OffsetRange,
@@ -26,8 +26,8 @@ from connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
-from connectors.s3.errors import S3OptionError
-from connectors.s3.keys import (
+from eospack.connectors.s3.errors import S3OptionError
+from eospack.connectors.s3.keys import (
     HIVE_DEFAULT_PARTITION,
     escape_path_name,
     object_key,
@@ -36,8 +36,8 @@ from connectors.s3.keys import (
     transaction_id_of_key,
     unescape_path_name,
 )
-from connectors.s3.options import parse_byte_size
-from stateful_ops.validation import OperatorDefinitionError, duration_ms
+from eospack.connectors.s3.options import parse_byte_size
+from eospack.stateful_ops.validation import OperatorDefinitionError, duration_ms
 
 FAST = settings(max_examples=200, deadline=None)
 

@@ -17,15 +17,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.s3.client import (
+from eospack.connectors.s3.client import (
     error_code,
     is_denied,
     is_missing,
     is_no_such_upload,
     is_precondition_failed,
 )
-from connectors.s3.errors import S3OptionError
-from connectors.s3.keys import (
+from eospack.connectors.s3.errors import S3OptionError
+from eospack.connectors.s3.keys import (
     escape_path_name,
     object_key,
     partition_directory,
@@ -33,7 +33,7 @@ from connectors.s3.keys import (
     transaction_id_of_key,
     unescape_path_name,
 )
-from connectors.s3.options import (
+from eospack.connectors.s3.options import (
     DEFAULT_TARGET_FILE_SIZE,
     S3Connection,
     S3Location,
@@ -41,7 +41,7 @@ from connectors.s3.options import (
     parse_reader_options,
     parse_sink_options,
 )
-from connectors.s3.sink import check_schema
+from eospack.connectors.s3.sink import check_schema
 
 SECRET = "wJalrXUtnFEMI-never-shown"
 KEY_ID = "AKIAEOSPACKNEVERSHOWN"

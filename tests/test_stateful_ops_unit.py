@@ -27,7 +27,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from stateful_ops import (
+from eospack.stateful_ops import (
     Deduplicate,
     OperatorDefinitionError,
     RunningAggregate,
@@ -37,16 +37,16 @@ from stateful_ops import (
     StateSchemaMismatchError,
     state_codec,
 )
-from stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, flag_first_row
-from stateful_ops.operators import (
+from eospack.stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, flag_first_row
+from eospack.stateful_ops.operators import (
     EVENT_US,
     PARTIAL_COUNT,
     merge_sessions,
     partial_aggregates,
     partial_counts,
 )
-from stateful_ops.state_store import configure_state_store, state_store_conf
-from stateful_ops.validation import duration_ms
+from eospack.stateful_ops.state_store import configure_state_store, state_store_conf
+from eospack.stateful_ops.validation import duration_ms
 
 GROUP_STATE_SCHEMA = StructType(
     [
@@ -609,7 +609,7 @@ def test_configure_state_store_on_a_builder() -> None:
 
 
 def test_output_mode_is_checked_and_append_is_accepted():
-    from stateful_ops import OperatorDefinitionError, RunningCount
+    from eospack.stateful_ops import OperatorDefinitionError, RunningCount
 
     assert RunningCount("k", output_mode="append").output_mode == "append"
     assert RunningCount("k").output_mode == "update"

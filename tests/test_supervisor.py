@@ -77,7 +77,7 @@ def starts(clock: FakeClock, outcomes: list[Exception | None], runs_for: float =
 TRANSIENT = RuntimeError("StreamingQueryException: KafkaBrokerUnreachableError: no broker")
 PERMANENT = RuntimeError(
     "StreamingQueryException: [PYTHON_DATA_SOURCE_ERROR]\n"
-    "connectors.jdbc.errors.JdbcSinkOptionError: writeMode 'bogus': use append or upsert"
+    "eospack.connectors.jdbc.errors.JdbcSinkOptionError: writeMode 'bogus': use append or upsert"
 )
 
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from connectors.jdbc.errors import JdbcIdentifierError, JdbcSchemaError, JdbcWriteError
+from eospack.connectors.jdbc.errors import JdbcIdentifierError, JdbcSchemaError, JdbcWriteError
 
 if TYPE_CHECKING:
-    from connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
-    from connectors.jdbc.planning import SinkPlan
+    from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+    from eospack.connectors.jdbc.planning import SinkPlan
 
 DialectName = Literal["postgresql", "sqlite"]
 Connection = Any

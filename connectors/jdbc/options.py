@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from commit_protocols.sink_options import parse_sink_common_options
-from connectors.jdbc.dialect import Dialect, DialectName, TableName, check_identifier
-from connectors.jdbc.errors import JdbcSinkOptionError
-from connectors.jdbc.postgres import PostgresDialect
-from connectors.jdbc.sqlite import SqliteDialect
+from eospack.commit_protocols.sink_options import parse_sink_common_options
+from eospack.connectors.jdbc.dialect import Dialect, DialectName, TableName, check_identifier
+from eospack.connectors.jdbc.errors import JdbcSinkOptionError
+from eospack.connectors.jdbc.postgres import PostgresDialect
+from eospack.connectors.jdbc.sqlite import SqliteDialect
 
 WriteMode = Literal["append", "upsert"]
 Protocol = Literal["auto", "prepared", "staging"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import LongType, StructField, StructType
 
-from connectors.jdbc.dialect import (
+from eospack.connectors.jdbc.dialect import (
     PIECE_COLUMN,
     Connection,
     Dialect,
@@ -24,10 +24,10 @@ from connectors.jdbc.dialect import (
     quote,
     stage_table,
 )
-from connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
-from connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from eospack.connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
+from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
 
-logger = logging.getLogger("eospack.jdbc")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ import pyarrow.csv as pa_csv
 from psycopg import sql
 from pyspark.sql import types as T
 
-from connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
-from connectors.jdbc.errors import JdbcConnectionError, JdbcWriteError
+from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
+from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcWriteError
 
 if TYPE_CHECKING:
-    from connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+    from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
 
-logger = logging.getLogger("eospack.jdbc")
+logger = logging.getLogger(__name__)
 
 PIECE_SETTING = "eospack.piece"
 """Session setting that fills the staging table's piece column during a COPY."""

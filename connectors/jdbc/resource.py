@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from commit_protocols import (
+from eospack.commit_protocols import (
     BatchDecision,
     PreparedPiece,
     TransactionalResource,
@@ -54,14 +54,14 @@ from commit_protocols import (
     parse_transaction_id,
     sink_prefix,
 )
-from commit_protocols.pieces import ABORTED, DECIDED, DONE
-from commit_protocols.resource import DecidedPieceLostError
-from connectors.jdbc.dialect import PIECE_COLUMN, quote
-from connectors.jdbc.errors import JdbcWriteError
-from connectors.jdbc.options import JdbcSinkOptions, dialect_for
-from connectors.jdbc.planning import SinkPlan
+from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
+from eospack.commit_protocols.resource import DecidedPieceLostError
+from eospack.connectors.jdbc.dialect import PIECE_COLUMN, quote
+from eospack.connectors.jdbc.errors import JdbcWriteError
+from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from eospack.connectors.jdbc.planning import SinkPlan
 
-logger = logging.getLogger("eospack.jdbc")
+logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 
@@ -90,7 +90,7 @@ class JdbcResource(TransactionalResource):
     # Calls, through the fault rig ------------------------------------------------------
 
     def _call(self, name: str, action: Callable[[], Result], batch_id: int | None) -> Result:
-        """Run one database call as ``jdbc.<name>`` (see ``commit_protocols.faults``)."""
+        """Run one database call as ``jdbc.<name>`` (see ``eospack.commit_protocols.faults``)."""
         return faults.run_call(
             f"jdbc.{name}",
             action,

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
-from connectors.jdbc.errors import JdbcConnectionError, JdbcSinkOptionError
+from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
+from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcSinkOptionError
 
 if TYPE_CHECKING:
-    from connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+    from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
 
 BUSY_TIMEOUT_SECONDS = 60.0
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from commit_protocols import (
+from eospack.commit_protocols import (
     PreparedPiece,
     TaskIdentity,
     TwoPhaseCommitCoordinator,
@@ -30,14 +30,14 @@ from commit_protocols import (
     sink_prefix,
     transaction_id,
 )
-from commit_protocols.coordinator import stale_pieces
-from commit_protocols.pieces import DECIDED, DONE
-from connectors.jdbc.dialect import Connection
-from connectors.jdbc.options import JdbcSinkOptions, dialect_for
-from connectors.jdbc.planning import SinkPlan
-from connectors.jdbc.resource import open_resource
+from eospack.commit_protocols.coordinator import stale_pieces
+from eospack.commit_protocols.pieces import DECIDED, DONE
+from eospack.connectors.jdbc.dialect import Connection
+from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from eospack.connectors.jdbc.planning import SinkPlan
+from eospack.connectors.jdbc.resource import open_resource
 
-logger = logging.getLogger("eospack.jdbc")
+logger = logging.getLogger(__name__)
 
 
 def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
@@ -72,7 +72,7 @@ class TaskWriter:
         crash, the replay's commit finishes it and the replay must add nothing (with a
         primary key on the target, writing it again would even fail the task). Before a
         prepared transaction is opened, the sink's stale prepared transactions are rolled
-        back (``commit_protocols.stale_pieces``): they hold row locks that this task would
+        back (``eospack.commit_protocols.stale_pieces``): they hold row locks that this task would
         otherwise wait on until ``lockTimeout``.
         """
         piece_id = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)

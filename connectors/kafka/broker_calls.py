@@ -1,4 +1,4 @@
-"""Calls to the broker through the call-fault rig (``commit_protocols.faults``).
+"""Calls to the broker through the call-fault rig (``eospack.commit_protocols.faults``).
 
 Names: ``kafka.metadata``, ``kafka.end_offsets``, ``kafka.beginning_offsets`` and
 ``kafka.offsets_for_times`` (driver planning), ``kafka.poll`` (executor reads). An armed
@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
-from commit_protocols import faults
+from eospack.commit_protocols import faults
 
 Result = TypeVar("Result")
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from connectors.kafka.client_config import kafka_client_params, kafka_value
-from connectors.kafka.errors import KafkaSourceOptionError
+from eospack.connectors.kafka.client_config import kafka_client_params, kafka_value
+from eospack.connectors.kafka.errors import KafkaSourceOptionError
 
 EARLIEST = -2
 LATEST = -1

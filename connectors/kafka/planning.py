@@ -34,13 +34,13 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-from connectors.kafka.broker_calls import broker_call
-from connectors.kafka.errors import (
+from eospack.connectors.kafka.broker_calls import broker_call
+from eospack.connectors.kafka.errors import (
     KafkaBrokerUnreachableError,
     KafkaDataLossError,
     KafkaSourceOptionError,
 )
-from connectors.kafka.options import (
+from eospack.connectors.kafka.options import (
     EARLIEST,
     LATEST,
     KafkaSourceOptions,

@@ -39,10 +39,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.kafka.broker_calls import broker_call
-from connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
-from connectors.kafka.options import KafkaSourceOptions
-from connectors.kafka.planning import OffsetRange, report_data_loss
+from eospack.connectors.kafka.broker_calls import broker_call
+from eospack.connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
+from eospack.connectors.kafka.options import KafkaSourceOptions
+from eospack.connectors.kafka.planning import OffsetRange, report_data_loss
 
 log = logging.getLogger(__name__)
 

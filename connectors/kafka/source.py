@@ -34,14 +34,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connectors.kafka.errors import KafkaSourceOptionError
-from connectors.kafka.options import (
+from eospack.connectors.kafka.errors import KafkaSourceOptionError
+from eospack.connectors.kafka.options import (
     KafkaSourceOptions,
     OffsetBound,
     TopicPartitionKey,
     parse_options,
 )
-from connectors.kafka.planning import (
+from eospack.connectors.kafka.planning import (
     BatchOffsets,
     ClusterSnapshot,
     KafkaMetadata,
@@ -54,7 +54,7 @@ from connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
-from connectors.kafka.reader import output_schema, read_range
+from eospack.connectors.kafka.reader import output_schema, read_range
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Where 2pc-kafka keeps its decisions: a compacted Kafka topic, one record per slot.
 
 A slot (sink, batch) is the record keyed ``<sinkId>/<batchId>`` whose value is the JSON
-``{"status": ..., "pieces": [...]}`` (see ``commit_protocols.pieces``); a tombstone
+``{"status": ..., "pieces": [...]}`` (see ``eospack.commit_protocols.pieces``); a tombstone
 forgets it. The topic has one partition and is written only in Kafka transactions.
 
 Why this is a compare-and-set slot: every ledger of a sink writes with one transactional
@@ -36,9 +36,13 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 
-from commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from connectors.kafka_sink.options import KafkaSinkOptions, client_config
-from connectors.kafka_sink.transactions import CONTROL_SETTINGS, admin_client, end_transaction
+from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
+from eospack.connectors.kafka_sink.options import KafkaSinkOptions, client_config
+from eospack.connectors.kafka_sink.transactions import (
+    CONTROL_SETTINGS,
+    admin_client,
+    end_transaction,
+)
 from eospack.errors import EospackError
 
 LEDGER_TOPIC_CONFIGS = {

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from commit_protocols.sink_options import parse_sink_common_options
-from connectors.kafka.client_config import kafka_client_params, kafka_value
+from eospack.commit_protocols.sink_options import parse_sink_common_options
+from eospack.connectors.kafka.client_config import kafka_client_params, kafka_value
 from eospack.errors import EospackError
 
 DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"

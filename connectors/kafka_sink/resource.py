@@ -15,12 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from commit_protocols import parse_transaction_id, sink_prefix
-from commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
-from commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from connectors.kafka_sink.ledger import Ledger, LedgerFencedError, forget_ledger, shared_ledger
-from connectors.kafka_sink.options import KafkaSinkOptions
-from connectors.kafka_sink.transactions import (
+from eospack.commit_protocols import parse_transaction_id, sink_prefix
+from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
+from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+from eospack.connectors.kafka_sink.ledger import (
+    Ledger,
+    LedgerFencedError,
+    forget_ledger,
+    shared_ledger,
+)
+from eospack.connectors.kafka_sink.options import KafkaSinkOptions
+from eospack.connectors.kafka_sink.transactions import (
     PreparedTransaction,
     TransactionFencedError,
     commit_prepared,

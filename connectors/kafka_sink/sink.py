@@ -6,7 +6,7 @@ task retries and broker restarts, provided the query restarts from its checkpoin
 ``transaction.timeout.ms`` of a crash. Tasks write their rows in Kafka transactions and
 leave them open; the driver records the decision in the ledger topic and commits every
 transaction by producer id and epoch; recovery rolls decided transactions forward and
-fences the rest (``connectors.kafka_sink.resource``). A prepared transaction the broker
+fences the rest (``eospack.connectors.kafka_sink.resource``). A prepared transaction the broker
 aborted because the query stayed down too long is detected at the restart, which fails
 with ``DecidedPieceLostError``: never silently lost. ``read_uncommitted`` consumers see
 records of transactions that are later aborted (a retried task, a replayed batch).
@@ -33,23 +33,23 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
-from commit_protocols.logs import make_logs_visible
-from commit_protocols.pieces import PreparedPiece
-from connectors.kafka_sink.options import (
+from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
+from eospack.commit_protocols.logs import make_logs_visible
+from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.connectors.kafka_sink.options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaSinkOptionError,
     KafkaSinkOptions,
     client_config,
     parse_options,
 )
-from connectors.kafka_sink.resource import KafkaResource
-from connectors.kafka_sink.transactions import admin_client
-from connectors.kafka_sink.writer import prepare_task, write_directly
+from eospack.connectors.kafka_sink.resource import KafkaResource
+from eospack.connectors.kafka_sink.transactions import admin_client
+from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
 
 SINK_NAME = "2pc-kafka"
 BROKER_TIMEOUT_SETTING = "transaction.max.timeout.ms"
-logger = logging.getLogger("eospack.kafka_sink")
+logger = logging.getLogger(__name__)
 
 
 class TwoPhaseKafkaDataSource(DataSource):

@@ -22,10 +22,10 @@ import pyarrow as pa
 from kafka import KafkaProducer
 from kafka import errors as kafka_errors
 
-from commit_protocols import TaskIdentity, faults, transaction_id
-from commit_protocols.pieces import PreparedPiece
-from connectors.kafka_sink.options import KafkaSinkOptions
-from connectors.kafka_sink.transactions import begin, end_transaction, prepare
+from eospack.commit_protocols import TaskIdentity, faults, transaction_id
+from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.connectors.kafka_sink.options import KafkaSinkOptions
+from eospack.connectors.kafka_sink.transactions import begin, end_transaction, prepare
 
 SEND_COLUMNS = ("key", "value", "topic", "partition", "headers")
 

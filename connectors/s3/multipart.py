@@ -18,10 +18,10 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from connectors.s3.client import describe_error, is_no_such_upload
-from connectors.s3.errors import S3WriteError
+from eospack.connectors.s3.client import describe_error, is_no_such_upload
+from eospack.connectors.s3.errors import S3WriteError
 
-logger = logging.getLogger("eospack.s3")
+logger = logging.getLogger(__name__)
 
 PART_SIZE = 8 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024

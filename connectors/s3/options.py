@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from commit_protocols.sink_options import parse_sink_common_options
-from connectors.s3.errors import S3OptionError
+from eospack.commit_protocols.sink_options import parse_sink_common_options
+from eospack.connectors.s3.errors import S3OptionError
 
 FileFormat = Literal["parquet", "jsonl"]
 

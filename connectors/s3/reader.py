@@ -42,13 +42,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from commit_protocols.pieces import DECIDED
-from connectors.s3.client import describe_error, s3_client
-from connectors.s3.errors import S3ReadError
-from connectors.s3.keys import partition_values_of_key
-from connectors.s3.options import S3ReaderOptions
+from eospack.commit_protocols.pieces import DECIDED
+from eospack.connectors.s3.client import describe_error, s3_client
+from eospack.connectors.s3.errors import S3ReadError
+from eospack.connectors.s3.keys import partition_values_of_key
+from eospack.connectors.s3.options import S3ReaderOptions
 
-logger = logging.getLogger("eospack.s3")
+logger = logging.getLogger(__name__)
 
 PARTITION_BYTES = 128 * 1024 * 1024
 FILE_OPEN_COST_BYTES = 4 * 1024 * 1024

@@ -67,7 +67,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from commit_protocols import (
+from eospack.commit_protocols import (
     BatchDecision,
     DecidedPieceLostError,
     PreparedPiece,
@@ -75,20 +75,20 @@ from commit_protocols import (
     parse_transaction_id,
     sink_prefix,
 )
-from commit_protocols.pieces import ABORTED, DECIDED, DONE
-from connectors.s3.client import (
+from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
+from eospack.connectors.s3.client import (
     describe_error,
     is_conflict,
     is_missing,
     is_no_such_upload,
     is_precondition_failed,
 )
-from connectors.s3.errors import S3WriteError
-from connectors.s3.keys import transaction_id_of_key
-from connectors.s3.options import S3Location, S3SinkOptions
-from connectors.s3.reader import manifest_status
+from eospack.connectors.s3.errors import S3WriteError
+from eospack.connectors.s3.keys import transaction_id_of_key
+from eospack.connectors.s3.options import S3Location, S3SinkOptions
+from eospack.connectors.s3.reader import manifest_status
 
-logger = logging.getLogger("eospack.s3")
+logger = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 2
 """2 added ``status`` (``decided`` or ``aborted``); a manifest without it is a decision."""

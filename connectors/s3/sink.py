@@ -8,7 +8,7 @@ abort rolls the batch forward instead of back), provided the query restarts from
 checkpoint. Tasks upload their files as multipart uploads without completing them; the
 driver writes the batch's manifest with a conditional put (the decision) and then
 completes the uploads; recovery completes decided uploads and aborts the rest
-(``connectors.s3.resource``). Limits: the manifests are the truth: only
+(``eospack.connectors.s3.resource``). Limits: the manifests are the truth: only
 ``spark.read.format("2pc-s3")`` is guaranteed to see whole batches (a plain file listing
 may catch a batch between its first and last completion); a query that never restarts
 leaves its last prepared uploads to the bucket's lifecycle rule, whose delay must exceed
@@ -27,26 +27,26 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from commit_protocols import (
+from eospack.commit_protocols import (
     TaskIdentity,
     TwoPhaseCommitCoordinator,
     TwoPhaseCommitStreamWriter,
     prepared_pieces_of,
 )
-from commit_protocols.logs import make_logs_visible
-from commit_protocols.pieces import PreparedPiece
-from connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
-from connectors.s3.errors import S3OptionError, S3ReadError, S3WriteError
-from connectors.s3.options import (
+from eospack.commit_protocols.logs import make_logs_visible
+from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
+from eospack.connectors.s3.errors import S3OptionError, S3ReadError, S3WriteError
+from eospack.connectors.s3.options import (
     S3Connection,
     S3Location,
     S3SinkOptions,
     parse_reader_options,
     parse_sink_options,
 )
-from connectors.s3.reader import PARTITION_COLUMN_TYPES, CommittedDataReader, plan_read
-from connectors.s3.resource import S3Resource, complete_file, write_task_manifest
-from connectors.s3.writer import TaskWriter
+from eospack.connectors.s3.reader import PARTITION_COLUMN_TYPES, CommittedDataReader, plan_read
+from eospack.connectors.s3.resource import S3Resource, complete_file, write_task_manifest
+from eospack.connectors.s3.writer import TaskWriter
 
 SINK_NAME = "2pc-s3"
 

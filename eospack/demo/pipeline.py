@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     milestone("python")
     arguments = parse_arguments(argv)
     from eospack.spark import local_session
-    from stateful_ops import running_count
+    from eospack.stateful_ops import running_count
 
     milestone("imports")
     spark = local_session(app_name=f"eospack-demo-{arguments.name}")

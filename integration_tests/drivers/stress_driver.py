@@ -104,7 +104,7 @@ class Pipelines:
         }
 
     def start(self, name: str, settings: dict[str, Any]) -> Any:
-        from stateful_ops import running_count
+        from eospack.stateful_ops import running_count
 
         frame = self.source(settings)
         if name == "counts":
