@@ -19,6 +19,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 SINK_ID_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+SINK_ID_RULE = "1 to 64 letters, digits or underscores"
 
 
 class SinkIdentityError(EospackError, ValueError):
@@ -32,9 +33,7 @@ def derive_sink_id(query_id: str, target: str) -> str:
 
 def validate_sink_id(sink_id: str) -> str:
     if not sink_id or len(sink_id) > 64 or not set(sink_id) <= SINK_ID_CHARACTERS:
-        raise SinkIdentityError(
-            f"sinkId {sink_id!r} is not usable: use 1 to 64 letters, digits or underscores"
-        )
+        raise SinkIdentityError(f"sinkId {sink_id!r} is not usable: use {SINK_ID_RULE}")
     return sink_id
 
 

@@ -1,16 +1,16 @@
 """The options every two-phase-commit sink shares, parsed once: ``deliveryGuarantee`` and
 ``sinkId``.
 
-Each sink reads its raw values (Spark hands options over case-insensitively) and passes
-them here with its own error class, so that a user sees the same rule and the same
-message whichever sink they configure.
+Each sink passes the ``OptionReader`` of its own options (so its own error class), so that
+a user sees the same rule and the same message whichever sink they configure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eospack.commit_protocols.identity import SinkIdentityError, validate_sink_id
+from eospack.commit_protocols.identity import SINK_ID_RULE, SinkIdentityError, validate_sink_id
+from eospack.options import OptionReader
 
 DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
 
@@ -24,19 +24,14 @@ class SinkCommonOptions:
     sink_id: str | None
 
 
-def parse_sink_common_options(
-    delivery_guarantee: str | None, sink_id: str | None, error: type[ValueError]
-) -> SinkCommonOptions:
-    """Validate the two values (None: not given); raise ``error`` with a one-line fix."""
-    guarantee = "exactly-once" if delivery_guarantee is None else delivery_guarantee
-    if guarantee.strip().lower() not in DELIVERY_GUARANTEES:
-        raise error(
-            f"Option deliveryGuarantee is {guarantee!r}: use exactly-once (default) or"
-            " at-least-once"
-        )
+def parse_sink_common_options(reader: OptionReader) -> SinkCommonOptions:
+    """Validate the two options (unset or blank: the defaults); a bad value raises the
+    reader's error class with a one-line fix."""
+    guarantee = reader.choice("deliveryGuarantee", DELIVERY_GUARANTEES, "exactly-once")
+    sink_id = reader.text("sinkId")
     if sink_id is not None:
         try:
-            sink_id = validate_sink_id(sink_id.strip())
-        except SinkIdentityError as identity_error:
-            raise error(str(identity_error)) from None
-    return SinkCommonOptions(guarantee.strip().lower() == "exactly-once", sink_id)
+            sink_id = validate_sink_id(sink_id)
+        except SinkIdentityError:
+            raise reader.refuse("sinkId", SINK_ID_RULE) from None
+    return SinkCommonOptions(guarantee == "exactly-once", sink_id)

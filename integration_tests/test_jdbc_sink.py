@@ -289,7 +289,7 @@ BAD_INPUTS = {
     ),
     "missing dbtable": (
         {"dbtable": None},
-        "option dbtable is required: set dbtable=<table> or dbtable=<schema>.<table>",
+        "Option dbtable is required: set dbtable to <table> or <schema>.<table>",
     ),
     "unsafe table name": (
         {"dbtable": 'x"; DROP TABLE y; --'},

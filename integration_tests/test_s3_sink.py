@@ -445,7 +445,7 @@ def test_bad_inputs_are_refused_at_query_start_with_one_clear_line(s3: Any) -> N
         "path '/tmp/out' is not an S3 location: use s3://bucket/prefix"
     )
     assert stream_writer_error(bad_input_options(s3, fileFormat="avro")) == (
-        "fileFormat 'avro' is not supported: use parquet or jsonl"
+        "Option fileFormat is 'avro': use parquet (default) or jsonl"
     )
     assert stream_writer_error(bad_input_options(s3, partitionBy="country")) == (
         "partitionBy column 'country' is not in the DataFrame: use one of id, grp, day,"

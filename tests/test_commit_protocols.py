@@ -251,19 +251,21 @@ def test_sink_id_changes_with_the_query_and_the_target():
 
 def test_the_sinks_common_options_parse_alike_and_fail_in_the_sinks_error():
     from eospack.commit_protocols.sink_options import parse_sink_common_options
+    from eospack.options import OptionReader
 
     class SinkOptionError(ValueError):
         pass
 
-    assert parse_sink_common_options(None, None, SinkOptionError) == (
-        parse_sink_common_options(" Exactly-Once ", None, SinkOptionError)
-    )
-    parsed = parse_sink_common_options("AT-LEAST-ONCE", " my_sink ", SinkOptionError)
+    def parse(**options: str):
+        return parse_sink_common_options(OptionReader(options, SinkOptionError))
+
+    assert parse() == parse(deliveryGuarantee=" Exactly-Once ") == parse(sinkId=" ")
+    parsed = parse(DELIVERYGUARANTEE="AT-LEAST-ONCE", sinkid=" my_sink ")
     assert (parsed.exactly_once, parsed.sink_id) == (False, "my_sink")
     with pytest.raises(SinkOptionError, match="^Option deliveryGuarantee is 'twice': use"):
-        parse_sink_common_options("twice", None, SinkOptionError)
-    with pytest.raises(SinkOptionError, match="^sinkId 'a-b' is not usable"):
-        parse_sink_common_options(None, "a-b", SinkOptionError)
+        parse(deliveryGuarantee="twice")
+    with pytest.raises(SinkOptionError, match="^Option sinkId is 'a-b': use 1 to 64"):
+        parse(sinkId="a-b")
 
 
 def test_fault_point_names_are_checked():

@@ -41,7 +41,7 @@ ID_B = "AAAAAAAAAAAAAAAAAAAAAg"
 
 def options(**extra: str) -> KafkaSourceOptions:
     raw = {"kafka.bootstrap.servers": "broker:9092", "subscribe": "t", **extra}
-    return parse_options({k.lower(): v for k, v in raw.items()})
+    return parse_options(raw)
 
 
 @dataclass

@@ -36,7 +36,7 @@ SECRET = "hunter2-secret"
         ({"kafka.transaction.timeout.ms": "10"}, "use at least 1000"),
         ({"kafka.linger.ms": "soon"}, "Option kafka.linger.ms is 'soon': use a non-negative"),
         ({"ledgerTopic": "out"}, "Option ledgerTopic must name a topic of its own"),
-        ({"sinkId": "no spaces"}, "sinkId 'no spaces' is not usable"),
+        ({"sinkId": "no spaces"}, "Option sinkId is 'no spaces': use 1 to 64 letters"),
         (
             {"kafka.sasl.jaas.config": f'org.Nope required username="u" password="{SECRET}";'},
             "must be a PlainLoginModule or ScramLoginModule",

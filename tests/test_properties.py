@@ -1,5 +1,6 @@
-"""Properties of the pure logic, checked on generated inputs (hypothesis): option parsers of
-durations and byte sizes, the Kafka source's offset planning, and the 2pc-s3 key layout.
+"""Properties of the pure logic, checked on generated inputs (hypothesis): the connectors'
+durations, the Kafka source's offset planning, and the 2pc-s3 key layout (the grammars of
+``OptionReader`` themselves are checked in test_option_reader.py).
 Example-based tests of the same code (exact messages, Spark's rules) are in the other files."""
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from eospack.connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
-from eospack.connectors.s3.errors import S3OptionError
 from eospack.connectors.s3.keys import (
     HIVE_DEFAULT_PARTITION,
     escape_path_name,
@@ -36,44 +36,16 @@ from eospack.connectors.s3.keys import (
     transaction_id_of_key,
     unescape_path_name,
 )
-from eospack.connectors.s3.options import parse_byte_size
 from eospack.stateful_ops.validation import OperatorDefinitionError, duration_ms
 
 FAST = settings(max_examples=200, deadline=None)
 
 TopicPartition = tuple[str, int]
 
-# --- durations and byte sizes ---------------------------------------------------------------
+# --- durations -----------------------------------------------------------------------------
 
 amounts = st.integers(min_value=1, max_value=10**9)
 spaces = st.sampled_from(["", " ", "  "])
-
-
-@FAST
-@given(
-    amounts,
-    st.sampled_from(["", "k", "m", "g", "t"]),
-    st.sampled_from(["", "b", "ib"]),
-    spaces,
-    st.booleans(),
-)
-def test_byte_size_is_amount_times_power_of_1024(
-    amount: int, unit: str, suffix: str, gap: str, upper: bool
-) -> None:
-    if not unit and suffix == "ib":
-        suffix = ""  # "5ib" is no size anyone writes
-    text = f" {amount}{gap}{unit}{suffix} "
-    power = ["", "k", "m", "g", "t"].index(unit)
-    assert parse_byte_size("targetFileSize", text.upper() if upper else text) == amount * (
-        1024**power
-    )
-
-
-@FAST
-@given(st.text(alphabet=string.ascii_letters + string.punctuation + " -", min_size=1))
-def test_byte_size_without_digits_is_refused(text: str) -> None:
-    with pytest.raises(S3OptionError):
-        parse_byte_size("targetFileSize", text)
 
 
 JDBC_BASE = {"url": "jdbc:postgresql://db.example:5433/shop", "dbtable": "sales.orders"}
@@ -93,7 +65,7 @@ def test_jdbc_lock_timeout_is_amount_times_unit(
 @FAST
 @given(st.sampled_from(sorted(JDBC_UNITS_MS)))
 def test_jdbc_lock_timeout_of_zero_is_refused(unit: str) -> None:
-    with pytest.raises(JdbcSinkOptionError, match="is not a duration"):
+    with pytest.raises(JdbcSinkOptionError, match="use a positive duration such as"):
         parse_jdbc_options({**JDBC_BASE, "locktimeout": f"0{unit}"})
 
 

@@ -49,10 +49,8 @@ TOKEN = "session-token-never-shown"
 
 
 def parse(**options: str) -> S3SinkOptions:
-    # Spark hands options over with lower-cased keys.
-    return parse_sink_options(
-        {k.lower(): v for k, v in {"path": "s3://bkt/out", **options}.items()}
-    )
+    # A plain dict: the options reader makes its names case-insensitive, as Spark's are.
+    return parse_sink_options({"path": "s3://bkt/out", **options})
 
 
 def error_of(**options: str) -> str:
@@ -129,8 +127,8 @@ def test_credentials_never_in_repr() -> None:
     [
         (
             {"path": ""},
-            "path is required: pass .option('path', 's3://bucket/prefix') or"
-            " .start('s3://bucket/prefix')",
+            "Option path is required: set path to s3://bucket/prefix (or pass it to .start()"
+            " or .load())",
         ),
         ({"path": "/tmp/out"}, "path '/tmp/out' is not an S3 location: use s3://bucket/prefix"),
         (
@@ -157,7 +155,7 @@ def test_credentials_never_in_repr() -> None:
             "path 's3://bkt/out/_eospack' points inside the"
             " sink's own _eospack/ directory: use the prefix the sink writes to",
         ),
-        ({"fileFormat": "csv"}, "fileFormat 'csv' is not supported: use parquet or jsonl"),
+        ({"fileFormat": "csv"}, "Option fileFormat is 'csv': use parquet (default) or jsonl"),
         (
             {"partitionBy": "a,,b"},
             "partitionBy 'a,,b' has an empty column name: use comma-separated names",
@@ -170,11 +168,12 @@ def test_credentials_never_in_repr() -> None:
         ),
         (
             {"targetFileSize": "big"},
-            "targetFileSize 'big' is not a size: use bytes or a number with k, m or g (e.g. 128m)",
+            "Option targetFileSize is 'big': use a size in bytes or with k, m, g or t,"
+            " such as 128m",
         ),
         (
             {"targetFileSize": "512k"},
-            "targetFileSize '512k' is below 1m: use at least 1m (default 128m)",
+            "Option targetFileSize is '512k': use at least 1m (default 128m)",
         ),
         (
             {"deliveryGuarantee": "twice"},
@@ -187,7 +186,7 @@ def test_credentials_never_in_repr() -> None:
         ),
         (
             {"sinkId": "my-sink"},
-            "sinkId 'my-sink' is not usable: use 1 to 64 letters, digits or underscores",
+            "Option sinkId is 'my-sink': use 1 to 64 letters, digits or underscores",
         ),
         (
             {"accessKeyId": KEY_ID},

@@ -1,15 +1,15 @@
 """Options of ``format("2pc-jdbc")``, parsed once into a frozen, typed object.
 
 Names follow Spark's JDBC data source where one exists (``url``, ``dbtable``, ``user``,
-``password``, ``batchsize``); Spark hands them over lower-cased, so every lookup is
-case-insensitive. The password is kept out of reprs and errors, and a password inside
-``url`` is refused: the URL is shown in query plans, options named ``password`` are not.
+``password``, ``batchsize``); they are read through ``eospack.options.OptionReader``
+(case-insensitive names, one grammar per kind of value). The password is kept out of reprs
+and errors, and a password inside ``url`` is refused: the URL is shown in query plans,
+options named ``password`` are not.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +20,7 @@ from eospack.connectors.jdbc.dialect import Dialect, DialectName, TableName, che
 from eospack.connectors.jdbc.errors import JdbcSinkOptionError
 from eospack.connectors.jdbc.postgres import PostgresDialect
 from eospack.connectors.jdbc.sqlite import SqliteDialect
+from eospack.options import OptionReader
 
 WriteMode = Literal["append", "upsert"]
 Protocol = Literal["auto", "prepared", "staging"]
@@ -30,7 +31,6 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 10
 DEFAULT_LOCK_TIMEOUT_MS = 120_000
 APPLICATION_NAME = "eospack 2pc-jdbc"
 """How the sink's sessions show in pg_stat_activity (the url's application_name wins)."""
-_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000}
 URL_FORMS = (
     "jdbc:postgresql://host:port/database, postgresql://host:port/database or jdbc:sqlite:PATH"
 )
@@ -124,39 +124,8 @@ class JdbcSinkOptions:
         return kwargs
 
 
-class _Options:
-    """Case-insensitive view of the raw options."""
-
-    def __init__(self, raw: Mapping[str, str]) -> None:
-        self._values = {str(key).lower(): value for key, value in raw.items()}
-
-    def get(self, name: str) -> str | None:
-        value = self._values.get(name.lower())
-        return None if value is None or str(value).strip() == "" else str(value).strip()
-
-    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get(name)
-        if value is None:
-            return default
-        if value.lower() not in choices:
-            raise JdbcSinkOptionError(
-                f"{name} {value!r} is not supported: use one of {', '.join(choices)}"
-            )
-        return value.lower()
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.get(name)
-        if value is None:
-            return default
-        if value.lower() not in ("true", "false"):
-            raise JdbcSinkOptionError(f"{name} {value!r} is not a boolean: use true or false")
-        return value.lower() == "true"
-
-
-def parse_url(value: str | None) -> tuple[DatabaseUrl, str | None]:
+def parse_url(value: str) -> tuple[DatabaseUrl, str | None]:
     """The database URL and the user it names (if any); refuses passwords in it."""
-    if value is None:
-        raise JdbcSinkOptionError(f"option url is required: set url to {URL_FORMS}")
     if value.lower().startswith("jdbc:sqlite:"):
         path = value[len("jdbc:sqlite:") :]
         if not path or path.startswith(":memory:") or path.startswith("file::memory"):
@@ -201,32 +170,16 @@ def parse_url(value: str | None) -> tuple[DatabaseUrl, str | None]:
 
 def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
     """Validate every option once; raise ``JdbcSinkOptionError`` naming the option and fix."""
-    options = _Options(raw)
-    url, url_user = parse_url(options.get("url"))
-    table_value = options.get("dbtable")
-    if table_value is None:
-        raise JdbcSinkOptionError(
-            "option dbtable is required: set dbtable=<table> or dbtable=<schema>.<table>"
-        )
+    options = OptionReader(raw, JdbcSinkOptionError)
+    url, url_user = parse_url(options.required("url", URL_FORMS))
+    table_value = options.required("dbtable", "<table> or <schema>.<table>")
     table = TableName.parse(table_value, "dbtable")
-    ledger = TableName.parse(options.get("ledgerTable") or DEFAULT_LEDGER_TABLE, "ledgerTable")
-
-    batchsize_value = options.get("batchsize")
-    batchsize = DEFAULT_BATCHSIZE
-    if batchsize_value is not None:
-        try:
-            batchsize = int(batchsize_value)
-        except ValueError:
-            batchsize = 0
-        if batchsize <= 0:
-            raise JdbcSinkOptionError(
-                f"batchsize {batchsize_value!r} is not a positive integer:"
-                f" set e.g. batchsize={DEFAULT_BATCHSIZE}"
-            )
+    ledger = TableName.parse(options.text("ledgerTable", DEFAULT_LEDGER_TABLE), "ledgerTable")
+    batchsize = options.positive_int("batchsize", DEFAULT_BATCHSIZE)
 
     write_mode = options.choice("writeMode", ("append", "upsert"), "append")
-    keys_value = options.get("upsertKeys")
-    version_column = options.get("versionColumn")
+    keys_value = options.text("upsertKeys")
+    version_column = options.text("versionColumn")
     upsert_keys: tuple[str, ...] = ()
     if write_mode == "upsert":
         if keys_value is None:
@@ -249,7 +202,7 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
             f"{name} only applies to writeMode=upsert: set writeMode=upsert or remove {name}"
         )
 
-    batch_id_column = options.get("batchIdColumn")
+    batch_id_column = options.text("batchIdColumn")
     if batch_id_column is not None:
         check_identifier(batch_id_column, "batchIdColumn")
         if batch_id_column in upsert_keys:
@@ -257,9 +210,7 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
                 f"batchIdColumn {batch_id_column!r} is one of the upsertKeys: name a new column"
             )
 
-    common = parse_sink_common_options(
-        options.get("deliveryGuarantee"), options.get("sinkId"), JdbcSinkOptionError
-    )
+    common = parse_sink_common_options(options)
     protocol = options.choice("protocol", ("auto", "prepared", "staging"), "auto")
     if protocol == "prepared" and not dialect_for(url).supports_prepared_transactions:
         raise JdbcSinkOptionError(
@@ -267,12 +218,12 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
             " use protocol=staging or auto"
         )
 
-    user = options.get("user") or url_user
+    user = options.text("user") or url_user
     return JdbcSinkOptions(
         url=url,
         table=table,
         user=user,
-        password=options.get("password"),
+        password=options.secret("password"),
         batchsize=batchsize,
         write_mode=write_mode,  # type: ignore[arg-type]
         upsert_keys=upsert_keys,
@@ -283,20 +234,5 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         create_table=options.boolean("createTableIfNotExists", False),
         ledger_table=ledger,
         sink_id=common.sink_id,
-        lock_timeout_ms=_duration_ms(
-            "lockTimeout", options.get("lockTimeout"), DEFAULT_LOCK_TIMEOUT_MS
-        ),
+        lock_timeout_ms=options.duration_ms("lockTimeout", DEFAULT_LOCK_TIMEOUT_MS, positive=True),
     )
-
-
-def _duration_ms(name: str, value: str | None, default: int) -> int:
-    """A positive duration such as 500ms, 30s or 2min (a bare number is milliseconds)."""
-    if value is None:
-        return default
-    match = re.fullmatch(r"(\d+)\s*([a-z]*)", value.lower())
-    unit = (match.group(2) or "ms") if match else ""
-    if match is None or unit not in _DURATION_UNITS_MS or int(match.group(1)) <= 0:
-        raise JdbcSinkOptionError(
-            f"{name} {value!r} is not a duration: use e.g. {name}=500ms, 30s or 2min"
-        )
-    return int(match.group(1)) * _DURATION_UNITS_MS[unit]

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from kafka import KafkaConsumer, KafkaProducer
 
+from eospack.options import option_error
+
 SECRET_KAFKA_OPTIONS = frozenset(
     {
         "sasl.jaas.config",
@@ -112,7 +114,8 @@ def kafka_value(
     kafka_name: str, kwarg: str, value: str, client: Client, error: type[ValueError]
 ) -> Any:
     """``value`` as the type kafka-python's default for ``kwarg`` has."""
-    shown = "(hidden)" if kafka_name in SECRET_KAFKA_OPTIONS else repr(value)
+    name = f"kafka.{kafka_name}"
+    secret = kafka_name in SECRET_KAFKA_OPTIONS
     default = _DEFAULTS[client].get(kwarg)
     if kwarg in _ALWAYS_INT or (isinstance(default, int) and not isinstance(default, bool)):
         try:
@@ -120,11 +123,11 @@ def kafka_value(
         except ValueError:
             number = -1
         if number < 0:
-            raise error(f"Option kafka.{kafka_name} is {shown}: use a non-negative integer")
+            raise option_error(error, name, value, "a non-negative integer", secret=secret)
         return number
     if isinstance(default, bool):
         if value.strip().lower() not in ("true", "false"):
-            raise error(f"Option kafka.{kafka_name} is {shown}: use true or false")
+            raise option_error(error, name, value, "true or false", secret=secret)
         return value.strip().lower() == "true"
     return value
 

@@ -1,8 +1,8 @@
 """Options of ``format("replayable-kafka")``, parsed once into a frozen, typed object.
 
 The option names and meanings are those of Spark's built-in Kafka source, so a query moves
-over by changing the format name. Spark hands options to Python data sources with
-lower-cased keys, so every lookup here is case-insensitive. ``kafka.*`` options go to
+over by changing the format name. Options are read through ``eospack.options.OptionReader``
+(case-insensitive names, one grammar per kind of value). ``kafka.*`` options go to
 kafka-python with Kafka's dotted names mapped to its keyword names; consumer settings that
 would let kafka-python own offsets (group commits, offset reset, deserializers) are refused,
 because this source keeps its offsets in Spark's offset log. Every error is one line naming
@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from eospack.connectors.kafka.client_config import kafka_client_params, kafka_value
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
+from eospack.options import OptionReader
 
 EARLIEST = -2
 LATEST = -1
@@ -52,8 +53,7 @@ DEFAULT_POLL_TIMEOUT_MS = 120_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
 _SUBSCRIPTION_OPTIONS = ("subscribe", "subscribePattern", "assign")
-_TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-_TIME_UNITS_MS["d"] = 86_400_000
+_SERVERS = "host:port[,host:port...]"
 
 
 @dataclass(frozen=True)
@@ -158,47 +158,23 @@ def assign_json(partitions: tuple[TopicPartitionKey, ...]) -> str:
     return json.dumps(by_topic, separators=(",", ":"))
 
 
-class _Options:
-    """Case-insensitive view of Spark's option map."""
-
-    def __init__(self, raw: Mapping[str, str]) -> None:
-        self._values = {str(k).lower(): v for k, v in raw.items()}
-
-    def get(self, name: str) -> str | None:
-        value = self._values.get(name.lower())
-        return None if value is None else str(value)
-
-    def present(self, name: str) -> bool:
-        value = self.get(name)
-        return value is not None and value.strip() != ""
-
-    def items_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
-        return sorted(
-            (k[len(prefix) :], str(v)) for k, v in self._values.items() if k.startswith(prefix)
-        )
-
-
 def parse_options(raw: Mapping[str, str]) -> KafkaSourceOptions:
     """Validate Spark's options for this source; raise KafkaSourceOptionError on bad input."""
-    options = _Options(raw)
-    bootstrap = (options.get("kafka.bootstrap.servers") or "").strip()
-    if not bootstrap:
-        raise KafkaSourceOptionError(
-            "Option kafka.bootstrap.servers is required: set it to host:port[,host:port...]"
-        )
+    options = OptionReader(raw, KafkaSourceOptionError)
+    bootstrap = options.required("kafka.bootstrap.servers", _SERVERS)
     servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
     for server in servers:
         if not re.fullmatch(r"\[?[^\s\[\]]+\]?:\d+", server):
-            raise KafkaSourceOptionError(
-                f"Option kafka.bootstrap.servers has {server!r}: use host:port[,host:port...]"
-            )
-    max_offsets = _positive_long(options, "maxOffsetsPerTrigger")
-    min_offsets = _positive_long(options, "minOffsetsPerTrigger")
+            raise options.refuse("kafka.bootstrap.servers", _SERVERS)
+    max_offsets = options.positive_int("maxOffsetsPerTrigger", None)
+    min_offsets = options.positive_int("minOffsetsPerTrigger", None)
     if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
         raise KafkaSourceOptionError(
             f"Option minOffsetsPerTrigger ({min_offsets}) exceeds maxOffsetsPerTrigger"
             f" ({max_offsets}): lower minOffsetsPerTrigger or raise maxOffsetsPerTrigger"
         )
+    kafka_options = dict(options.with_prefix("kafka."))
+    kafka_options.pop("bootstrap.servers", None)
     return KafkaSourceOptions(
         bootstrap_servers=",".join(servers),
         subscription=_subscription(options),
@@ -206,26 +182,27 @@ def parse_options(raw: Mapping[str, str]) -> KafkaSourceOptions:
         ending=_ending_bound(options),
         max_offsets_per_trigger=max_offsets,
         min_offsets_per_trigger=min_offsets,
-        max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
-        min_partitions=_positive_long(options, "minPartitions"),
-        fail_on_data_loss=_boolean(options, "failOnDataLoss", True),
-        include_headers=_boolean(options, "includeHeaders", False),
-        poll_timeout_ms=_positive_long(options, "kafkaConsumer.pollTimeoutMs")
-        or DEFAULT_POLL_TIMEOUT_MS,
-        metadata_timeout_ms=_metadata_timeout(options),
-        kafka_params=_kafka_params(options),
+        max_trigger_delay_ms=options.duration_ms("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
+        min_partitions=options.positive_int("minPartitions", None),
+        fail_on_data_loss=options.boolean("failOnDataLoss", True),
+        include_headers=options.boolean("includeHeaders", False),
+        poll_timeout_ms=options.positive_int(
+            "kafkaConsumer.pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS
+        ),
+        metadata_timeout_ms=_metadata_timeout(kafka_options),
+        kafka_params=_kafka_params(options, kafka_options),
     )
 
 
-def _subscription(options: _Options) -> Subscription:
-    given = [name for name in _SUBSCRIPTION_OPTIONS if options.get(name) is not None]
+def _subscription(options: OptionReader) -> Subscription:
+    given = [name for name in _SUBSCRIPTION_OPTIONS if options.text(name) is not None]
     if len(given) != 1:
         found = "none" if not given else " and ".join(given)
         raise KafkaSourceOptionError(
             f"Set exactly one of the options subscribe, subscribePattern or assign (found {found})"
         )
     kind = given[0]
-    value = (options.get(kind) or "").strip()
+    value = options.text(kind) or ""
     if kind == "subscribe":
         topics = tuple(t.strip() for t in value.split(",") if t.strip())
         if not topics:
@@ -234,10 +211,6 @@ def _subscription(options: _Options) -> Subscription:
             )
         return Subscription("subscribe", topics=topics)
     if kind == "subscribePattern":
-        if not value:
-            raise KafkaSourceOptionError(
-                "Option subscribePattern is empty: set it to a regular expression of topic names"
-            )
         try:
             re.compile(value)
         except re.error as error:
@@ -259,43 +232,39 @@ def _subscription(options: _Options) -> Subscription:
     return Subscription("assign", partitions=tuple(sorted(set(partitions))))
 
 
-def _starting_bound(options: _Options) -> OffsetBound | None:
-    strategy = (options.get("startingOffsetsByTimestampStrategy") or "error").strip().lower()
-    if strategy not in ("error", "latest"):
-        raise KafkaSourceOptionError(
-            f"Option startingOffsetsByTimestampStrategy is {strategy!r}: use error or latest"
-        )
-    if options.present("startingTimestamp"):
+def _starting_bound(options: OptionReader) -> OffsetBound | None:
+    strategy = options.choice("startingOffsetsByTimestampStrategy", ("error", "latest"), "error")
+    if options.text("startingTimestamp") is not None:
         return OffsetBound(
             "timestamp",
             "startingTimestamp",
             timestamp=_timestamp(options, "startingTimestamp"),
             timestamp_strategy=strategy,  # type: ignore[arg-type]
         )
-    if options.present("startingOffsetsByTimestamp"):
+    if options.text("startingOffsetsByTimestamp") is not None:
         return OffsetBound(
             "timestamps",
             "startingOffsetsByTimestamp",
             per_partition=_partition_json(options, "startingOffsetsByTimestamp", timestamps=True),
             timestamp_strategy=strategy,  # type: ignore[arg-type]
         )
-    if options.present("startingOffsets"):
+    if options.text("startingOffsets") is not None:
         return _offsets_bound(options, "startingOffsets")
     return None
 
 
-def _ending_bound(options: _Options) -> OffsetBound | None:
-    if options.present("endingTimestamp"):
+def _ending_bound(options: OptionReader) -> OffsetBound | None:
+    if options.text("endingTimestamp") is not None:
         return OffsetBound(
             "timestamp", "endingTimestamp", timestamp=_timestamp(options, "endingTimestamp")
         )
-    if options.present("endingOffsetsByTimestamp"):
+    if options.text("endingOffsetsByTimestamp") is not None:
         return OffsetBound(
             "timestamps",
             "endingOffsetsByTimestamp",
             per_partition=_partition_json(options, "endingOffsetsByTimestamp", timestamps=True),
         )
-    if options.present("endingOffsets"):
+    if options.text("endingOffsets") is not None:
         bound = _offsets_bound(options, "endingOffsets")
         if bound.kind == "earliest" or EARLIEST in bound.as_dict().values():
             raise KafkaSourceOptionError(
@@ -305,19 +274,19 @@ def _ending_bound(options: _Options) -> OffsetBound | None:
     return None
 
 
-def _offsets_bound(options: _Options, name: str) -> OffsetBound:
-    value = (options.get(name) or "").strip()
+def _offsets_bound(options: OptionReader, name: str) -> OffsetBound:
+    value = options.text(name) or ""
     if value.lower() in ("earliest", "latest"):
         return OffsetBound(value.lower(), name)  # type: ignore[arg-type]
     return OffsetBound("offsets", name, per_partition=_partition_json(options, name))
 
 
 def _partition_json(
-    options: _Options, name: str, timestamps: bool = False
+    options: OptionReader, name: str, timestamps: bool = False
 ) -> tuple[tuple[TopicPartitionKey, int], ...]:
     example = '{"topic":{"0":1700000000000}}' if timestamps else '{"topic":{"0":23,"1":-2}}'
     accepted = "earliest, latest or JSON like " if not timestamps else "JSON like "
-    value = (options.get(name) or "").strip()
+    value = options.text(name) or ""
     parsed = _json_object(value, name, example, accepted)
     result: list[tuple[TopicPartitionKey, int]] = []
     for topic, partitions in parsed.items():
@@ -360,53 +329,15 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _positive_long(options: _Options, name: str) -> int | None:
-    value = options.get(name)
-    if value is None or value.strip() == "":
-        return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        number = None
-    if number is None or number <= 0:
-        raise KafkaSourceOptionError(f"Option {name} is {value!r}: use a positive integer")
-    return number
-
-
-def _timestamp(options: _Options, name: str) -> int:
-    value = (options.get(name) or "").strip()
+def _timestamp(options: OptionReader, name: str) -> int:
+    value = options.text(name) or ""
     if not value.isdigit():
-        raise KafkaSourceOptionError(
-            f"Option {name} is {value!r}: use a timestamp in epoch milliseconds"
-        )
+        raise options.refuse(name, "a timestamp in epoch milliseconds")
     return int(value)
 
 
-def _boolean(options: _Options, name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None or value.strip() == "":
-        return default
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false"):
-        raise KafkaSourceOptionError(f"Option {name} is {value!r}: use true or false")
-    return lowered == "true"
-
-
-def _duration_ms(options: _Options, name: str, default: int) -> int:
-    """Parse a Spark time string (e.g. 15m, 30s, 500ms; a bare number is milliseconds)."""
-    value = options.get(name)
-    if value is None or value.strip() == "":
-        return default
-    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", value.lower())
-    if not match or (match.group(2) or "ms") not in _TIME_UNITS_MS:
-        raise KafkaSourceOptionError(
-            f"Option {name} is {value!r}: use a duration such as 500ms, 30s, 15m or 1h"
-        )
-    return int(int(match.group(1)) * _TIME_UNITS_MS[match.group(2) or "ms"])
-
-
-def _metadata_timeout(options: _Options) -> int:
-    value = options.get("kafka.request.timeout.ms")
+def _metadata_timeout(kafka_options: Mapping[str, str]) -> int:
+    value = kafka_options.get("request.timeout.ms")
     if value is None:
         return DEFAULT_METADATA_TIMEOUT_MS
     return kafka_value(
@@ -414,18 +345,17 @@ def _metadata_timeout(options: _Options) -> int:
     )
 
 
-def _kafka_params(options: _Options) -> tuple[tuple[str, Any], ...]:
-    raw = dict(options.items_with_prefix("kafka."))
-    raw.pop("bootstrap.servers", None)
-    params: dict[str, Any] = {}
-    level = raw.pop("isolation.level", None)
-    if level is not None:
-        if level.strip().lower() not in ISOLATION_LEVELS:
-            raise KafkaSourceOptionError(
-                f"Option kafka.isolation.level is {level!r}: use read_committed (the"
-                " default) or read_uncommitted"
-            )
-        params["isolation_level"] = level.strip().lower()
+def _kafka_params(
+    options: OptionReader, kafka_options: Mapping[str, str]
+) -> tuple[tuple[str, Any], ...]:
+    """kafka-python keywords of the ``kafka.*`` options (without ``bootstrap.servers``)."""
+    raw = dict(kafka_options)
+    raw.pop("isolation.level", None)
+    params: dict[str, Any] = {
+        "isolation_level": options.choice(
+            "kafka.isolation.level", ISOLATION_LEVELS, DEFAULT_ISOLATION_LEVEL
+        )
+    }
     refused = _REFUSED_KAFKA_OPTIONS
     error = KafkaSourceOptionError
     params.update(kafka_client_params(raw, "consumer", refused, error, "replayable-kafka"))

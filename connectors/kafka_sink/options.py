@@ -2,9 +2,10 @@
 
 The names are those of Spark's built-in Kafka sink (``kafka.bootstrap.servers``, ``topic``,
 ``kafka.*`` for the producer), plus eospack's sink options (``deliveryGuarantee``,
-``sinkId``) and ``ledgerTopic``, where the driver keeps its decisions. Keys are
-case-insensitive. Every error is one line naming the option and the fix, raised before
-any data moves; secret values never appear in errors or reprs.
+``sinkId``) and ``ledgerTopic``, where the driver keeps its decisions. Options are read
+through ``eospack.options.OptionReader`` (case-insensitive names). Every error is one line
+naming the option and the fix, raised before any data moves; secret values never appear in
+errors or reprs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from eospack.commit_protocols.sink_options import parse_sink_common_options
 from eospack.connectors.kafka.client_config import kafka_client_params, kafka_value
 from eospack.errors import EospackError
+from eospack.options import OptionReader
 
 DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
@@ -46,6 +48,8 @@ class KafkaSinkOptions:
     sink_id: str | None = None
     ledger_topic: str = DEFAULT_LEDGER_TOPIC
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    transaction_timeout_asked: bool = False
+    """Whether ``kafka.transaction.timeout.ms`` was given (else the brokers' maximum is used)."""
     producer_params: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
     @property
@@ -80,27 +84,19 @@ def client_config(
 
 
 def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
-    values = {str(key).lower(): str(value) for key, value in options.items() if value is not None}
-    bootstrap = (values.get("kafka.bootstrap.servers") or "").strip()
-    if not bootstrap:
-        raise KafkaSinkOptionError(
-            "Option kafka.bootstrap.servers is required: set it to host:port[,host:port...]"
-        )
-    common = parse_sink_common_options(
-        values.get("deliveryguarantee"), values.get("sinkid"), KafkaSinkOptionError
-    )
-    topic = (values.get("topic") or "").strip() or None
-    ledger_topic = (values.get("ledgertopic") or DEFAULT_LEDGER_TOPIC).strip()
-    if not ledger_topic or ledger_topic == topic:
+    """Validate every option once; raise ``KafkaSinkOptionError`` naming the option and fix."""
+    reader = OptionReader(options, KafkaSinkOptionError)
+    bootstrap = reader.required("kafka.bootstrap.servers", "host:port[,host:port...]")
+    common = parse_sink_common_options(reader)
+    topic = reader.text("topic")
+    ledger_topic = reader.text("ledgerTopic", DEFAULT_LEDGER_TOPIC)
+    if ledger_topic == topic:
         raise KafkaSinkOptionError(
             "Option ledgerTopic must name a topic of its own (the sink's decisions), not the"
             " output topic"
         )
-    kafka_options = {
-        key.removeprefix("kafka."): value
-        for key, value in values.items()
-        if key.startswith("kafka.") and key != "kafka.bootstrap.servers"
-    }
+    kafka_options = dict(reader.with_prefix("kafka."))
+    kafka_options.pop("bootstrap.servers", None)
     timeout = kafka_options.pop("transaction.timeout.ms", None)
     timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
     if timeout is not None:
@@ -112,9 +108,9 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
             KafkaSinkOptionError,
         )
         if timeout_ms < 1000:
-            raise KafkaSinkOptionError(
-                f"Option kafka.transaction.timeout.ms is {timeout_ms}: use at least 1000 (the"
-                " default, 900000, is the broker's usual maximum)"
+            raise reader.refuse(
+                "kafka.transaction.timeout.ms",
+                "at least 1000 (the default, 900000, is the broker's usual maximum)",
             )
     params = kafka_client_params(
         kafka_options, "producer", REFUSED_PRODUCER_OPTIONS, KafkaSinkOptionError, "2pc-kafka"
@@ -126,5 +122,6 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
         sink_id=common.sink_id,
         ledger_topic=ledger_topic,
         transaction_timeout_ms=timeout_ms,
+        transaction_timeout_asked=timeout is not None,
         producer_params=params,
     )

@@ -68,8 +68,7 @@ class TwoPhaseKafkaDataSource(DataSource):
             )
         check_schema(options, schema)
         if options.exactly_once:
-            asked = any(key.lower() == "kafka.transaction.timeout.ms" for key in self.options)
-            options = with_broker_timeout(options, asked)
+            options = with_broker_timeout(options)
         return KafkaStreamWriter(options)
 
 
@@ -115,13 +114,13 @@ def _is_headers(data_type: object) -> bool:
     )
 
 
-def with_broker_timeout(options: KafkaSinkOptions, asked: bool) -> KafkaSinkOptions:
+def with_broker_timeout(options: KafkaSinkOptions) -> KafkaSinkOptions:
     """The transaction timeout to use: the broker's maximum unless a lower one was asked.
     Asking for more than the broker allows would fail every task: warn and use its maximum."""
     maximum = broker_transaction_maximum(options)
     if maximum is None:
         return options
-    if not asked:
+    if not options.transaction_timeout_asked:
         return replace(options, transaction_timeout_ms=maximum)
     if options.transaction_timeout_ms > maximum:
         logger.warning(

@@ -1,6 +1,7 @@
 """Options of ``format("2pc-s3")`` (sink and reader), parsed once into frozen, typed objects.
 
-Spark hands options over lower-cased, so every lookup is case-insensitive. Credentials
+Options are read through ``eospack.options.OptionReader`` (case-insensitive names, one
+grammar per kind of value). Credentials
 (``accessKeyId``, ``secretAccessKey``, ``sessionToken``) are kept out of reprs, errors and
 logs; without them the client uses boto3's default chain (environment, profile, role).
 Every error is one line naming the option and the fix, raised before any data moves.
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 
 from eospack.commit_protocols.sink_options import parse_sink_common_options
 from eospack.connectors.s3.errors import S3OptionError
+from eospack.options import OptionReader
 
 FileFormat = Literal["parquet", "jsonl"]
 
@@ -25,8 +27,6 @@ MIN_TARGET_FILE_SIZE = 1024 * 1024
 EOSPACK_DIRECTORY = "_eospack"
 
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_BYTE_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$")
-_BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,14 @@ class S3ReaderOptions:
 
 def parse_sink_options(options: Mapping[str, str]) -> S3SinkOptions:
     """Parse and validate the options of ``df.writeStream.format("2pc-s3")``."""
-    values = _lower_keys(options)
-    common = parse_sink_common_options(
-        values.get("deliveryguarantee"), values.get("sinkid"), S3OptionError
-    )
+    reader = OptionReader(options, S3OptionError)
+    common = parse_sink_common_options(reader)
     return S3SinkOptions(
-        location=parse_location(values.get("path")),
-        connection=_parse_connection(values),
-        file_format=_parse_file_format(values.get("fileformat")),
-        partition_by=_parse_partition_by(values.get("partitionby")),
-        target_file_size=_parse_target_file_size(values.get("targetfilesize")),
+        location=parse_location(reader),
+        connection=_parse_connection(reader),
+        file_format=reader.choice("fileFormat", FILE_FORMATS, "parquet"),  # type: ignore[arg-type]
+        partition_by=_parse_partition_by(reader.text("partitionBy")),
+        target_file_size=_parse_target_file_size(reader),
         exactly_once=common.exactly_once,
         sink_id=common.sink_id,
     )
@@ -113,18 +111,13 @@ def parse_sink_options(options: Mapping[str, str]) -> S3SinkOptions:
 
 def parse_reader_options(options: Mapping[str, str]) -> S3ReaderOptions:
     """Parse and validate the options of ``spark.read.format("2pc-s3")``."""
-    values = _lower_keys(options)
-    return S3ReaderOptions(parse_location(values.get("path")), _parse_connection(values))
+    reader = OptionReader(options, S3OptionError)
+    return S3ReaderOptions(parse_location(reader), _parse_connection(reader))
 
 
-def parse_location(path: str | None) -> S3Location:
-    """``s3://bucket/prefix`` (``s3a://`` accepted) into bucket and prefix."""
-    if path is None or not path.strip():
-        raise S3OptionError(
-            "path is required: pass .option('path', 's3://bucket/prefix') or"
-            " .start('s3://bucket/prefix')"
-        )
-    path = path.strip()
+def parse_location(reader: OptionReader) -> S3Location:
+    """Option ``path``, ``s3://bucket/prefix`` (``s3a://`` accepted), as bucket and prefix."""
+    path = reader.required("path", "s3://bucket/prefix (or pass it to .start() or .load())")
     parts = urlsplit(path)
     if parts.scheme not in ("s3", "s3a") or parts.query or parts.fragment:
         raise S3OptionError(f"path {path!r} is not an S3 location: use s3://bucket/prefix")
@@ -154,22 +147,8 @@ def parse_location(path: str | None) -> S3Location:
     return S3Location(bucket, prefix)
 
 
-def parse_byte_size(option: str, value: str) -> int:
-    """Spark-style byte sizes: ``134217728``, ``128m``, ``128mb``, ``1g`` (powers of 1024)."""
-    match = _BYTE_SIZE.match(value.strip().lower())
-    if not match:
-        raise S3OptionError(
-            f"{option} {value!r} is not a size: use bytes or a number with k, m or g (e.g. 128m)"
-        )
-    return int(match.group(1)) * _BYTE_UNITS[match.group(2)]
-
-
-def _lower_keys(options: Mapping[str, str]) -> dict[str, str]:
-    return {str(key).lower(): str(value) for key, value in options.items() if value is not None}
-
-
-def _parse_connection(values: Mapping[str, str]) -> S3Connection:
-    endpoint_url = _blank_to_none(values.get("endpointurl"))
+def _parse_connection(reader: OptionReader) -> S3Connection:
+    endpoint_url = reader.text("endpointUrl")
     if endpoint_url is not None:
         parts = urlsplit(endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -178,9 +157,9 @@ def _parse_connection(values: Mapping[str, str]) -> S3Connection:
                 " http://localhost:9000 or https://s3.eu-west-1.amazonaws.com"
             )
         endpoint_url = endpoint_url.rstrip("/")
-    access_key_id = _blank_to_none(values.get("accesskeyid"))
-    secret_access_key = _blank_to_none(values.get("secretaccesskey"))
-    session_token = _blank_to_none(values.get("sessiontoken"))
+    access_key_id = reader.secret("accessKeyId")
+    secret_access_key = reader.secret("secretAccessKey")
+    session_token = reader.secret("sessionToken")
     if (access_key_id is None) != (secret_access_key is None):
         given, missing = (
             ("accessKeyId", "secretAccessKey")
@@ -198,22 +177,11 @@ def _parse_connection(values: Mapping[str, str]) -> S3Connection:
         )
     return S3Connection(
         endpoint_url=endpoint_url,
-        region=_blank_to_none(values.get("region")),
+        region=reader.text("region"),
         access_key_id=access_key_id,
         secret_access_key=secret_access_key,
         session_token=session_token,
     )
-
-
-def _parse_file_format(value: str | None) -> FileFormat:
-    if value is None:
-        return "parquet"
-    normalized = value.strip().lower()
-    if normalized == "parquet":
-        return "parquet"
-    if normalized == "jsonl":
-        return "jsonl"
-    raise S3OptionError(f"fileFormat {value!r} is not supported: use parquet or jsonl")
 
 
 def _parse_partition_by(value: str | None) -> tuple[str, ...]:
@@ -235,16 +203,8 @@ def _parse_partition_by(value: str | None) -> tuple[str, ...]:
     return columns
 
 
-def _parse_target_file_size(value: str | None) -> int:
-    if value is None:
-        return DEFAULT_TARGET_FILE_SIZE
-    size = parse_byte_size("targetFileSize", value)
+def _parse_target_file_size(reader: OptionReader) -> int:
+    size = reader.byte_size("targetFileSize", DEFAULT_TARGET_FILE_SIZE)
     if size < MIN_TARGET_FILE_SIZE:
-        raise S3OptionError(f"targetFileSize {value!r} is below 1m: use at least 1m (default 128m)")
+        raise reader.refuse("targetFileSize", "at least 1m (default 128m)")
     return size
-
-
-def _blank_to_none(value: str | None) -> str | None:
-    if value is None or not value.strip():
-        return None
-    return value.strip()
