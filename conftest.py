@@ -6,12 +6,19 @@ Every test gets unique topic/table/prefix names through ``unique_name``.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The suite starts hundreds of short-lived JVMs (drivers killed and restarted, brokers,
+# Spark sessions, executors): with the C1 compiler only they start and warm up about 15%
+# faster (measured on a 2-core machine). Tests only; eospack's own sessions keep Java's
+# defaults. Java prints a one-line NOTE about it on every JVM's stderr.
+os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,9 @@ directory outside the project (the current directory is on ``sys.path`` of Spark
 workers and would hide the difference):
 
 - plain ``pip install -e`` (pip's default editable mode, an import hook): Spark's
-  automatic lookup misses the formats, ``eospack doctor`` says so, and
-  ``eospack.spark.local_session`` (which registers them) still writes with 2pc-jdbc;
+  automatic lookup misses the formats, ``eospack doctor`` says so, a session that calls
+  ``eospack.register`` writes with 2pc-jdbc, and ``eospack demo`` (whose sessions come
+  from ``eospack.spark.local_session``, which registers) runs to VERIFIED;
 - a wheel: the lookup finds the formats, and a plain ``SparkSession`` writes with them.
 
 The venvs reuse this interpreter's dependencies (pyspark, pyarrow, ...) through a ``.pth``
@@ -62,37 +63,45 @@ print("RESULT " + json.dumps({
 """
 
 # A Spark job as a user writes it: ``plain`` is SparkSession.builder without
-# eospack.register, ``local_session`` is eospack's helper (which registers the formats).
-# It reports the error condition ``spark.read.format(name).load()`` raises for each format
-# (an unknown format raises DATA_SOURCE_NOT_FOUND before any option is checked, from the
-# JVM as a Py4JJavaError) and, given an input directory, a database and a checkpoint,
-# streams the input through 2pc-jdbc into SQLite.
+# eospack.register, ``plain-then-register`` calls eospack.register after the first check
+# (as eospack.spark.local_session does, which the demo test runs). It reports the error
+# condition ``spark.read.format(name).load()`` raises for each format (an unknown format
+# raises DATA_SOURCE_NOT_FOUND before any option is checked, from the JVM as a
+# Py4JJavaError) and, given an input directory, a database and a checkpoint, streams the
+# input through 2pc-jdbc into SQLite.
 SPARK_JOB = """
 import json, re, sys
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 session_kind = sys.argv[1]
-if session_kind == "plain":
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .getOrCreate()
-    )
-else:
-    from eospack.spark import local_session
+spark = (
+    SparkSession.builder.master("local[1]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.sql.shuffle.partitions", "1")
+    .getOrCreate()
+)
 
-    spark = local_session(master="local[1]", shuffle_partitions=1)
-result = {"load": {}}
-for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka"):
-    try:
-        spark.read.format(name).load()
-        result["load"][name] = "loaded"
-    except Exception as error:
-        condition = error.getCondition() if isinstance(error, PySparkException) else None
-        match = re.search(r"\\[([A-Z][A-Z0-9_.]*)\\]", str(error))
-        result["load"][name] = condition or (match.group(1) if match else type(error).__name__)
+
+def load_each_format():
+    loaded = {}
+    for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka"):
+        try:
+            spark.read.format(name).load()
+            loaded[name] = "loaded"
+        except Exception as error:
+            condition = error.getCondition() if isinstance(error, PySparkException) else None
+            match = re.search(r"\\[([A-Z][A-Z0-9_.]*)\\]", str(error))
+            loaded[name] = condition or (match.group(1) if match else type(error).__name__)
+    return loaded
+
+
+result = {"load": load_each_format()}
+if session_kind == "plain-then-register":
+    import eospack
+
+    eospack.register(spark)
+    result["load_registered"] = load_each_format()
 if len(sys.argv) > 2:
     from eospack.testing import await_query
 
@@ -171,10 +180,10 @@ class FreshInstall:
 
     def write_rows(
         self, session_kind: str, directory: Path
-    ) -> tuple[dict[str, str], list[tuple[Any, ...]]]:
+    ) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
         """Stream ROWS through 2pc-jdbc into a new SQLite file.
 
-        Returns what loading each format raised, and the rows of the table.
+        Returns the job's result (what loading each format raised) and the table's rows.
         """
         input_directory = directory / "input"
         input_directory.mkdir(parents=True)
@@ -193,7 +202,7 @@ class FreshInstall:
         assert result["written"] is True
         with sqlite3.connect(database) as connection:
             rows = connection.execute("SELECT id, name FROM numbers ORDER BY id").fetchall()
-        return result["load"], rows
+        return result, rows
 
 
 def copy_project(destination: Path) -> Path:
@@ -280,18 +289,12 @@ def test_doctor_says_spark_cannot_see_an_editable_install(editable_install: Fres
     assert lines[1] == FORMATS_NOT_FOUND
 
 
-def test_plain_session_cannot_find_the_formats_of_an_editable_install(
-    editable_install: FreshInstall,
-) -> None:
-    result = editable_install.run_python(SPARK_JOB, "plain", timeout=SPARK_TIMEOUT)
-    assert result["load"] == dict.fromkeys(FORMATS, "DATA_SOURCE_NOT_FOUND")
-
-
-def test_local_session_registers_and_writes_with_an_editable_install(
+def test_a_plain_session_finds_the_formats_of_an_editable_install_once_registered(
     editable_install: FreshInstall, tmp_path: Path
 ) -> None:
-    load, rows = editable_install.write_rows("local_session", tmp_path)
-    assert load == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
+    result, rows = editable_install.write_rows("plain-then-register", tmp_path)
+    assert result["load"] == dict.fromkeys(FORMATS, "DATA_SOURCE_NOT_FOUND")
+    assert result["load_registered"] == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
     assert rows == ROWS
 
 
@@ -312,9 +315,9 @@ def test_doctor_finds_everything_in_a_wheel_install(wheel_install: FreshInstall)
 def test_plain_session_finds_and_writes_with_a_wheel_install(
     wheel_install: FreshInstall, tmp_path: Path
 ) -> None:
-    load, rows = wheel_install.write_rows("plain", tmp_path)
+    result, rows = wheel_install.write_rows("plain", tmp_path)
     # found: the error is eospack's own (no options given, or no reader), raised in Python
-    assert load == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
+    assert result["load"] == dict.fromkeys(FORMATS, "PYTHON_DATA_SOURCE_ERROR")
     assert rows == ROWS
 
 

@@ -216,7 +216,13 @@ def test_a_restart_with_another_protocol_finishes_what_the_crashed_run_decided(
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("checkpoint_form", "restart_protocol"),
-    [("uri", "prepared"), ("conf", "prepared"), ("path", "staging")],
+    [
+        # the sink id comes from the query id Spark hands each task, whatever form the
+        # checkpoint was given in (identity.current_task): the URI form runs in release checks
+        pytest.param("uri", "prepared", marks=pytest.mark.chaos),
+        ("conf", "prepared"),
+        ("path", "staging"),
+    ],
 )
 def test_a_replay_does_not_wait_on_the_crashed_runs_prepared_rows(
     spark, postgres, tmp_path, unique_name, call_faults, checkpoint_form, restart_protocol

@@ -13,7 +13,7 @@ never returns part of a batch nor a row twice. After the final drain: every prod
 is in S3 exactly once, every key's count equals its events exactly, and no prepared
 transaction, staged row or multipart upload of the sinks is left.
 
-The default lane walks 50 steps from the fixed seed ``CI_SEED``; the chaos-marked variant
+The default lane walks 30 steps from the fixed seed ``CI_SEED``; the chaos-marked variant
 walks for ``EOSPACK_STRESS_MINUTES`` (default 30) from a random seed and prints its figures.
 ``EOSPACK_STRESS_SEED`` replays a walk (the seed is printed at the start and on failure);
 ``EOSPACK_STRESS_STEPS`` sets the default lane's length.
@@ -512,7 +512,7 @@ def _run_walk(
 
 @pytest.mark.timeout(420)
 def test_random_walk_delivers_every_event_exactly_once(kafka, postgres, s3, tmp_path, unique_name):
-    steps = int(os.environ.get("EOSPACK_STRESS_STEPS", "50"))
+    steps = int(os.environ.get("EOSPACK_STRESS_STEPS", "30"))
     seed = _seed(CI_SEED)
     _run_walk(kafka, postgres, s3, tmp_path, unique_name, lambda done: done < steps, seed)
 
