@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
+from kafka import errors as kafka_errors
 
 from eospack.connectors.kafka_sink.transactions import (
     PreparedTransaction,
     TransactionFencedError,
     begin,
     commit_prepared,
+    end_transaction,
     fence,
     open_transactions,
     prepare,
@@ -109,6 +111,27 @@ def test_a_fenced_transaction_is_gone_and_refuses_its_commit(
         commit_prepared(config, prepared)
     commit_prepared(config, empty)  # nothing to end, and no error
     assert values(bootstrap, unique_name, "read_committed") == []
+
+
+@pytest.mark.timeout(120)
+def test_ending_a_prepared_transactions_closed_producer_fails_at_once(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """A task whose prepare failed after it closed its producer (the flush applied, its
+    answer lost) tries to abort: a closed producer can send nothing, so ending must fail
+    at once instead of waiting out END_TIMEOUT_MS for an answer that cannot come; the
+    transaction stays open for the driver's recovery to fence."""
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    create_topic(bootstrap, unique_name, 1)
+    producer = begin({"bootstrap_servers": bootstrap}, f"{unique_name}-1")
+    producer.send(unique_name, value=b"prepared")
+    prepare(producer, records=1)
+
+    with pytest.raises(kafka_errors.KafkaError, match="is closed") as raised:
+        end_transaction(producer, commit=False)
+    assert not isinstance(raised.value, kafka_errors.KafkaTimeoutError)
+    assert open_transactions({"bootstrap_servers": bootstrap}, unique_name) == [f"{unique_name}-1"]
+    fence({"bootstrap_servers": bootstrap}, f"{unique_name}-1")
 
 
 @pytest.mark.timeout(120)

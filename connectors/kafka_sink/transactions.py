@@ -139,7 +139,13 @@ def commit_prepared(config: Mapping[str, Any], prepared: PreparedTransaction) ->
 def end_transaction(producer: KafkaProducer, commit: bool) -> None:
     """Commit (or abort) the producer's transaction, waiting at most ``END_TIMEOUT_MS``:
     a broker that stopped answering raises ``KafkaTimeoutError`` instead of hanging the
-    caller. Ending again later is safe (the outcome is idempotent)."""
+    caller. Ending again later is safe (the outcome is idempotent). A closed producer
+    (``prepare`` closes it) can send nothing: that fails at once."""
+    if producer._closed:
+        raise kafka_errors.KafkaError(
+            f"the producer of transaction {producer.config['transactional_id']} is closed:"
+            " it cannot end the transaction (recovery fences it)"
+        )
     manager = producer._transaction_manager
     result = manager.begin_commit() if commit else manager.begin_abort()
     producer._sender.wakeup()
