@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer
 
 from eospack.commit_protocols import derive_sink_id, faults, sink_prefix
 from eospack.connectors.kafka_sink.ledger import read_slots
 from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
 from eospack.connectors.kafka_sink.transactions import open_transactions
-from eospack.services.kafka_tools import create_topic
+from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import await_query, wait_until
 from integration_tests.crash_harness import DriverRun, run_driver
 from integration_tests.drivers.kafka_sink_driver import start_query
@@ -45,18 +44,9 @@ ALL_FAULT_POINTS = [
 
 
 def records(bootstrap: str, topic: str, isolation: str) -> Counter[tuple[str, str]]:
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        group_id=None,
-        isolation_level=isolation,
-        consumer_timeout_ms=3000,
-    )
-    try:
-        return Counter((record.key.decode(), record.value.decode()) for record in consumer)
-    finally:
-        consumer.close()
+    """Every record up to the end offsets (read_committed: to the last stable offset)."""
+    rows = read_all(bootstrap, topic, isolation_level=isolation)
+    return Counter((key.decode(), value.decode()) for _, _, key, value in rows)
 
 
 class SinkRun:

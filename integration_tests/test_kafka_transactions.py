@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer
 from kafka import errors as kafka_errors
 
 from eospack.connectors.kafka_sink.transactions import (
@@ -26,7 +25,7 @@ from eospack.connectors.kafka_sink.transactions import (
     open_transactions,
     prepare,
 )
-from eospack.services.kafka_tools import create_topic
+from eospack.services.kafka_tools import create_topic, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -58,19 +57,8 @@ def prepare_in_a_process_that_dies(
 
 
 def values(bootstrap: str, topic: str, isolation: str) -> list[str]:
-    """Every record value of ``topic`` as a consumer with ``isolation`` sees it, sorted."""
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        group_id=None,
-        isolation_level=isolation,
-        consumer_timeout_ms=2000,
-    )
-    try:
-        return sorted(record.value.decode() for record in consumer)
-    finally:
-        consumer.close()
+    rows = read_all(bootstrap, topic, isolation_level=isolation)
+    return sorted(value.decode() for _, _, _, value in rows)
 
 
 @pytest.mark.timeout(180)
