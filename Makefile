@@ -32,7 +32,7 @@ demo: $(STAMP) fetch
 # each: most of a streaming test's time is waiting on triggers, JVM starts and timeouts.
 TEST_WORKERS ?= 2
 test: $(STAMP) fetch
-	$(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)
