@@ -57,6 +57,7 @@ def prepare_in_a_process_that_dies(
 
 
 def values(bootstrap: str, topic: str, isolation: str) -> list[str]:
+    """Every record value of ``topic`` as a consumer with ``isolation`` sees it, sorted."""
     rows = read_all(bootstrap, topic, isolation_level=isolation)
     return sorted(value.decode() for _, _, _, value in rows)
 

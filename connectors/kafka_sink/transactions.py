@@ -15,6 +15,8 @@ Pinned against Apache Kafka 4.3 with kafka-python 3.0 by
   longer than its ``transaction.timeout.ms``, ``commit_prepared`` raises
   ``TransactionFencedError``: the records are gone, and the caller must say so loudly;
 - ``open_transactions`` lists the ongoing ones under a prefix (ListTransactions).
+- ending a transaction whose producer ``prepare`` closed fails at once (it cannot send);
+  the transaction stays open for recovery to fence.
 
 kafka-python has no public call to resume a transaction, so ``commit_prepared`` sets its
 transaction manager's producer id, epoch and state before ``commit_transaction``: private
