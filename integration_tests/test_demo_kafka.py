@@ -7,6 +7,10 @@ Apache Kafka, one JVM less on a 2-core machine. What the demo checks (per key no
 or duplicated, no count going backwards, no open transaction or unfinished ledger slot)
 is its own code, unit-tested in ``tests/test_demo_verify.py``; the 2pc-kafka sink's crash
 points are ``test_kafka_sink``'s. This test shows that the pieces work together.
+
+In the chaos lane (release checks): like the JDBC demo (test_fresh_install), it costs two
+fresh Spark drivers' first batches and a restart, over a minute of both cores, and default
+CI has the JDBC demo and the sink's own crash tests.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def run_demo(command: list[str]) -> tuple[int, str, str]:
     return demo.returncode, stdout, stderr
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(DEMO_TIMEOUT + INTERRUPTED_TIMEOUT + 30)
 def test_demo_with_the_kafka_sink_counts_exactly_once_across_a_crash(real_kafka: Any) -> None:
     command = [

@@ -61,8 +61,10 @@ def table_exists(url: str, table: str) -> bool:
 @pytest.mark.parametrize(
     "protocol",
     [
-        # the end-to-end gauntlet kills a prepared-protocol pipeline at every fault point
-        # by default; this sink-level run joins it in release checks
+        # by default the prepared protocol's driver is killed after prepare and after the
+        # decision (test_jdbc_faults) and between piece commits (test_cluster); every point
+        # here and in the end-to-end gauntlet in release checks. Staging, every point:
+        # after_commit is killed by default nowhere else
         pytest.param("prepared", marks=pytest.mark.chaos),
         "staging",
     ],
