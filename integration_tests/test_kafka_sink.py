@@ -7,8 +7,9 @@ row once for read_committed, no transaction of the sink stays open, and every de
 the ledger is done. read_uncommitted sees the crashed runs' aborted records (documented).
 Further: a broker SIGKILLed with a decided batch (the driver killed right after the
 decision), a decided batch the broker timed out, tasks retried after their worker died or
-their flush's answer was lost, at-least-once mode, a bad option in one line without its
-secret.
+their flush's answer was lost, the decision's ledger write failing or losing its answer, a
+transaction commit losing its answer (Spark's abort), at-least-once mode, a bad option in
+one line without its secret.
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ class SinkRun:
     def records(self, isolation: str) -> Counter[tuple[str, str]]:
         return records(self.bootstrap, self.topic, isolation)
 
-    def expected(self) -> Counter[tuple[str, str]]:
-        return Counter((group, str(row_id)) for batch in self.batches for row_id, group in batch)
+    def expected(self, batches: int | None = None) -> Counter[tuple[str, str]]:
+        """The records of every batch, or of the first ``batches``."""
+        written = self.batches[:batches]
+        return Counter((group, str(row_id)) for batch in written for row_id, group in batch)
 
     def sink_id(self) -> str:
         """Derived as the sink derives it: from the query id in the checkpoint and the target."""
@@ -112,6 +115,12 @@ class SinkRun:
 
     def open_transactions(self) -> list[str]:
         return open_transactions({"bootstrap_servers": self.bootstrap}, sink_prefix(self.sink_id()))
+
+    def ledger(self) -> dict[int, str]:
+        """Each remembered batch's status in the ledger topic."""
+        config = {"bootstrap_servers": self.bootstrap}
+        slots = read_slots(config, DEFAULT_LEDGER_TOPIC, self.sink_id())
+        return {batch: slot.status for batch, slot in slots.items()}
 
 
 @pytest.mark.timeout(600)
@@ -214,6 +223,55 @@ def test_a_decided_batch_the_broker_timed_out_fails_the_restart_loudly(
     with pytest.raises(Exception, match="DecidedPieceLostError: 2pc-kafka batch 0 of sink"):
         run.restart_here(spark, timeout)
     assert run.records("read_committed") == Counter()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_a_decision_write_that_fails_or_loses_its_answer_then_a_restart_writes_each_row_once(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str, call_faults: Path, mode: str
+) -> None:
+    """The ledger write of batch 1's decision fails before it applies, or applies and its
+    answer is lost. The commit raises and Spark calls abort: abort fences the undecided
+    batch (its transactions aborted), or rolls the decided one forward. The query fails;
+    its restart ends with each row once."""
+    run = SinkRun(tmp_path, real_kafka, unique_name, 3)
+    faults.arm(call_faults, "kafka_sink.decide", mode, batch_id=1)
+
+    with pytest.raises(Exception, match="KafkaConnectionError"):
+        run.restart_here(spark)
+    assert [fault["call"] for fault in faults.injected(call_faults)] == ["kafka_sink.decide"]
+    applied = 2 if mode == "after" else 1
+    assert run.records("read_committed") == run.expected(applied)
+    assert run.open_transactions() == []
+    assert run.ledger()[1] == ("done" if mode == "after" else "aborted")
+
+    run.restart_here(spark)
+    assert run.records("read_committed") == run.expected()
+    assert run.open_transactions() == []
+    assert set(run.ledger().values()) == {"done"}
+
+
+@pytest.mark.timeout(300)
+def test_spark_abort_after_a_partial_commit_rolls_the_batch_forward(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str, call_faults: Path
+) -> None:
+    """Batch 1's first transaction commit applies and its answer is lost: commit raises and
+    Spark calls abort with the same messages, which must commit the other transaction, not
+    fence it."""
+    run = SinkRun(tmp_path, real_kafka, unique_name, 3)
+    faults.arm(call_faults, "kafka_sink.commit_piece", "after", batch_id=1)
+
+    with pytest.raises(Exception, match="KafkaConnectionError"):
+        run.restart_here(spark)
+    assert [fault["call"] for fault in faults.injected(call_faults)] == ["kafka_sink.commit_piece"]
+    assert run.records("read_committed") == run.expected(2)
+    assert run.open_transactions() == []
+    assert run.ledger() == {0: "done", 1: "done"}
+
+    run.restart_here(spark)
+    assert run.records("read_committed") == run.expected()
+    assert run.open_transactions() == []
+    assert set(run.ledger().values()) == {"done"}
 
 
 @pytest.mark.timeout(300)

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from eospack.commit_protocols import parse_transaction_id, sink_prefix
+from kafka import errors as kafka_errors
+
+from eospack.commit_protocols import faults, parse_transaction_id, sink_prefix
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
 from eospack.connectors.kafka_sink.ledger import (
@@ -67,6 +69,13 @@ class KafkaResource(TransactionalResource):
             forget_ledger(ledger)
             raise
 
+    def _call(self, name: str, action: Callable[[], Result], batch_id: int) -> Result:
+        """Run one broker call as ``kafka_sink.<name>`` (see
+        ``eospack.commit_protocols.faults``); an injected fault raises a connection error."""
+        return faults.run_call(
+            f"kafka_sink.{name}", action, error=kafka_errors.KafkaConnectionError, batch_id=batch_id
+        )
+
     def find_decision(self, sink_id: str, batch_id: int) -> BatchDecision | None:
         return self._with_ledger(sink_id, lambda ledger: ledger.slots.get(batch_id))
 
@@ -75,7 +84,8 @@ class KafkaResource(TransactionalResource):
             slot = ledger.slots.get(decision.batch_id)
             if slot is not None and not slot.accepts(decision):
                 return slot
-            return ledger.write(BatchDecision(decision.sink_id, decision.batch_id, decision.pieces))
+            decided = BatchDecision(decision.sink_id, decision.batch_id, decision.pieces)
+            return self._call("decide", lambda: ledger.write(decided), decision.batch_id)
 
         return self._with_ledger(decision.sink_id, record)
 
@@ -101,8 +111,11 @@ class KafkaResource(TransactionalResource):
     def commit_piece(self, piece: PreparedPiece) -> None:
         if "transactional_id" not in piece.handle:
             return  # listed by the broker, not named by a decision: nothing known to commit
+        prepared = PreparedTransaction.from_json(piece.handle)
         try:
-            commit_prepared(self.config, PreparedTransaction.from_json(piece.handle))
+            self._call(
+                "commit_piece", lambda: commit_prepared(self.config, prepared), piece.batch_id
+            )
         except TransactionFencedError as error:
             raise DecidedPieceLostError(
                 f"2pc-kafka batch {piece.batch_id} of sink {piece.sink_id}: {error}; its"
