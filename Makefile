@@ -29,7 +29,8 @@ demo: $(STAMP) fetch
 	$(VENV)/bin/eospack demo $(ARGS)
 
 # Two workers (pytest-xdist), each with its own services and Spark session, whole files
-# each: most of a streaming test's time is waiting on triggers, JVM starts and timeouts.
+# each, the longest first (conftest.py). On 2 cores the suite keeps both busy (sampled idle
+# 1-15%): more workers would not finish sooner.
 TEST_WORKERS ?= 2
 test: $(STAMP) fetch
 	$(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)

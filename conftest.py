@@ -26,7 +26,6 @@ SLOWEST_MODULES_FIRST = (
     "integration_tests/test_kafka_sink.py",
     "integration_tests/test_kafka_source.py",
     "integration_tests/test_jdbc_crash.py",
-    "integration_tests/test_demo_kafka.py",
     "integration_tests/test_cluster.py",
     "integration_tests/test_stress.py",
     "integration_tests/test_s3_faults.py",
