@@ -122,6 +122,12 @@ class SinkRun:
         slots = read_slots(config, DEFAULT_LEDGER_TOPIC, self.sink_id())
         return {batch: slot.status for batch, slot in slots.items()}
 
+    def assert_each_row_once(self) -> None:
+        """Every row once for read_committed, no transaction left open, every slot done."""
+        assert self.records("read_committed") == self.expected()
+        assert self.open_transactions() == []
+        assert set(self.ledger().values()) == {"done"}
+
 
 @pytest.mark.timeout(600)
 def test_driver_killed_between_transaction_commits_then_restarted(
@@ -151,11 +157,8 @@ def crash_then_restart(
         assert max(committed.values(), default=1) == 1, f"a record twice after {fault_point}"
     run.restart_here(spark)
 
-    assert run.records("read_committed") == run.expected()
-    assert run.open_transactions() == []
-    config = {"bootstrap_servers": run.bootstrap}
-    slots = read_slots(config, DEFAULT_LEDGER_TOPIC, run.sink_id())
-    assert {slot.status for slot in slots.values()} == {"done"}
+    run.assert_each_row_once()
+    slots = run.ledger()
     assert max(slots) == len(run.batches) - 1 and len(slots) <= 2  # older slots forgotten
     assert run.records("read_uncommitted") - run.expected(), "the crashed runs' aborted records"
 
@@ -246,9 +249,7 @@ def test_a_decision_write_that_fails_or_loses_its_answer_then_a_restart_writes_e
     assert run.ledger()[1] == ("done" if mode == "after" else "aborted")
 
     run.restart_here(spark)
-    assert run.records("read_committed") == run.expected()
-    assert run.open_transactions() == []
-    assert set(run.ledger().values()) == {"done"}
+    run.assert_each_row_once()
 
 
 @pytest.mark.timeout(300)
@@ -269,9 +270,7 @@ def test_spark_abort_after_a_partial_commit_rolls_the_batch_forward(
     assert run.ledger() == {0: "done", 1: "done"}
 
     run.restart_here(spark)
-    assert run.records("read_committed") == run.expected()
-    assert run.open_transactions() == []
-    assert set(run.ledger().values()) == {"done"}
+    run.assert_each_row_once()
 
 
 @pytest.mark.timeout(300)
