@@ -25,10 +25,11 @@ class SinkCommonOptions:
 
 
 def parse_sink_common_options(reader: OptionReader) -> SinkCommonOptions:
-    """Validate the two options (unset or blank: the defaults); a bad value raises the
-    reader's error class with a one-line fix."""
+    """Validate the two options (unset: the defaults; a blank ``sinkId`` is refused, as it
+    names the sink's identity); a bad value raises the reader's error class with a
+    one-line fix."""
     guarantee = reader.choice("deliveryGuarantee", DELIVERY_GUARANTEES, "exactly-once")
-    sink_id = reader.text("sinkId")
+    sink_id = reader.identity("sinkId", SINK_ID_RULE)
     if sink_id is not None:
         try:
             sink_id = validate_sink_id(sink_id)

@@ -80,6 +80,22 @@ class OptionReader:
             return default
         return value.strip()
 
+    @overload
+    def identity(self, name: str, fix: str) -> str | None: ...
+
+    @overload
+    def identity(self, name: str, fix: str, default: str) -> str: ...
+
+    def identity(self, name: str, fix: str, default: str | None = None) -> str | None:
+        """Like ``text``, for an option that names a sink's identity (its id, where its
+        decisions live): unset means ``default``, but a blank value is refused, since a
+        typo'd empty value silently meaning "derived" or "the default" would move the sink
+        to another identity across a restart. ``fix`` follows ``leave it unset or use``."""
+        value = self._options.get(name)
+        if value is not None and not value.strip():
+            raise self.error_class(f"Option {name} is blank: leave it unset or use {fix}")
+        return self.text(name, default) if default is not None else self.text(name)
+
     def required(self, name: str, fix: str) -> str:
         """The stripped value; refused when unset or blank (``fix`` follows ``set <name> to``)."""
         value = self.text(name)

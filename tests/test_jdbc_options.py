@@ -313,3 +313,11 @@ def test_database_errors_are_classified_by_sqlstate(error: Exception, message: s
     assert str(caught.value) == message
     with pytest.raises(psycopg.errors.UniqueViolation), _ConnectionErrors("context"):
         raise psycopg.errors.UniqueViolation("duplicate key")
+
+
+@pytest.mark.parametrize("name", ["sinkId", "ledgerTable"])
+def test_a_blank_identity_option_is_refused_not_taken_for_the_default(name: str) -> None:
+    """A blank sinkId or ledgerTable would silently mean "derived" or the default ledger: a
+    restart with it would look for its decisions elsewhere and apply a batch again."""
+    with pytest.raises(JdbcSinkOptionError, match=f"^Option {name} is blank: leave it unset"):
+        parse(**{name: " "})

@@ -128,3 +128,18 @@ def test_the_columns_of_sparks_kafka_sink_are_accepted() -> None:
             StructField("other", LongType()),
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "given"),
+    [("sinkId", "sinkId"), ("ledgerTopic", "ledgerTopic"), ("sinkId", "SINKID")],
+)
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_identity_option_is_refused_not_taken_for_the_default(
+    name: str, given: str, blank: str
+) -> None:
+    """A blank sinkId or ledgerTopic would silently mean "derived" or the default ledger: a
+    restart with it would look for its decisions elsewhere and apply a batch again."""
+    with pytest.raises(KafkaSinkOptionError) as raised:
+        parse_options({**BASE, given: blank})
+    assert str(raised.value).startswith(f"Option {name} is blank: leave it unset or use")

@@ -307,3 +307,8 @@ def test_s3_errors_are_classified_by_code() -> None:
     assert is_no_such_upload(client_error("NoSuchUpload", 404))
     assert not is_missing(client_error("NoSuchUpload", 404))
     assert error_code(ClientError({"ResponseMetadata": {"HTTPStatusCode": 403}}, "Head")) == "403"
+
+
+def test_a_blank_sink_id_is_refused_not_taken_for_the_derived_one() -> None:
+    with pytest.raises(S3OptionError, match="^Option sinkId is blank: leave it unset or use 1 to"):
+        parse(sinkId="  ")

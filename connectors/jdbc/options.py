@@ -174,7 +174,10 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
     url, url_user = parse_url(options.required("url", URL_FORMS))
     table_value = options.required("dbtable", "<table> or <schema>.<table>")
     table = TableName.parse(table_value, "dbtable")
-    ledger = TableName.parse(options.text("ledgerTable", DEFAULT_LEDGER_TABLE), "ledgerTable")
+    ledger = TableName.parse(
+        options.identity("ledgerTable", "table or schema.table", DEFAULT_LEDGER_TABLE),
+        "ledgerTable",
+    )
     batchsize = options.positive_int("batchsize", DEFAULT_BATCHSIZE)
 
     write_mode = options.choice("writeMode", ("append", "upsert"), "append")

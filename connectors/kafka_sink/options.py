@@ -89,7 +89,7 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
     bootstrap = reader.required("kafka.bootstrap.servers", "host:port[,host:port...]")
     common = parse_sink_common_options(reader)
     topic = reader.text("topic")
-    ledger_topic = reader.text("ledgerTopic", DEFAULT_LEDGER_TOPIC)
+    ledger_topic = reader.identity("ledgerTopic", "a topic name", DEFAULT_LEDGER_TOPIC)
     if ledger_topic == topic:
         raise KafkaSinkOptionError(
             "Option ledgerTopic must name a topic of its own (the sink's decisions), not the"
