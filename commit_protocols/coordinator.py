@@ -3,7 +3,10 @@
 Commit order for batch N (``commit(messages, N)``), each step durable before the next:
 
 1. Tasks prepared their pieces (executors, ``write()``), invisible to readers.
-2. Write the decision "commit N with exactly these pieces" into the slot of (sink, N) by
+2. Check that every piece can still be committed (``check_prepared``: a Kafka transaction
+   the broker timed out cannot); if one cannot, raise undecided: Spark's abort fences the
+   batch and the replay writes it again.
+   Write the decision "commit N with exactly these pieces" into the slot of (sink, N) by
    compare-and-set (``record_decision``). If the slot already holds a decision with other
    pieces, N was applied before a restart that replays it: roll the new pieces back and
    finish that decision instead (exactly once, not twice). If it holds our own pieces
@@ -121,6 +124,7 @@ class TwoPhaseCommitCoordinator:
         if self.resource.orphans_can_block_commit:
             self._recover_before(ours)
         fault_point(BEFORE_DECISION, batch_id)
+        self.resource.check_prepared(ours)
         if self.resource.commits_atomically:
             slot = self.resource.commit_atomically(ours)
         else:

@@ -86,6 +86,14 @@ class TransactionalResource(ABC):
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
         """Pieces of this sink still prepared: neither committed nor rolled back."""
 
+    def check_prepared(self, decision: BatchDecision) -> None:  # noqa: B027 - optional hook
+        """Raise when a piece ``decision`` would name can no longer be committed (its
+        transaction ended before the decision, e.g. the broker aborted it after its
+        timeout): the coordinator then does not decide, Spark's abort fences the batch and
+        the replay writes it again, instead of a decided batch that is half lost. Called
+        just before the decision; resources whose prepared pieces cannot expire need not
+        implement it."""
+
     def commit_atomically(self, decision: BatchDecision) -> BatchDecision:
         """Record, apply and finish ``decision`` in one step, under the rules of
         ``record_decision``; return what the slot holds afterwards."""

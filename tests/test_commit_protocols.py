@@ -259,7 +259,9 @@ def test_the_sinks_common_options_parse_alike_and_fail_in_the_sinks_error():
     def parse(**options: str):
         return parse_sink_common_options(OptionReader(options, SinkOptionError))
 
-    assert parse() == parse(deliveryGuarantee=" Exactly-Once ") == parse(sinkId=" ")
+    assert parse() == parse(deliveryGuarantee=" Exactly-Once ")
+    with pytest.raises(SinkOptionError, match="^Option sinkId is blank: leave it unset or use"):
+        parse(sinkId=" ")  # a blank identity is refused, never taken for "derived"
     parsed = parse(DELIVERYGUARANTEE="AT-LEAST-ONCE", sinkid=" my_sink ")
     assert (parsed.exactly_once, parsed.sink_id) == (False, "my_sink")
     with pytest.raises(SinkOptionError, match="^Option deliveryGuarantee is 'twice': use"):

@@ -20,6 +20,20 @@ and ``KafkaResource`` then reopens, rereads and does the step again. What a stal
 still say without writing is harmless: a decided slot never changes, and a fence never
 un-fences a piece.
 
+Reading past other writers' open transactions: the topic is shared by every 2pc-kafka sink
+of the cluster, and a read_committed consumer stops at the last stable offset, the start of
+the oldest transaction still open, whoever wrote it. Reading only "to the end offset" as a
+read_committed client reports it would miss every decision written after another sink's
+open ledger transaction (a driver that died mid-write): a restart would not see its own
+decision and would commit the batch again. So a ledger reads to the *high watermark* as it
+stood after opening (every transaction of this sink committed before then lies below it)
+and waits for the last stable offset to pass it. Ledger transactions last milliseconds, so
+an eospack ledger transaction that keeps it waiting for ``LEDGER_STALL_SECONDS`` belongs
+to a dead or stuck driver: the reader fences it (InitProducerId on its id, which aborts it;
+a live owner's next write fails with ``LedgerFencedError`` and it rereads, as for any
+fence). Ledger producers use a short transaction timeout (``LEDGER_TRANSACTION_TIMEOUT_MS``),
+so the broker itself aborts such leftovers soon, also for readers that are not eospack.
+
 Growth: ``mark_done`` of batch N tombstones the sink's slots below N - 1 (a replay only
 ever concerns the last batch), and compaction drops them; each open reads the topic from
 its start, so the topic stays small.
@@ -29,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -41,7 +56,10 @@ from eospack.connectors.kafka_sink.options import KafkaSinkOptions, client_confi
 from eospack.connectors.kafka_sink.transactions import (
     CONTROL_SETTINGS,
     admin_client,
+    consumer_settings,
     end_transaction,
+    fence,
+    open_transaction_descriptions,
 )
 from eospack.errors import EospackError
 
@@ -51,9 +69,18 @@ LEDGER_TOPIC_CONFIGS = {
     "min.cleanable.dirty.ratio": "0.1",
     "delete.retention.ms": "3600000",
 }
-READ_TIMEOUT_SECONDS = 60.0
-"""How long opening a ledger may take to read the topic to its end."""
+READ_TIMEOUT_SECONDS = 120.0
+"""How long opening a ledger may take to read the topic to its end (including waiting for
+another writer's open transaction on it to end: see the module doc)."""
+LEDGER_TRANSACTION_TIMEOUT_MS = 10_000
+"""A ledger transaction writes a few records and commits at once; a dead driver's open one
+holds every ledger reader back until the broker aborts it after this long."""
+LEDGER_STALL_SECONDS = 3.0
+"""How long a reader waits for an eospack ledger transaction of another sink to end before
+fencing it."""
+LEDGER_ID_PREFIX = "eospack-ledger-"
 _TOMBSTONE = None
+logger = logging.getLogger(__name__)
 
 
 class LedgerError(EospackError, RuntimeError):
@@ -76,7 +103,10 @@ class Ledger:
         config = {**CONTROL_SETTINGS, **options.client_config()}
         ensure_ledger_topic(options)
         self.producer = KafkaProducer(
-            transactional_id=f"eospack-ledger-{sink_id}", acks="all", **config
+            transactional_id=f"{LEDGER_ID_PREFIX}{sink_id}",
+            acks="all",
+            transaction_timeout_ms=LEDGER_TRANSACTION_TIMEOUT_MS,
+            **config,
         )
         try:
             self.producer.init_transactions()
@@ -163,25 +193,38 @@ def slot_key(sink_id: str, batch_id: int) -> bytes:
 
 
 def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, BatchDecision]:
-    """Every slot of ``sink_id`` in ``topic``, read with read_committed to its end."""
+    """Every slot of ``sink_id`` in ``topic``, read with read_committed up to the high
+    watermark as it stands now, past other writers' open transactions (see the module doc)."""
     partition = TopicPartition(topic, 0)
+    settings = consumer_settings(config)
     consumer = KafkaConsumer(
-        isolation_level="read_committed", enable_auto_commit=False, group_id=None, **config
+        isolation_level="read_committed", enable_auto_commit=False, group_id=None, **settings
     )
     prefix = f"{sink_id}/".encode()
     slots: dict[int, BatchDecision] = {}
     try:
         consumer.assign([partition])
         consumer.seek_to_beginning(partition)
-        end = consumer.end_offsets([partition])[partition]
+        end = high_watermark(settings, partition)
         deadline = time.monotonic() + READ_TIMEOUT_SECONDS
-        while consumer.position(partition) < end:
-            if time.monotonic() > deadline:
+        stalled_since = time.monotonic()
+        fenced = False
+        while (position := consumer.position(partition)) < end:
+            now = time.monotonic()
+            if now > deadline:
                 raise LedgerError(
                     f"2pc-kafka could not read its ledger topic {topic} to offset {end} within"
-                    f" {READ_TIMEOUT_SECONDS:.0f} s (stopped at {consumer.position(partition)})"
+                    f" {READ_TIMEOUT_SECONDS:.0f} s (stopped at {position}: a transaction"
+                    " of another writer stays open on it; the broker aborts it after its"
+                    " transaction timeout)"
                 )
-            for records in consumer.poll(timeout_ms=500).values():
+            if not fenced and now - stalled_since > LEDGER_STALL_SECONDS:
+                fence_stuck_ledger_writers(config, partition, sink_id)
+                fenced = True
+            polled = consumer.poll(timeout_ms=500)
+            if consumer.position(partition) > position:
+                stalled_since = time.monotonic()
+            for records in polled.values():
                 for record in records:
                     if record.key is None or not record.key.startswith(prefix):
                         continue
@@ -195,6 +238,44 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
     finally:
         consumer.close()
     return slots
+
+
+def high_watermark(settings: dict[str, Any], partition: TopicPartition) -> int:
+    """The partition's end offset for read_uncommitted: one past its last record, open
+    transactions included (a read_committed client's end offset stops at the first one)."""
+    consumer = KafkaConsumer(enable_auto_commit=False, group_id=None, **settings)
+    try:
+        return int(consumer.end_offsets([partition])[partition])
+    finally:
+        consumer.close()
+
+
+def fence_stuck_ledger_writers(
+    config: dict[str, Any], partition: TopicPartition, sink_id: str
+) -> list[str]:
+    """Fence the eospack ledger transactions (of other sinks) open on ``partition``: they
+    hold every reader back, and a ledger transaction open this long has lost its driver.
+    Returns their transactional ids."""
+    own = f"{LEDGER_ID_PREFIX}{sink_id}"
+    try:
+        described = open_transaction_descriptions(config, LEDGER_ID_PREFIX)
+    except kafka_errors.KafkaError as error:  # it may have ended meanwhile: keep waiting
+        logger.info("2pc-kafka: could not describe open ledger transactions: %r", error)
+        return []
+    stuck = [
+        transactional_id
+        for transactional_id, description in described.items()
+        if transactional_id != own and partition in description.topic_partitions
+    ]
+    for transactional_id in stuck:
+        logger.warning(
+            "2pc-kafka: ledger transaction %s stays open on %s: fencing it (its driver died"
+            " or is stuck; a live one rereads and retries)",
+            transactional_id,
+            partition.topic,
+        )
+        fence({**CONTROL_SETTINGS, **config}, transactional_id)
+    return stuck
 
 
 def ensure_ledger_topic(options: KafkaSinkOptions) -> None:

@@ -51,11 +51,20 @@ class KafkaSinkOptions:
     transaction_timeout_asked: bool = False
     """Whether ``kafka.transaction.timeout.ms`` was given (else the brokers' maximum is used)."""
     producer_params: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+    checkpoint_location: str | None = None
+    """Spark's ``checkpointLocation`` when the query gives it as an option (where
+    ``checkpoint_record`` keeps what a restart must find)."""
+    cluster_id: str | None = None
+    """The cluster's own id, asked by the driver at query start (``sink.with_cluster_facts``)."""
 
     @property
     def target(self) -> str:
-        """What the sink id is derived from together with the query id."""
-        return f"kafka://{self.bootstrap_servers}/{self.topic or '(topic column)'}"
+        """What the sink id is derived from together with the query id: the cluster by its
+        id, never by the bootstrap list as typed (adding a broker, reordering the list or a
+        space after a comma must not make a restarted query another sink, which would apply
+        its replayed batch again), and the topic."""
+        cluster = self.cluster_id or ",".join(bootstrap_list(self.bootstrap_servers))
+        return f"kafka://{cluster}/{self.topic or '(topic column)'}"
 
     def describe(self) -> str:
         """For errors and logs: where, never who."""
@@ -79,8 +88,13 @@ def client_config(
     """kafka-python settings of clients of ``bootstrap_servers`` (a comma-separated list)
     with the ``kafka.*`` options given; a function of two hashable values, so that what is
     asked of a cluster once per process can be cached by them."""
+    return {"bootstrap_servers": bootstrap_list(bootstrap_servers)} | dict(producer_params)
+
+
+def bootstrap_list(bootstrap_servers: str) -> list[str]:
+    """``host:port`` entries of a comma-separated list, stripped, without blanks or repeats."""
     servers = [server.strip() for server in bootstrap_servers.split(",")]
-    return {"bootstrap_servers": [server for server in servers if server]} | dict(producer_params)
+    return sorted({server for server in servers if server})
 
 
 def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
@@ -124,4 +138,5 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
         transaction_timeout_ms=timeout_ms,
         transaction_timeout_asked=timeout is not None,
         producer_params=params,
+        checkpoint_location=reader.text("checkpointLocation"),
     )

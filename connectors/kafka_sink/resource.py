@@ -20,6 +20,7 @@ from kafka import errors as kafka_errors
 from eospack.commit_protocols import faults, parse_transaction_id, sink_prefix
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+from eospack.connectors.kafka_sink.errors import PreparedTransactionLostError
 from eospack.connectors.kafka_sink.ledger import (
     Ledger,
     LedgerFencedError,
@@ -32,6 +33,7 @@ from eospack.connectors.kafka_sink.transactions import (
     TransactionFencedError,
     commit_prepared,
     fence,
+    lost_transactions,
     open_transactions,
 )
 
@@ -107,6 +109,32 @@ class KafkaResource(TransactionalResource):
 
     def mark_done(self, decision: BatchDecision) -> None:
         self._with_ledger(decision.sink_id, lambda ledger: ledger.mark_done(decision))
+
+    def check_prepared(self, decision: BatchDecision) -> None:
+        """Every task transaction still open under the epoch that prepared it, asked just
+        before the decision (DescribeTransactions). The window between this answer and the
+        commits is milliseconds against a timeout of seconds to minutes; a transaction that
+        dies inside it still fails the restart loudly (``DecidedPieceLostError``)."""
+        prepared = [
+            PreparedTransaction.from_json(piece.handle)
+            for piece in decision.pieces
+            if "transactional_id" in piece.handle
+        ]
+        lost = self._call(
+            "check_prepared",
+            lambda: lost_transactions(self.config, prepared),
+            decision.batch_id,
+        )
+        if lost:
+            names = ", ".join(transaction.transactional_id for transaction in lost)
+            raise PreparedTransactionLostError(
+                f"2pc-kafka batch {decision.batch_id} of sink {decision.sink_id} is not"
+                f" committed: the transactions of {len(lost)} of its tasks ended before the"
+                f" decision ({names}), most likely open longer than"
+                f" kafka.transaction.timeout.ms={self.options.transaction_timeout_ms}; the"
+                " batch is rolled back and replayed when the query restarts: raise"
+                " kafka.transaction.timeout.ms or make batches smaller (maxOffsetsPerTrigger)"
+            )
 
     def commit_piece(self, piece: PreparedPiece) -> None:
         if "transactional_id" not in piece.handle:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -36,6 +36,7 @@ from pyspark.sql.types import (
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.connectors.kafka_sink.checkpoint_record import check_ledger_topic
 from eospack.connectors.kafka_sink.options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaSinkOptionError,
@@ -67,8 +68,10 @@ class TwoPhaseKafkaDataSource(DataSource):
                 "outputMode complete is not supported by 2pc-kafka: use append"
             )
         check_schema(options, schema)
+        facts = cluster_facts(options)
+        options = replace(options, cluster_id=facts.cluster_id)
         if options.exactly_once:
-            options = with_broker_timeout(options)
+            options = with_broker_timeout(options, facts.transaction_max_timeout_ms)
         return KafkaStreamWriter(options)
 
 
@@ -114,10 +117,9 @@ def _is_headers(data_type: object) -> bool:
     )
 
 
-def with_broker_timeout(options: KafkaSinkOptions) -> KafkaSinkOptions:
-    """The transaction timeout to use: the broker's maximum unless a lower one was asked.
+def with_broker_timeout(options: KafkaSinkOptions, maximum: int | None) -> KafkaSinkOptions:
+    """The transaction timeout to use: the brokers' maximum unless a lower one was asked.
     Asking for more than the broker allows would fail every task: warn and use its maximum."""
-    maximum = broker_transaction_maximum(options)
     if maximum is None:
         return options
     if not options.transaction_timeout_asked:
@@ -137,37 +139,49 @@ def with_broker_timeout(options: KafkaSinkOptions) -> KafkaSinkOptions:
     return options
 
 
-def broker_transaction_maximum(options: KafkaSinkOptions) -> int | None:
-    """The brokers' ``transaction.max.timeout.ms`` (asked once per process and cluster)."""
-    return _broker_transaction_maximum(options.bootstrap_servers, options.producer_params)
+@dataclass(frozen=True)
+class ClusterFacts:
+    cluster_id: str | None
+    """None only for a broker that reports none (then the sorted bootstrap list stands in)."""
+    transaction_max_timeout_ms: int | None
+    """The brokers' ``transaction.max.timeout.ms``; None when it could not be read."""
+
+
+def cluster_facts(options: KafkaSinkOptions) -> ClusterFacts:
+    """What the driver asks the cluster once per process: its id and its transaction
+    timeout maximum."""
+    return _cluster_facts(options.bootstrap_servers, options.producer_params)
 
 
 @functools.cache
-def _broker_transaction_maximum(
+def _cluster_facts(
     bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...]
-) -> int | None:
-    """Cached by the cluster and the client settings used to ask it; None (the setting
-    could not be read: the default applies) is remembered too, a raised error is not."""
+) -> ClusterFacts:
+    """Cached by the cluster and the client settings used to ask it; a raised error is not
+    cached. The timeout maximum may be unreadable (an ACL): the default applies, said once."""
     admin = admin_client(client_config(bootstrap_servers, producer_params))
     maximum: int | None = None
     try:
-        broker = admin.describe_cluster()["brokers"][0]["broker_id"]
+        cluster = admin.describe_cluster()
+        broker = cluster["brokers"][0]["broker_id"]
         resource = ConfigResource(ConfigResourceType.BROKER, str(broker), [BROKER_TIMEOUT_SETTING])
-        described = admin.describe_configs([resource], config_filter="all")
+        try:
+            described = admin.describe_configs([resource], config_filter="all")
+        except kafka_errors.KafkaError as error:
+            logger.warning(
+                "2pc-kafka could not read the brokers' %s (%s): using %d ms",
+                BROKER_TIMEOUT_SETTING,
+                type(error).__name__,
+                DEFAULT_TRANSACTION_TIMEOUT_MS,
+            )
+            described = {}
         for names in described.values():
             for settings in names.values():
                 if BROKER_TIMEOUT_SETTING in settings:
                     maximum = int(settings[BROKER_TIMEOUT_SETTING]["value"])
-    except kafka_errors.KafkaError as error:  # an ACL may forbid it: fall back, say so
-        logger.warning(
-            "2pc-kafka could not read the brokers' %s (%s): using %d ms",
-            BROKER_TIMEOUT_SETTING,
-            type(error).__name__,
-            DEFAULT_TRANSACTION_TIMEOUT_MS,
-        )
     finally:
         admin.close()
-    return maximum
+    return ClusterFacts(cluster.get("cluster_id") or None, maximum)
 
 
 class KafkaStreamWriter(TwoPhaseCommitStreamWriter):

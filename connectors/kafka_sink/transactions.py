@@ -29,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import errors as kafka_errors
+from kafka.admin import TransactionState as BrokerTransactionState
 from kafka.producer.transaction_manager import ProducerIdAndEpoch, TransactionState
 
 from eospack.errors import EospackError
@@ -180,6 +181,62 @@ def open_transactions(config: Mapping[str, Any], prefix: str) -> list[str]:
         for listing in listings
         if listing.transactional_id.startswith(prefix)
     )
+
+
+def lost_transactions(
+    config: Mapping[str, Any], prepared: list[PreparedTransaction]
+) -> list[PreparedTransaction]:
+    """The ones of ``prepared`` that can no longer be committed: their transaction is not
+    open any more under the producer id and epoch that prepared it (DescribeTransactions:
+    the broker aborted it after its timeout, someone fenced it, or it was never begun).
+    Transactions without records were never registered and are never lost."""
+    asked = [transaction for transaction in prepared if transaction.records]
+    if not asked:
+        return []
+    admin = admin_client(config)
+    try:
+        described = admin.describe_transactions(
+            sorted({transaction.transactional_id for transaction in asked})
+        )
+    except kafka_errors.TransactionalIdNotFoundError:
+        return asked
+    finally:
+        admin.close()
+    lost = []
+    for transaction in asked:
+        state = described.get(transaction.transactional_id)
+        alive = (
+            state is not None
+            and state.state == BrokerTransactionState.ONGOING
+            and state.producer_id == transaction.producer_id
+            and state.producer_epoch == transaction.epoch
+        )
+        if not alive:
+            lost.append(transaction)
+    return lost
+
+
+def open_transaction_descriptions(config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """DescribeTransactions of every open (Ongoing) transaction under ``prefix``."""
+    admin = admin_client(config)
+    try:
+        listed = admin.list_transactions(state_filters=["Ongoing"])
+        names = sorted(
+            listing.transactional_id
+            for listings in listed.values()
+            for listing in listings
+            if listing.transactional_id.startswith(prefix)
+        )
+        return dict(admin.describe_transactions(names)) if names else {}
+    finally:
+        admin.close()
+
+
+def consumer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``config`` that a consumer takes: the sink's ``kafka.*`` options are
+    producer settings, and KafkaConsumer refuses the producer-only ones
+    (``compression_type``, ``linger_ms``, ...)."""
+    return {key: value for key, value in config.items() if key in KafkaConsumer.DEFAULT_CONFIG}
 
 
 def admin_client(config: Mapping[str, Any]) -> KafkaAdminClient:

@@ -10,6 +10,12 @@ Exactly-once: the task writes in a Kafka transaction of its own transactional id
 it open; its commit message carries the producer id and epoch the driver commits with.
 A task that fails aborts its transaction where it still can; what it cannot abort, the
 driver's recovery fences.
+
+Every send is checked: kafka-python reports a record the broker refused (too large for the
+topic, a partition that does not exist, an authorisation error) only through the send's
+future, and its ``flush`` does not raise. A task whose sends did not all succeed raises
+``KafkaSendError`` after the flush, before its transaction is handed to the driver, so a
+refused record can never be committed as sent (at-least-once: the task fails likewise).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from kafka import errors as kafka_errors
 
 from eospack.commit_protocols import TaskIdentity, faults, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.connectors.kafka_sink.errors import KafkaSendError
 from eospack.connectors.kafka_sink.options import KafkaSinkOptions
 from eospack.connectors.kafka_sink.transactions import begin, end_transaction, prepare
 
@@ -58,17 +65,17 @@ def write_directly(options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch])
     """At-least-once: send, flush, and count (a retried task sends its rows again)."""
     producer = KafkaProducer(**options.producer_config())
     try:
-        records = send_rows(producer, options, batches)
-        producer.flush()
+        return send_rows(producer, options, batches)
     finally:
         producer.close()
-    return records
 
 
 def send_rows(
     producer: KafkaProducer, options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch]
 ) -> int:
-    """Send every row; return how many. A send that failed raises at the next flush."""
+    """Send every row, flush, and return how many; raises ``KafkaSendError`` naming the
+    first record the broker refused (the caller aborts the transaction)."""
+    refused = RefusedSends()
     sent = 0
     for batch in batches:
         columns = {
@@ -83,15 +90,53 @@ def send_rows(
                     "2pc-kafka: a row has a null topic: set the topic option or fill the"
                     " topic column"
                 )
-            producer.send(
-                topic,
-                value=as_bytes(columns["value"][index]),
-                key=as_bytes(columns["key"][index]) if "key" in columns else None,
-                partition=columns["partition"][index] if "partition" in columns else None,
-                headers=headers_of(columns["headers"][index]) if "headers" in columns else None,
-            )
+            try:
+                future = producer.send(
+                    topic,
+                    value=as_bytes(columns["value"][index]),
+                    key=as_bytes(columns["key"][index]) if "key" in columns else None,
+                    partition=columns["partition"][index] if "partition" in columns else None,
+                    headers=headers_of(columns["headers"][index]) if "headers" in columns else None,
+                )
+            except kafka_errors.KafkaError as error:
+                raise send_error(topic, error) from None
+            future.add_errback(refused.remember, topic)
         sent += batch.num_rows
+    producer.flush()
+    refused.raise_first()
     return sent
+
+
+class RefusedSends:
+    """The first send the broker (or the producer's delivery) failed, from the futures'
+    errbacks, which run on kafka-python's sender thread."""
+
+    def __init__(self) -> None:
+        self.first: tuple[str, BaseException] | None = None
+
+    def remember(self, topic: str, error: BaseException) -> None:
+        if self.first is None:
+            self.first = (topic, error)
+
+    def raise_first(self) -> None:
+        if self.first is not None:
+            raise send_error(*self.first)
+
+
+SIZE_FIX = (
+    ": a record (key, value and headers) must fit the topic's max.message.bytes and"
+    " kafka.max.request.size"
+)
+
+
+def send_error(topic: str, error: BaseException) -> KafkaSendError:
+    """One line: where, the broker's error, and the fix when one is known."""
+    name = type(error).__name__
+    text = " ".join(str(error).split())
+    fix = SIZE_FIX if "TooLarge" in name else ""
+    return KafkaSendError(
+        f"2pc-kafka could not write a record to topic {topic}: {name}: {text}{fix}"
+    )
 
 
 def as_bytes(value: Any) -> bytes | None:
