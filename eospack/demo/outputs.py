@@ -219,14 +219,15 @@ class KafkaOutput:
     def sink_id(self, name: str) -> str | None:
         """The sink id 2pc-kafka derived, as it derives it: from the query id in the
         checkpoint and the target; None before the query's first start wrote it."""
-        from eospack.commit_protocols import derive_sink_id
+        from eospack.connectors.kafka_sink.sink import derived_sink_id
         from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
 
         metadata = self.checkpoints[name] / KAFKA_QUERY / "metadata"
         if not metadata.is_file():
             return None
         query_id = json.loads(metadata.read_text().splitlines()[0])["id"]
-        return derive_sink_id(query_id, f"kafka://{self.bootstrap}/{self.topics[name]}")
+        options = {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topics[name]}
+        return derived_sink_id(query_id, options)
 
     def leftovers(self, name: str) -> int:
         """The sink's transactions still open (prepared and never committed or fenced) and
