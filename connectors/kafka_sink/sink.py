@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
+from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter, derive_sink_id
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka_sink.checkpoint_record import check_ledger_topic
@@ -137,6 +137,17 @@ def with_broker_timeout(options: KafkaSinkOptions, maximum: int | None) -> Kafka
         )
         return replace(options, transaction_timeout_ms=maximum)
     return options
+
+
+def derived_sink_id(query_id: str, options: Mapping[str, str]) -> str:
+    """The sink id that a query of ``query_id`` writing with ``options`` uses: ``sinkId``
+    if given, else derived from the query id and the target as the tasks derive it (the
+    cluster's id is asked, so the cluster must be up). For tools that inspect a sink."""
+    parsed = parse_options(options)
+    if parsed.sink_id is not None:
+        return parsed.sink_id
+    resolved = replace(parsed, cluster_id=cluster_facts(parsed).cluster_id)
+    return derive_sink_id(query_id, resolved.target)
 
 
 @dataclass(frozen=True)
