@@ -7,7 +7,9 @@ or abort (roll back) it later. Parts are ``PART_SIZE`` bytes except the last (S3
 least ``MIN_PART_SIZE`` for every other part) and are uploaded by a task's
 ``PartUploader`` threads while encoding goes on, at most ``MAX_PARTS_IN_FLIGHT`` held in
 memory. An object that gets no bytes still uploads one empty part. ``abort`` is best
-effort: recovery aborts what a failed or killed task left.
+effort: recovery aborts what a failed or killed task left. A create that botocore had to
+retry may have made an upload whose answer was lost: the task looks for other uploads of
+its key and aborts them (best effort too; recovery aborts every upload no decision names).
 """
 
 from __future__ import annotations
@@ -107,30 +109,59 @@ class MultipartObject:
         if self.upload_id is None:
             return
         try:
-            self.client.abort_multipart_upload(
-                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
-            )
+            abort_upload(self.client, self.bucket, self.key, self.upload_id)
         except (ClientError, BotoCoreError) as error:
-            if not is_no_such_upload(error):
-                logger.warning(
-                    "could not abort the upload of s3://%s/%s (%s): the next commit of this"
-                    " sink aborts it",
-                    self.bucket,
-                    self.key,
-                    describe_error(error),
-                )
+            logger.warning(
+                "could not abort the upload of s3://%s/%s (%s): the next commit of this"
+                " sink aborts it",
+                self.bucket,
+                self.key,
+                describe_error(error),
+            )
 
     def _submit(self, body: bytes) -> None:
         if self.upload_id is None:
-            self.upload_id = self._call(
-                "start the upload of",
-                lambda: self.client.create_multipart_upload(
-                    Bucket=self.bucket, Key=self.key, ChecksumAlgorithm="CRC32"
-                ),
-            )["UploadId"]
+            self.upload_id = self._start()
         number = len(self._parts) + 1
         upload_id = self.upload_id
         self._parts.append(self.pool.submit(lambda: self._upload_part(upload_id, number, body)))
+
+    def _start(self) -> str:
+        """Create the upload. When botocore had to retry the create, an earlier attempt may
+        have been applied with its answer lost: that upload is known to nobody but S3, so
+        it is aborted here (every upload of this key is this task's: the key carries the
+        task's unique attempt). What this cannot abort, recovery does (``resource``)."""
+        answer = self._call(
+            "start the upload of",
+            lambda: self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=self.key, ChecksumAlgorithm="CRC32"
+            ),
+        )
+        upload_id = str(answer["UploadId"])
+        if answer.get("ResponseMetadata", {}).get("RetryAttempts"):
+            self._abort_other_uploads(upload_id)
+        return upload_id
+
+    def _abort_other_uploads(self, upload_id: str) -> None:
+        """Best effort: abort every upload of this key in progress but ``upload_id``."""
+        try:
+            paginator = self.client.get_paginator("list_multipart_uploads")
+            others = [
+                str(upload["UploadId"])
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=self.key)
+                for upload in page.get("Uploads", ())
+                if upload["Key"] == self.key and upload["UploadId"] != upload_id
+            ]
+            for other in others:
+                abort_upload(self.client, self.bucket, self.key, other)
+        except (ClientError, BotoCoreError) as error:
+            logger.warning(
+                "could not abort the uploads of s3://%s/%s left by a create whose answer was"
+                " lost (%s): the next commit of this sink aborts them",
+                self.bucket,
+                self.key,
+                describe_error(error),
+            )
 
     def _upload_part(self, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
         answer = self._call(
@@ -158,6 +189,15 @@ class MultipartObject:
                 f" ({describe_error(error)}): the task fails and Spark may retry it;"
                 " nothing of it is visible"
             ) from error
+
+
+def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> None:
+    """Abort one upload; an upload already gone (``NoSuchUpload``) is left as it is."""
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except ClientError as error:
+        if not is_no_such_upload(error):
+            raise
 
 
 class PartUploader:

@@ -22,9 +22,11 @@ Commit order for batch N (``commit_protocols`` runs it; this module plugs in):
    uploads in progress, and a file not in progress must exist as an object. A decided
    file that is neither raises ``DecidedPieceLostError`` naming sink, batch, piece and key.
 4. Recovery: one listing of the sink's uploads in progress under the prefix (shared with
-   step 3); complete those a decision names (one GET per batch that still has uploads),
-   fence and abort the rest of batches <= N. No scan of the manifests: the cost per batch
-   stays constant (a clean commit: one PUT, one completion per file, one listing).
+   step 3); complete those a decision names by upload id (one GET per batch that still
+   has uploads), fence and abort the rest of batches <= N, including uploads under a
+   decided piece's keys that its decision does not name. No scan of the manifests: the
+   cost per batch stays constant (a clean commit: one PUT, one completion per file, one
+   listing).
 
 What each failure leaves, and how it is mended (Spark replays N after a restart, because
 its commit log has no entry for N; ``abort`` is what Spark calls when ``commit`` raises):
@@ -43,6 +45,10 @@ completions                               still in progress           completes 
 a completion fails (connection lost)      same                        ``abort`` completes them
                                                                       (rolls forward), or the
                                                                       replay does
+a create applied, answer lost (botocore   an upload of the task's     the task (its create was
+retried it: the task uses the retry's)    key that nobody knows of    retried: it lists its
+                                                                      key), else the next
+                                                                      commit's recovery
 a decided upload aborted behind the       manifest naming a key that  ``DecidedPieceLostError``
 sink's back (lifecycle rule shorter than  never existed               (delete the manifest and
 the downtime, another tool)                                           restart to rewrite N)
@@ -371,20 +377,46 @@ class S3Resource(TransactionalResource):
         return found
 
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
-        """The sink's uploads in progress, one piece per transaction id."""
+        """The sink's uploads in progress, one piece per transaction id; but the uploads
+        of a decided transaction that its decision does not name by upload id form a piece
+        of their own (``UnnamedUploads``), which no decision names: recovery aborts it.
+        They are what a create whose answer was lost leaves (botocore's retry made the
+        upload the task went on with) when the task could not abort them itself."""
         by_transaction: dict[str, list[dict[str, Any]]] = {}
         for upload in self._uploads(sink_id):
             files = by_transaction.setdefault(upload["transaction"], [])
             files.append({"key": upload["Key"], "upload_id": upload["UploadId"]})
-        pieces = []
+        pieces: list[PreparedPiece] = []
         for transaction, files in sorted(by_transaction.items()):
             parsed = parse_transaction_id(transaction)
-            if parsed is not None:
-                sink, batch_id, partition_id, attempt = parsed
+            if parsed is None:
+                continue
+            sink, batch_id, partition_id, attempt = parsed
+            piece = PreparedPiece(sink, batch_id, partition_id, attempt, 0, {"files": files})
+            decision = self._decision_naming(piece)
+            if decision is None:
+                pieces.append(piece)
+                continue
+            named = _upload_ids(decision)
+            unnamed = [file for file in files if file["upload_id"] not in named]
+            if len(unnamed) < len(files):
+                kept = [file for file in files if file["upload_id"] in named]
+                pieces.append(replace(piece, handle={"files": kept}))
+            if unnamed:
                 pieces.append(
-                    PreparedPiece(sink, batch_id, partition_id, attempt, 0, {"files": files})
+                    UnnamedUploads(sink, batch_id, partition_id, attempt, 0, {"files": unnamed})
                 )
         return pieces
+
+    def _decision_naming(self, piece: PreparedPiece) -> BatchDecision | None:
+        """The decision of the piece's batch if it names the piece's transaction (decisions
+        are final, so the answer never goes stale); one GET per undecided batch."""
+        slot = self._decided.get((piece.sink_id, piece.batch_id))
+        if slot is None:
+            slot = self.find_decision(piece.sink_id, piece.batch_id)
+        if slot is None or not slot.is_decided or not slot.names(piece):
+            return None
+        return slot
 
     def _uploads(self, sink_id: str) -> list[dict[str, Any]]:
         """This sink's uploads in progress under the prefix, with their transaction id:
@@ -450,6 +482,16 @@ class S3Resource(TransactionalResource):
             f"2pc-s3 could not {what} ({describe_error(error)}): restart the query from its"
             " checkpoint once S3 answers; exactly-once holds"
         )
+
+
+class UnnamedUploads(PreparedPiece):
+    """Uploads in progress under a decided piece's keys whose upload ids its decision does
+    not name. Its transaction id differs from the piece's, so no decision names it and the
+    coordinator rolls it back (aborts the uploads); the decided piece is left as it is."""
+
+    @property
+    def transaction_id(self) -> str:
+        return f"{super().transaction_id} (uploads its decision does not name)"
 
 
 def _batch_of(upload: Mapping[str, Any]) -> int:
