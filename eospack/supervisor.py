@@ -9,9 +9,10 @@ or roll back what the failed run left (exactly-once holds across any number of r
 
 Guarantees: ``supervise`` returns when every query ends by itself (``Trigger.AvailableNow``);
 raises ``PermanentQueryError`` without any restart when the failure is one a restart cannot
-fix (a bad option, a schema mismatch, missing credentials, a decided piece lost); raises
-``RestartsExhaustedError`` when the strategy refuses another restart. Each restart is
-logged (``eospack.supervisor``, WARNING) with its cause, count and delay.
+fix (a bad option, a schema mismatch, missing credentials, a decided piece lost, a sink
+taken over by another run); raises ``RestartsExhaustedError`` when the strategy refuses
+another restart. Each restart is logged (``eospack.supervisor``, WARNING) with its cause,
+count and delay.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PERMANENT_ERROR_NAMES = (
     "JdbcIdentifierError",
     "JdbcSchemaError",
     "KafkaSourceOptionError",
+    "KafkaSinkOptionError",
     "S3OptionError",
     "SinkIdentityError",
     "OperatorDefinitionError",
@@ -43,6 +45,9 @@ PERMANENT_ERROR_NAMES = (
     # a human must look: data is gone, or a decided piece of output was lost
     "KafkaDataLossError",
     "DecidedPieceLostError",
+    # another run of the query (or another query with its sinkId) took over the sink's
+    # ledger: a restart would only fence that run in turn
+    "LedgerFencedError",
     # Spark: the plan itself is wrong, or a format is not installed
     "AnalysisException",
     "DATA_SOURCE_NOT_FOUND",
@@ -53,7 +58,8 @@ PERMANENT_ERROR_NAMES = (
 )
 """Errors no restart can fix, matched by class name or message text: a query's failure
 reaches the driver as a ``StreamingQueryException`` whose message carries the original
-error (raised in Spark's Python planner or worker processes) as text."""
+error (raised in Spark's Python planner or worker processes) as text. Names, not classes,
+so that importing the supervisor loads no connector (nor its client library)."""
 
 
 class PermanentQueryError(EospackError, RuntimeError):

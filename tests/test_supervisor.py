@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import pytest
 
 from eospack.cli import duration_seconds
+from eospack.connectors.kafka_sink.ledger import LedgerFencedError
+from eospack.connectors.kafka_sink.options import KafkaSinkOptionError
 from eospack.supervisor import (
     ExponentialDelay,
     FailureRate,
@@ -179,6 +183,51 @@ def test_permanent_errors_are_told_by_name_or_spark_condition() -> None:
     assert is_permanent(RuntimeError("StateSchemaMismatchError: key_groups 8 != 16"))
     assert not is_permanent(TRANSIENT)
     assert not is_permanent(ConnectionError("connection reset by peer"))
+
+
+def as_spark_reports(error_class: type[Exception], message: str) -> RuntimeError:
+    """What the driver gets when a Python planner or worker raised ``error_class``."""
+    return RuntimeError(
+        "StreamingQueryException: [PYTHON_DATA_SOURCE_ERROR]\n"
+        f"{error_class.__module__}.{error_class.__name__}: {message}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error_class", "message"),
+    [
+        (KafkaSinkOptionError, "kafka.bootstrap.servers is required: set it to host:port"),
+        (
+            LedgerFencedError,
+            "2pc-kafka sink s1: another process now writes this sink's decisions to"
+            " eospack-ledger: this one stops; give each query its own sinkId (or none)",
+        ),
+    ],
+)
+def test_2pc_kafka_option_and_fenced_ledger_errors_stop_at_once(
+    error_class: type[Exception], message: str
+) -> None:
+    """No restart fixes a bad 2pc-kafka option, nor a ledger another run took over (a
+    restart would only fence that run in turn); the supervisor used to retry both."""
+    clock = FakeClock()
+    start, calls = starts(clock, [as_spark_reports(error_class, message), None])
+    with pytest.raises(PermanentQueryError) as caught:
+        supervise(start, FixedDelay(5, 1.0), clock=clock, sleep=clock.sleep)
+    assert len(calls) == 1 and clock.slept == []
+    assert str(caught.value) == f"{error_class.__name__}: {message}"
+    assert is_permanent(error_class(message))
+
+
+def test_the_supervisor_module_does_not_import_kafka_python() -> None:
+    """It names connector errors as text, so a job without Kafka never loads kafka-python."""
+    code = (
+        "import sys, eospack.supervisor;"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] == 'kafka'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"
 
 
 def test_durations_of_the_command_line() -> None:
