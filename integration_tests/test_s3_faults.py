@@ -380,6 +380,28 @@ def test_a_lost_answer_to_an_upload_create_is_aborted_by_the_task_that_made_it(
     assert in_progress(s3, unique_name) == set()
 
 
+@pytest.mark.parametrize(
+    ("target_file_size", "rows"),
+    [("128m", 20), ("1m", 3_000)],
+    ids=["created-at-the-end", "created-at-a-roll-over"],
+)
+def test_a_task_whose_create_never_got_an_answer_aborts_what_the_create_made(
+    s3: Any, unique_name: str, fault_directory: Path, target_file_size: str, rows: int
+) -> None:
+    """Every attempt of a create applies and loses its answer: the task fails, and must
+    abort the uploads it never learnt the id of (the old task knew of no upload, so it
+    aborted none), also when the create came with a file rolled over at targetFileSize."""
+    options = sink_options(s3, unique_name, targetFileSize=target_file_size)
+    writer = TaskWriter(options, new_client(options.connection, max_attempts=2))
+    faults.arm(fault_directory, "s3.CreateMultipartUpload", "after", batch_id=0, times=2)
+
+    with pytest.raises(S3WriteError, match="could not start the upload of"):
+        writer.prepare(TaskIdentity("sinkW", 0, 0, "0x0x00"), arrow_batches(rows, width=1000))
+
+    assert fired(fault_directory) == [("s3.CreateMultipartUpload", "after", 0)] * 2
+    assert in_progress(s3, unique_name) == set()
+
+
 def test_recovery_aborts_every_upload_no_decision_names_even_under_a_decided_key(
     s3: Any, unique_name: str
 ) -> None:

@@ -48,6 +48,7 @@ class MultipartObject:
         self._written = 0
         self._parts: list[Future[dict[str, Any]]] = []
         self.closed = False
+        self._create_failed = False
 
     # File-like protocol used by pyarrow's ParquetWriter.
     def write(self, data: Any) -> int:
@@ -107,6 +108,8 @@ class MultipartObject:
             except Exception:  # cancelled or failed: abort the upload anyway
                 pass
         if self.upload_id is None:
+            if self._create_failed:  # an attempt may have applied with its answer lost
+                self._abort_other_uploads(None)
             return
         try:
             abort_upload(self.client, self.bucket, self.key, self.upload_id)
@@ -131,18 +134,22 @@ class MultipartObject:
         have been applied with its answer lost: that upload is known to nobody but S3, so
         it is aborted here (every upload of this key is this task's: the key carries the
         task's unique attempt). What this cannot abort, recovery does (``resource``)."""
-        answer = self._call(
-            "start the upload of",
-            lambda: self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=self.key, ChecksumAlgorithm="CRC32"
-            ),
-        )
+        try:
+            answer = self._call(
+                "start the upload of",
+                lambda: self.client.create_multipart_upload(
+                    Bucket=self.bucket, Key=self.key, ChecksumAlgorithm="CRC32"
+                ),
+            )
+        except S3WriteError:
+            self._create_failed = True
+            raise
         upload_id = str(answer["UploadId"])
         if answer.get("ResponseMetadata", {}).get("RetryAttempts"):
             self._abort_other_uploads(upload_id)
         return upload_id
 
-    def _abort_other_uploads(self, upload_id: str) -> None:
+    def _abort_other_uploads(self, upload_id: str | None) -> None:
         """Best effort: abort every upload of this key in progress but ``upload_id``."""
         try:
             paginator = self.client.get_paginator("list_multipart_uploads")

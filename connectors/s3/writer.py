@@ -70,10 +70,10 @@ class TaskWriter:
                     current.encoder.write(rows_of_directory)
                     current.upload.rows += rows_of_directory.num_rows
                     if current.encoder.encoded_bytes() >= self.options.target_file_size:
-                        prepared.append(self._close(open_files, directory))
+                        self._close(open_files, prepared, directory)
                 if len(open_files) > 1 and _buffered(open_files) > MAX_BUFFERED_BYTES:
                     largest = max(open_files, key=lambda name: _buffered_of(open_files[name]))
-                    prepared.append(self._close(open_files, largest))
+                    self._close(open_files, prepared, largest)
             for current in open_files.values():
                 current.encoder.close()
             prepared.extend(open_files.values())
@@ -89,12 +89,15 @@ class TaskWriter:
             task.sink_id, task.batch_id, task.partition_id, task.attempt, rows, {"files": files}
         )
 
-    def _close(self, open_files: dict[str, _OpenFile], directory: str) -> _OpenFile:
-        """Finish encoding a file and hand its last part to the upload threads."""
+    def _close(
+        self, open_files: dict[str, _OpenFile], prepared: list[_OpenFile], directory: str
+    ) -> None:
+        """Finish encoding a file and hand its last part to the upload threads; the file
+        moves to ``prepared`` first, so that a failure here still aborts its upload."""
         current = open_files.pop(directory)
+        prepared.append(current)
         current.encoder.close()
         current.upload.seal()
-        return current
 
     def _open(
         self,
