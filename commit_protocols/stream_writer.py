@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from eospack.commit_protocols.coordinator import TwoPhaseCommitCoordinator
+from eospack.commit_protocols.coordinator import TwoPhaseCommitCoordinator, prepared_pieces_of
 from eospack.commit_protocols.fault_points import AFTER_PREPARE, fault_point
-from eospack.commit_protocols.identity import TaskIdentity, current_task
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.commit_protocols.resource import TransactionalResource
+from eospack.commit_protocols.identity import TaskIdentity, current_task, parse_attempt
+from eospack.commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
+from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+
+logger = logging.getLogger(__name__)
+
+_recovered_runs: set[tuple[str, str]] = set()
+"""(sink id, query run) pairs whose at-least-once recovery ran in this process."""
+_recovered_lock = threading.Lock()
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
@@ -21,6 +29,10 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
     A sink subclasses it with three methods: ``prepare`` (executor I/O), ``open_resource``
     (the driver's view of its storage) and, for at-least-once mode, ``write_directly``.
     The writer object is pickled to executors, so it holds only the typed options.
+
+    At-least-once mode still recovers once per query run (``recover_at_least_once``): a
+    query that ran exactly-once may have left a decided batch or prepared pieces, which
+    must be finished or rolled back whatever the mode of the restart.
     """
 
     sink_name = "2pc sink"
@@ -53,6 +65,7 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if not self.exactly_once:
+            self._recover_once_per_run(messages, batchId)
             return
         resource = self.open_resource()
         try:
@@ -61,6 +74,9 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
             resource.close()
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        """Exactly-once: the coordinator's abort. At-least-once: nothing; the rows are
+        visible already, and what the first commit's recovery could not do is retried by
+        the first commit after the restart (the failed commit is not remembered)."""
         if not self.exactly_once:
             return
         resource = self.open_resource()
@@ -68,3 +84,111 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
             TwoPhaseCommitCoordinator(resource, self.sink_name).abort(messages, batchId)
         finally:
             resource.close()
+
+    def _recover_once_per_run(
+        self, messages: Sequence[WriterCommitMessage | None], batch_id: int
+    ) -> None:
+        """At-least-once: the first commit of each query run recovers the sink.
+
+        Remembered per (sink id, run id) in this process, the run id read off the pieces'
+        attempt strings: a restarted query may commit through the same Python worker, and
+        must recover again. A commit whose pieces carry no run (written without Spark's
+        job group) recovers every time. A failed recovery is not remembered: the commit
+        raises, the query stops, and the restart's first commit tries again.
+        """
+        pieces = prepared_pieces_of(messages)
+        sink_ids = {piece.sink_id for piece in pieces}
+        if len(sink_ids) != 1:
+            return  # no piece reached the driver: the next commit knows the sink
+        sink_id = sink_ids.pop()
+        runs = {parse_attempt(piece.attempt).run for piece in pieces}
+        run = runs.pop() if len(runs) == 1 else None
+        if run is not None:
+            with _recovered_lock:
+                if (sink_id, run) in _recovered_runs:
+                    return
+        resource = self.open_resource()
+        try:
+            recover_at_least_once(resource, self.sink_name, sink_id, batch_id)
+        finally:
+            resource.close()
+        if run is not None:
+            with _recovered_lock:
+                _recovered_runs.add((sink_id, run))
+
+
+def recover_at_least_once(
+    resource: TransactionalResource, sink_name: str, sink_id: str, batch_id: int
+) -> None:
+    """What an exactly-once run left, finished by the first at-least-once commit of a run.
+
+    Run at the commit of ``batch_id``, the first batch of this run (the first one missing
+    from Spark's commit log), after its tasks wrote every row of it directly:
+
+    - every unfinished decision is rolled forward (its pieces committed, marked done): a
+      piece named by a decision is never rolled back, so a later exactly-once run finds
+      nothing undecided (the decided batch's rows may then be visible twice: at least once);
+    - every prepared piece of a batch <= ``batch_id`` that no decision names is rolled
+      back (Kafka: the open transactions that pin the output's last stable offset;
+      PostgreSQL: prepared transactions holding row locks; S3: multipart uploads).
+
+    A decided piece found lost (``DecidedPieceLostError``: the broker timed out the
+    transaction, someone ran ROLLBACK PREPARED, a lifecycle rule aborted the upload) does
+    not stop an at-least-once run when its batch is 1 <= N <= ``batch_id``: the other
+    pieces are committed, the decision is marked done and a warning names the lost ones.
+    Why that is safe: a decision of batch N exists only if Spark ran N, and a commit that
+    did not finish its decision raised, so Spark's commit log lacks N unless an
+    at-least-once run committed it. Either way an at-least-once run replayed N from
+    Spark's offset log (the same input range) and wrote each of its rows directly: this
+    run's tasks did so for N = ``batch_id`` before this commit, an earlier run for N below
+    it. So every row of N is in the sink at least once, and marking the slot done only
+    stops exactly-once restarts from failing forever on pieces no one can bring back.
+    Not for batch 0 (Spark replays an uncommitted batch 0 from a fresh ``initialOffset()``,
+    which a source may answer differently) nor for a batch above ``batch_id`` (another
+    query's, with a shared sinkId): those raise ``DecidedPieceLostError`` as in
+    exactly-once mode.
+    """
+    coordinator = TwoPhaseCommitCoordinator(resource, sink_name)
+    for decision in resource.unfinished_decisions(sink_id):
+        _finish_or_mark_lost(resource, sink_name, decision, batch_id)
+    orphans = [piece for piece in resource.prepared_pieces(sink_id) if piece.batch_id <= batch_id]
+    coordinator.roll_back_orphans(sink_id, orphans)
+
+
+def _finish_or_mark_lost(
+    resource: TransactionalResource, sink_name: str, decision: BatchDecision, batch_id: int
+) -> None:
+    if decision.status != DECIDED:
+        return
+    lost: list[tuple[PreparedPiece, DecidedPieceLostError]] = []
+    for piece in decision.pieces:
+        try:
+            resource.commit_piece(piece)
+        except DecidedPieceLostError as error:
+            lost.append((piece, error))
+    if lost and not 1 <= decision.batch_id <= batch_id:
+        raise lost[0][1]
+    resource.mark_done(decision)
+    if lost:
+        logger.warning(
+            "%s at-least-once recovery: batch %d of sink %s was decided by an exactly-once run"
+            " but %d of its pieces were lost before they could be committed (%s, %d rows;"
+            " %s); this at-least-once run replayed the batch and wrote each of its rows, so"
+            " the batch is marked done",
+            sink_name,
+            decision.batch_id,
+            decision.sink_id,
+            len(lost),
+            ", ".join(piece.transaction_id for piece, _ in lost),
+            sum(piece.rows for piece, _ in lost),
+            type(lost[0][1]).__name__,
+        )
+    else:
+        logger.warning(
+            "%s at-least-once recovery: finished the commit of batch %d (%d pieces) that an"
+            " exactly-once run of sink %s decided before it stopped",
+            sink_name,
+            decision.batch_id,
+            len(decision.pieces),
+            decision.sink_id,
+        )

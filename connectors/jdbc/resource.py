@@ -200,6 +200,8 @@ class JdbcResource(TransactionalResource):
         )
 
     def unfinished_decisions(self, sink_id: str) -> list[BatchDecision]:
+        if self.protocol == "direct" and not self._ledger_exists():
+            return []  # no exactly-once run created the ledger: nothing was ever decided
         rows = self._execute(
             f"SELECT batch_id, pieces FROM {self.ledger}"
             f" WHERE sink_id = %s AND status = '{DECIDED}' ORDER BY batch_id",
@@ -288,6 +290,9 @@ class JdbcResource(TransactionalResource):
             ).fetchall()
             found += [_piece_of(tid, {"piece": tid}) for (tid,) in rows]
         return [piece for piece in found if piece is not None]
+
+    def _ledger_exists(self) -> bool:
+        return self.dialect.table_columns(self.connection, self.options.ledger_table) is not None
 
     def _stage_exists(self) -> bool:
         return self.dialect.table_columns(self.connection, self.stage) is not None

@@ -1,0 +1,131 @@
+"""What a restart of a 2pc-kafka query must find, kept in the query's checkpoint.
+
+The decisions of 2pc-kafka live in the ledger topic (``ledgerTopic``). A restart that names
+another ledger topic would not find the last decision and could apply a batch committed
+just before a crash again. So the driver records the ledger topic at query start in
+``<checkpoint>/eospack/2pc-kafka.json`` (written once, atomically: a temporary file renamed
+into place) and every later start, in either delivery mode, compares: another
+``ledgerTopic`` is refused before any data moves, in one line naming the option and the fix.
+
+Written only by an exactly-once run (an at-least-once run decides nothing), checked by
+both (an at-least-once run recovers what an exactly-once one left, from the same ledger).
+
+Limits: the record is kept only when the query gives ``checkpointLocation`` as an option
+(Spark hands it to the sink lower-cased; one set through
+``spark.sql.streaming.checkpointLocation`` does not reach the sink) and it is an absolute
+local path or a ``file:`` URI. Any other scheme (``hdfs:``, ``s3a:``, ``dbfs:``) or a
+relative path is skipped with one info log per process: there, keep ``ledgerTopic`` as it
+was, since a change is not detected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from eospack.connectors.kafka_sink.options import KafkaSinkOptionError, KafkaSinkOptions
+
+logger = logging.getLogger(__name__)
+
+RECORD_PATH = ("eospack", "2pc-kafka.json")
+"""The record's path below the checkpoint directory."""
+RECORD_VERSION = 1
+
+_skipped_logged = False
+
+
+def record_path(checkpoint_location: str | None) -> Path | None:
+    """Where the record of this checkpoint lives, or None when it cannot be kept here (no
+    checkpoint option, another file system, a relative path)."""
+    if not checkpoint_location:
+        return None
+    location = checkpoint_location
+    if "://" in location or location.startswith("file:"):
+        parsed = urlparse(location)
+        if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+            return None
+        location = unquote(parsed.path)
+    if not os.path.isabs(location):
+        return None
+    return Path(location).joinpath(*RECORD_PATH)
+
+
+def check_ledger_topic(options: KafkaSinkOptions) -> None:
+    """Refuse a ``ledgerTopic`` other than the one this query's earlier runs recorded;
+    record it at the first exactly-once start. Called by the driver's planner before any
+    data moves (and by each commit's planner, where it is one read of a small file)."""
+    path = record_path(options.checkpoint_location)
+    if path is None:
+        _log_skipped_once(options.checkpoint_location)
+        return
+    recorded = read_record(path)
+    if recorded is None:
+        if options.exactly_once:
+            write_record(path, {"version": RECORD_VERSION, "ledger_topic": options.ledger_topic})
+        return
+    earlier = recorded.get("ledger_topic")
+    if isinstance(earlier, str) and earlier != options.ledger_topic:
+        raise KafkaSinkOptionError(
+            f"Option ledgerTopic is {options.ledger_topic!r}: this query's earlier runs kept"
+            f" their decisions in {earlier!r} (recorded in {path}), so this run could apply"
+            f" a batch again: set ledgerTopic={earlier} (or start a new query with a new"
+            " checkpoint)"
+        )
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``, or None when there is none. An unreadable record is an
+    error: guessing could let a changed ledgerTopic through."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise KafkaSinkOptionError(
+            f"2pc-kafka cannot read its record {path} in the checkpoint (not a JSON object):"
+            " restore it from a backup of the checkpoint, or write"
+            ' {"version": 1, "ledger_topic": "<the ledgerTopic of earlier runs>"} into it'
+        )
+    return record
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` atomically: a temporary file in the same directory, flushed to
+    disk, then renamed over ``path`` (a reader sees the old record or the new, whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            json.dump(record, file, separators=(",", ":"))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _log_skipped_once(checkpoint_location: str | None) -> None:
+    global _skipped_logged
+    if _skipped_logged:
+        return
+    _skipped_logged = True
+    where = (
+        "no checkpointLocation option"
+        if not checkpoint_location
+        else "the checkpoint is not an absolute local path or file: URI"
+    )
+    logger.info(
+        "2pc-kafka keeps no record of ledgerTopic in the checkpoint (%s): a restart with"
+        " another ledgerTopic is not detected, so keep it unchanged",
+        where,
+    )

@@ -1,0 +1,214 @@
+"""A restart that changes what recovery depends on: ``deliveryGuarantee`` or ``ledgerTopic``.
+
+deliveryGuarantee: an exactly-once run decides batch k and stops before committing it
+(its driver killed right after the decision, or every transaction commit failing, so that
+Spark's abort cannot roll it forward either). The query restarts at-least-once: its first
+commit must finish what the exactly-once run left (nothing open or prepared, the slot
+done, every row at least once), even when a decided piece was lost meanwhile (then the
+at-least-once replay has rewritten its rows: the slot is marked done). Switched back to
+exactly-once, the next restart succeeds and the new rows arrive once.
+
+ledgerTopic (2pc-kafka): a restart naming another ledger topic than the query's earlier
+runs recorded in the checkpoint is refused at query start, in one line, before any row
+moves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eospack.commit_protocols import faults, sink_prefix
+from eospack.connectors.kafka_sink.ledger import read_slots
+from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
+from eospack.connectors.kafka_sink.transactions import fence, open_transactions
+from eospack.services.kafka_tools import create_topic, read_all
+from eospack.testing import await_query
+from integration_tests.crash_harness import run_driver
+from integration_tests.drivers.kafka_sink_driver import start_query
+from integration_tests.test_s3_crash import write_source
+
+pytestmark = pytest.mark.integration
+
+KAFKA_DRIVER = Path(__file__).parent / "drivers" / "kafka_sink_driver.py"
+QUERY_TIMEOUT = 240.0
+AT_LEAST_ONCE = {"deliveryGuarantee": "at-least-once"}
+
+
+class KafkaQuery:
+    """One 2pc-kafka query of a test: input files (one batch each), checkpoint, output
+    topic, and a sinkId of its own (so that the test reads the ledger without deriving)."""
+
+    def __init__(self, tmp_path: Path, kafka: Any, name: str, batches: int) -> None:
+        self.bootstrap = kafka.endpoint.bootstrap_servers
+        self.topic = name
+        self.sink_id = name
+        create_topic(self.bootstrap, name, 2)
+        self.source = tmp_path / "source"
+        self.source.mkdir()
+        self.tmp_path = tmp_path
+        self.batches = write_source(self.source, batches)
+        self.checkpoint = tmp_path / "checkpoint"
+
+    def options(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"sinkId": self.sink_id, **(extra or {})}
+
+    def add_batches(self, count: int) -> None:
+        """Append ``count`` input files after the existing ones (ids go on)."""
+        staging = self.tmp_path / f"more-{len(self.batches)}"
+        staging.mkdir()
+        more = write_source(staging, len(self.batches) + count)[len(self.batches) :]
+        for index in range(len(self.batches), len(self.batches) + count):
+            (staging / f"part-{index:03d}.parquet").rename(
+                self.source / f"part-{index:03d}.parquet"
+            )
+        self.batches += more
+
+    def crash(self, fault_point: str) -> None:
+        arguments = [
+            "--source",
+            str(self.source),
+            "--checkpoint",
+            str(self.checkpoint),
+            "--bootstrap-servers",
+            self.bootstrap,
+            "--topic",
+            self.topic,
+            *(f"--option={name}={value}" for name, value in self.options().items()),
+        ]
+        run = run_driver(KAFKA_DRIVER, arguments, timeout=QUERY_TIMEOUT, fault_point=fault_point)
+        assert run.was_killed, f"{fault_point} was not reached:\n{run.explain()}"
+
+    def run_here(self, spark: Any, extra: dict[str, str] | None = None) -> None:
+        """The same query (same checkpoint) in the test's session, to the end of its input."""
+        query = start_query(
+            spark,
+            str(self.source),
+            str(self.checkpoint),
+            self.bootstrap,
+            self.topic,
+            self.options(extra),
+        )
+        await_query(query, QUERY_TIMEOUT)
+
+    def records(self) -> Counter[tuple[str, str]]:
+        rows = read_all(self.bootstrap, self.topic, isolation_level="read_committed")
+        return Counter(
+            ((key or b"").decode(), (value or b"").decode()) for _, _, key, value in rows
+        )
+
+    def expected(self, first: int = 0, end: int | None = None) -> Counter[tuple[str, str]]:
+        return Counter(
+            (group, str(row_id)) for batch in self.batches[first:end] for row_id, group in batch
+        )
+
+    def open_transactions(self) -> list[str]:
+        config = {"bootstrap_servers": self.bootstrap}
+        return sorted(open_transactions(config, sink_prefix(self.sink_id)))
+
+    def ledger(self, topic: str = DEFAULT_LEDGER_TOPIC) -> dict[int, str]:
+        slots = read_slots({"bootstrap_servers": self.bootstrap}, topic, self.sink_id)
+        return {batch: slot.status for batch, slot in slots.items()}
+
+
+def assert_at_least_once(
+    seen: Counter[tuple[str, str]], expected: Counter[tuple[str, str]]
+) -> None:
+    assert set(seen) == set(expected), "rows missing or foreign"
+    assert min(seen.values()) >= 1
+
+
+@pytest.mark.timeout(600)
+def test_kafka_decided_batch_then_at_least_once_then_exactly_once_again(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """The driver is killed right after deciding batch 1 (its two transactions open). The
+    at-least-once restart commits them (they would pin the output's last stable offset
+    until the broker aborted them, and a later exactly-once run would then fail forever);
+    the exactly-once restart after it takes the next batch once."""
+    query = KafkaQuery(tmp_path, real_kafka, unique_name, 3)
+    query.crash("after_decision@1")
+    assert query.records() == query.expected(0, 1)
+    assert len(query.open_transactions()) == 2
+    assert query.ledger()[1] == "decided"
+
+    query.run_here(spark, AT_LEAST_ONCE)
+
+    assert query.open_transactions() == []
+    assert query.ledger()[1] == "done"
+    seen = query.records()
+    assert_at_least_once(seen, query.expected())
+    assert seen - query.expected(1, 2) - query.expected(1, 2) == query.expected(0, 1) + (
+        query.expected(2)
+    ), "batch 1 twice (decided pieces committed, replay written), the others once"
+
+    query.add_batches(1)
+    query.run_here(spark)
+
+    assert query.records() - seen == query.expected(3)
+    assert query.open_transactions() == []
+    assert set(query.ledger().values()) == {"done"}
+
+
+@pytest.mark.timeout(300)
+def test_kafka_decided_piece_lost_while_at_least_once_is_marked_done_not_a_wedge(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str, call_faults: Path
+) -> None:
+    """Batch 1 is decided, then every transaction commit fails (the commit's, then Spark's
+    abort's roll-forward): the query stops with both transactions open. One of them is then
+    aborted behind the sink's back (as the broker does after transaction.timeout.ms). The
+    at-least-once restart rewrites batch 1, commits the surviving transaction, marks the
+    slot done; switched back, exactly-once restarts instead of failing on the lost piece."""
+    query = KafkaQuery(tmp_path, real_kafka, unique_name, 3)
+    faults.arm(call_faults, "kafka_sink.commit_piece", "before", batch_id=1, times=2)
+    with pytest.raises(Exception, match="KafkaConnectionError"):
+        query.run_here(spark)
+    assert faults.pending(call_faults) == []
+    assert query.ledger()[1] == "decided"
+    opened = query.open_transactions()
+    assert len(opened) == 2
+    fence({"bootstrap_servers": query.bootstrap}, opened[0])
+
+    query.run_here(spark, AT_LEAST_ONCE)
+
+    assert query.open_transactions() == []
+    assert query.ledger()[1] == "done"
+    seen = query.records()
+    assert_at_least_once(seen, query.expected())
+
+    query.add_batches(1)
+    query.run_here(spark)
+
+    assert query.records() - seen == query.expected(3)
+    assert query.open_transactions() == []
+    assert set(query.ledger().values()) == {"done"}
+
+
+@pytest.mark.timeout(300)
+def test_kafka_restart_with_another_ledger_topic_is_refused_in_one_line(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """Batch 0 runs with ledgerTopic A; the restart names B. It would not find A's
+    decisions, so it is refused at query start: one line naming the option and the fix,
+    and no record of the new batch written."""
+    query = KafkaQuery(tmp_path, real_kafka, unique_name, 1)
+    first, second = f"{unique_name}_ledger_a", f"{unique_name}_ledger_b"
+    query.run_here(spark, {"ledgerTopic": first})
+    assert query.records() == query.expected()
+    query.add_batches(1)
+
+    with pytest.raises(Exception) as raised:
+        query.run_here(spark, {"ledgerTopic": second})
+
+    lines = [line for line in str(raised.value).splitlines() if "Option ledgerTopic is" in line]
+    assert lines, str(raised.value)
+    assert f"Option ledgerTopic is '{second}'" in lines[0]
+    assert f"earlier runs kept their decisions in '{first}'" in lines[0]
+    assert f"set ledgerTopic={first}" in lines[0]
+    assert query.records() == query.expected(0, 1)
+
+    query.run_here(spark, {"ledgerTopic": first})
+    assert query.records() == query.expected()
