@@ -42,8 +42,10 @@ PERMANENT_ERROR_NAMES = (
     "StateSchemaMismatchError",
     "KafkaCodecMissingError",
     "S3AccessError",
-    # a human must look: data is gone, or a decided piece of output was lost
+    # a human must look: data is gone, or a decided piece of output was lost, or a record
+    # is larger than the output topic takes (each replay of its batch sends it again)
     "KafkaDataLossError",
+    "must fit the topic's max.message.bytes",
     "DecidedPieceLostError",
     # another run of the query (or another query with its sinkId) took over the sink's
     # ledger: a restart would only fence that run in turn

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from eospack.cli import duration_seconds
+from eospack.connectors.kafka_sink.errors import KafkaSendError
 from eospack.connectors.kafka_sink.ledger import LedgerFencedError
 from eospack.connectors.kafka_sink.options import KafkaSinkOptionError
 from eospack.supervisor import (
@@ -202,13 +203,20 @@ def as_spark_reports(error_class: type[Exception], message: str) -> RuntimeError
             "2pc-kafka sink s1: another process now writes this sink's decisions to"
             " eospack-ledger: this one stops; give each query its own sinkId (or none)",
         ),
+        (
+            KafkaSendError,
+            "2pc-kafka could not write a record to topic out: MessageSizeTooLargeError: [Error"
+            " 10] MessageSizeTooLargeError: a record (key, value and headers) must fit the"
+            " topic's max.message.bytes and kafka.max.request.size",
+        ),
     ],
 )
-def test_2pc_kafka_option_and_fenced_ledger_errors_stop_at_once(
+def test_2pc_kafka_option_fenced_ledger_and_oversized_record_errors_stop_at_once(
     error_class: type[Exception], message: str
 ) -> None:
     """No restart fixes a bad 2pc-kafka option, nor a ledger another run took over (a
-    restart would only fence that run in turn); the supervisor used to retry both."""
+    restart would only fence that run in turn), nor a record larger than the topic takes
+    (the replay sends it again); the supervisor used to retry them."""
     clock = FakeClock()
     start, calls = starts(clock, [as_spark_reports(error_class, message), None])
     with pytest.raises(PermanentQueryError) as caught:
