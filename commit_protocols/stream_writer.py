@@ -118,7 +118,12 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
 
 
 def recover_at_least_once(
-    resource: TransactionalResource, sink_name: str, sink_id: str, batch_id: int
+    resource: TransactionalResource,
+    sink_name: str,
+    sink_id: str,
+    batch_id: int,
+    *,
+    mark_lost: bool = True,
 ) -> None:
     """What an exactly-once run left, finished by the first at-least-once commit of a run.
 
@@ -147,16 +152,38 @@ def recover_at_least_once(
     which a source may answer differently) nor for a batch above ``batch_id`` (another
     query's, with a shared sinkId): those raise ``DecidedPieceLostError`` as in
     exactly-once mode.
+
+    ``mark_lost=False`` is for a task that recovers before it writes (2pc-jdbc: the
+    leftovers hold row locks its writes would wait on): its rows are not written yet, so a
+    decision with a lost piece is left decided (its other pieces committed) for the
+    driver's commit to mark, and nothing is raised.
     """
-    coordinator = TwoPhaseCommitCoordinator(resource, sink_name)
+    decided: dict[int, BatchDecision] = {}
     for decision in resource.unfinished_decisions(sink_id):
-        _finish_or_mark_lost(resource, sink_name, decision, batch_id)
+        _finish_or_mark_lost(resource, sink_name, decision, batch_id, mark_lost)
+        decided[decision.batch_id] = decision
     orphans = [piece for piece in resource.prepared_pieces(sink_id) if piece.batch_id <= batch_id]
-    coordinator.roll_back_orphans(sink_id, orphans)
+    for piece in orphans:
+        if piece.batch_id in decided and not decided[piece.batch_id].names(piece):
+            # A decision is final: no later one can name this piece, no fence is needed
+            # (and fencing would finish the decision again, lost pieces included).
+            resource.rollback_piece(piece)
+            logger.warning(
+                "%s at-least-once recovery: rolled back orphaned piece %s of batch %d",
+                sink_name,
+                piece.transaction_id,
+                piece.batch_id,
+            )
+    undecided = [piece for piece in orphans if piece.batch_id not in decided]
+    TwoPhaseCommitCoordinator(resource, sink_name).roll_back_orphans(sink_id, undecided)
 
 
 def _finish_or_mark_lost(
-    resource: TransactionalResource, sink_name: str, decision: BatchDecision, batch_id: int
+    resource: TransactionalResource,
+    sink_name: str,
+    decision: BatchDecision,
+    batch_id: int,
+    mark_lost: bool,
 ) -> None:
     if decision.status != DECIDED:
         return
@@ -166,6 +193,8 @@ def _finish_or_mark_lost(
             resource.commit_piece(piece)
         except DecidedPieceLostError as error:
             lost.append((piece, error))
+    if lost and not mark_lost:
+        return
     if lost and not 1 <= decision.batch_id <= batch_id:
         raise lost[0][1]
     resource.mark_done(decision)

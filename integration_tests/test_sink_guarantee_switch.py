@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from eospack.commit_protocols import faults, sink_prefix
@@ -29,6 +30,12 @@ from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import await_query
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.kafka_sink_driver import start_query
+from integration_tests.jdbc_fixtures import (
+    pg_rows,
+    sink_prepared,
+    stream_input,
+    write_input_files,
+)
 from integration_tests.test_s3_crash import write_source
 
 pytestmark = pytest.mark.integration
@@ -212,3 +219,101 @@ def test_kafka_restart_with_another_ledger_topic_is_refused_in_one_line(
 
     query.run_here(spark, {"ledgerTopic": first})
     assert query.records() == query.expected()
+
+
+class JdbcQuery:
+    """One 2pc-jdbc query of a test, run in the test's session: upserts into a table with
+    a primary key (so an at-least-once replay leaves each row once, and the crashed run's
+    prepared transactions hold row locks the replay's writes would wait on)."""
+
+    def __init__(self, postgres: Any, tmp_path: Path, name: str, batches: int) -> None:
+        self.url = postgres.endpoint.url
+        self.postgres = postgres
+        self.table = name
+        self.sink_id = name
+        self.input = tmp_path / "in"
+        self.checkpoint = tmp_path / "checkpoint"
+        self.batches: list[list[tuple[int, str, int]]] = []
+        self.add_batches(batches)
+        with psycopg.connect(self.url) as connection:
+            connection.execute(
+                f'CREATE TABLE "{name}" (id bigint PRIMARY KEY, name text, version bigint)'
+            )
+
+    def add_batches(self, count: int) -> None:
+        first = len(self.batches)
+        more = [
+            [(b * 10 + i, f"row-{b}-{i}", b) for i in range(6)] for b in range(first, first + count)
+        ]
+        write_input_files(self.input, more)
+        self.batches += more
+
+    def run_here(self, spark: Any, extra: dict[str, str] | None = None) -> None:
+        options = {
+            "url": self.postgres.endpoint.jdbc_url,
+            "user": self.postgres.endpoint.user,
+            "dbtable": self.table,
+            "sinkId": self.sink_id,
+            "protocol": "prepared",
+            "writeMode": "upsert",
+            "upsertKeys": "id",
+            "versionColumn": "version",
+            "lockTimeout": "5s",
+            **(extra or {}),
+        }
+        query = (
+            stream_input(spark, self.input, partitions=2)
+            .writeStream.format("2pc-jdbc")
+            .options(**options)
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        await_query(query, QUERY_TIMEOUT)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return pg_rows(self.url, self.table)
+
+    def expected(self) -> list[tuple[int, str, int]]:
+        return sorted(row for batch in self.batches for row in batch)
+
+    def ledger(self) -> dict[int, str]:
+        with psycopg.connect(self.url) as connection:
+            rows = connection.execute(
+                "SELECT batch_id, status FROM eospack_commits WHERE sink_id = %s",
+                (self.sink_id,),
+            ).fetchall()
+        return {int(batch): str(status) for batch, status in rows}
+
+    def prepared(self) -> int:
+        return sink_prepared(self.url, self.sink_id)
+
+
+@pytest.mark.timeout(300)
+def test_jdbc_prepared_decided_batch_then_at_least_once_then_exactly_once_again(
+    spark: Any, postgres: Any, tmp_path: Path, unique_name: str, call_faults: Path
+) -> None:
+    """Batch 1 is decided, then every COMMIT PREPARED fails (the commit's and Spark's
+    abort's): the query stops with two prepared transactions holding the rows' locks.
+    The at-least-once restart's tasks would wait on them until lockTimeout, before any
+    commit could recover: they finish them first. Then exactly-once resumes."""
+    query = JdbcQuery(postgres, tmp_path, unique_name, 3)
+    faults.arm(call_faults, "jdbc.commit_piece", "before", batch_id=1, times=2)
+    with pytest.raises(Exception, match="injected fault: jdbc.commit_piece"):
+        query.run_here(spark)
+    assert faults.pending(call_faults) == []
+    assert query.ledger() == {0: "done", 1: "decided"}
+    assert query.prepared() == 2
+
+    query.run_here(spark, AT_LEAST_ONCE)
+
+    assert query.prepared() == 0
+    assert query.ledger() == {0: "done", 1: "done"}
+    assert query.rows() == query.expected()
+
+    query.add_batches(1)
+    query.run_here(spark)
+
+    assert query.rows() == query.expected()
+    assert query.prepared() == 0
+    assert query.ledger() == {0: "done", 1: "done", 3: "done"}

@@ -32,6 +32,7 @@ from eospack.commit_protocols import (
 )
 from eospack.commit_protocols.coordinator import stale_pieces
 from eospack.commit_protocols.pieces import DECIDED, DONE
+from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.jdbc.dialect import Connection
 from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
 from eospack.connectors.jdbc.planning import SinkPlan
@@ -190,10 +191,34 @@ class TaskWriter:
             return 0
         connection = self.dialect.connect(self.options, autocommit=False)
         try:
+            self._finish_exactly_once_leftovers(connection, task)
             with self.dialect.transaction(connection):
                 return self._write(connection, piece_id, rows_iterator)
         finally:
             connection.close()
+
+    def _finish_exactly_once_leftovers(self, connection: Connection, task: TaskIdentity) -> None:
+        """At-least-once after an exactly-once run: the prepared transactions it left hold
+        row locks this task's write would wait on until ``lockTimeout``, before the driver's
+        first commit could recover them. Decided ones are committed, the rest rolled back
+        (``recover_at_least_once``, which leaves a decision with a lost piece to the driver)."""
+        if not self.dialect.supports_prepared_transactions:
+            return
+        left = [
+            gid
+            for gid in self.dialect.prepared_gids(connection, sink_prefix(task.sink_id))
+            if (parsed := parse_transaction_id(gid)) is not None and parsed[1] <= task.batch_id
+        ]
+        connection.commit()
+        if not left:
+            return
+        resource = open_resource(self.options, self.plan)
+        try:
+            recover_at_least_once(
+                resource, "2pc-jdbc", task.sink_id, task.batch_id, mark_lost=False
+            )
+        finally:
+            resource.close()
 
     def _write(
         self, connection: Connection, piece_id: str, batches: Iterator[pa.RecordBatch]
