@@ -6,7 +6,9 @@ Spark's abort cannot roll it forward either). The query restarts at-least-once: 
 commit must finish what the exactly-once run left (nothing open or prepared, the slot
 done, every row at least once), even when a decided piece was lost meanwhile (then the
 at-least-once replay has rewritten its rows: the slot is marked done). Switched back to
-exactly-once, the next restart succeeds and the new rows arrive once.
+exactly-once, the next restart succeeds and the new rows arrive once. 2pc-kafka with its
+driver killed (the one driver process of this module) and with a lost piece; 2pc-jdbc
+``prepared`` with upserts, whose leftovers hold the row locks the replay writes.
 
 ledgerTopic (2pc-kafka): a restart naming another ledger topic than the query's earlier
 runs recorded in the checkpoint is refused at query start, in one line, before any row

@@ -20,6 +20,7 @@ from eospack.commit_protocols import (
 )
 from eospack.commit_protocols.identity import attempt_string
 from eospack.commit_protocols.pieces import DONE
+from eospack.commit_protocols.stream_writer import recover_at_least_once
 from tests.test_commit_protocols import InMemoryResource
 
 EXACTLY_ONCE_RUN = "11111111-aaaa-4000-8000-000000000000"
@@ -171,3 +172,24 @@ def test_abort_in_at_least_once_mode_touches_nothing(sink_id: str) -> None:
     writer.abort(direct_pieces(sink_id, 2, new_run()), 2)
 
     assert writer.opened == 0 and resource.committed == [] and resource.rolled_back == []
+
+
+def test_a_task_recovering_before_its_write_leaves_a_lost_piece_to_the_driver(
+    sink_id: str,
+) -> None:
+    """2pc-jdbc's at-least-once tasks recover before writing (the leftovers' row locks):
+    their rows are not written yet, so a decision with a lost piece stays decided (its
+    other piece committed, a stray of the batch rolled back) until the driver's commit,
+    after the tasks wrote, marks it done."""
+    resource = InMemoryResource()
+    (lost, kept), stray = exactly_once_left(resource, sink_id, 3)
+    resource.rollback_piece(lost)
+
+    recover_at_least_once(resource, "test sink", sink_id, 3, mark_lost=False)
+
+    assert resource.committed == [kept.transaction_id]
+    assert stray.transaction_id in resource.rolled_back and resource.prepared == {}
+    assert resource.status(sink_id, 3) == "decided"
+
+    Writer(resource).commit(direct_pieces(sink_id, 3, new_run()), 3)
+    assert resource.status(sink_id, 3) == DONE
