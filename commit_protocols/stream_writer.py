@@ -115,6 +115,13 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         if run is not None:
             with _recovered_lock:
                 _recovered_runs.add((sink_id, run))
+        logger.info(
+            "%s at-least-once: sink %s recovered at batch %d, the first commit of query run %s",
+            self.sink_name,
+            sink_id,
+            batch_id,
+            run or "(unknown: every commit recovers)",
+        )
 
 
 def recover_at_least_once(
