@@ -1,15 +1,24 @@
-"""Stress-test driver: two long-running queries over one Kafka topic, supervised.
+"""Stress-test driver: up to three long-running queries over one Kafka topic, supervised.
 
 - ``counts``: replayable-kafka -> running_count -> 2pc-jdbc upsert with versionColumn (a
   lost or doubled event shows in its key's count);
-- ``files``: replayable-kafka -> 2pc-s3 Parquet (one row per event).
+- ``files``: replayable-kafka -> 2pc-s3 Parquet (one row per event);
+- ``events`` (with ``--kafka-output-topic``): replayable-kafka -> 2pc-kafka, one record per
+  event (key, value = the event's id), under the explicit ``--kafka-sink-id`` so that the
+  test finds its transactions and ledger slots.
 
 Each query has its own DataFrame and checkpoint under ``--checkpoint-root``. The driver
-polls ``--control`` (JSON: generation, max_offsets_per_trigger, trigger_ms, protocol, stop):
-a new generation stops every query and starts it again with the new settings (a restart
-with other options); ``stop`` ends the driver cleanly. A query that fails is started again
-from its checkpoint (a plain restart strategy), with its error logged. The S3 secret comes
-from ``EOSPACK_STRESS_S3_SECRET``, never from the command line.
+polls ``--control`` (JSON: generation, max_offsets_per_trigger, trigger_ms, protocol, stop,
+restore): a new generation stops every query and starts it again with the new settings (a
+restart with other options); ``stop`` ends the driver cleanly; a higher ``restore.number``
+moves ``counts`` to a new checkpoint through a savepoint (``restore_counts``). A query that
+fails is started again from its checkpoint (a plain restart strategy), with its error
+logged. The S3 secret comes from ``EOSPACK_STRESS_S3_SECRET``, never from the command line.
+
+``counts`` runs on the checkpoint named in ``<checkpoint root>/counts-checkpoint.json``
+(with the key groups and shuffle partitions it was restored with), written before the
+restored query first starts, so a driver killed at any moment starts the checkpoint whose
+output the table already holds.
 
     python stress_driver.py --bootstrap-servers ... --topic ... --jdbc-url ... --control ...
 """
@@ -27,6 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 POLL_SECONDS = 0.2
+COUNTS_STATE = "counts-checkpoint.json"
+FIRST_COUNTS = {"checkpoint": "counts", "key_groups": 8, "shuffle_partitions": 2, "restores": 0}
+FINISH_ATTEMPTS = 6
+FINISH_SECONDS = 180
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -44,6 +57,10 @@ def parse_arguments() -> argparse.Namespace:
         "--control",
     ):
         parser.add_argument(name, required=True)
+    parser.add_argument("--kafka-output-topic", help="also run events -> 2pc-kafka into it")
+    parser.add_argument("--kafka-sink-id")
+    parser.add_argument("--kafka-ledger-topic")
+    parser.add_argument("--savepoint-root", help="where restores write their savepoints")
     parser.add_argument("--master", default="local[2,2]")
     return parser.parse_args()
 
@@ -71,6 +88,16 @@ def read_control(path: Path) -> dict[str, Any]:
         return {}
 
 
+def write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def first_line(error: BaseException | None) -> str:
+    return str(error).strip().splitlines()[0][:300] if error else "stopped"
+
+
 class Pipelines:
     """Builds and (re)starts the queries for one generation of settings."""
 
@@ -78,14 +105,29 @@ class Pipelines:
         self.spark = spark
         self.arguments = arguments
         self.root = Path(arguments.checkpoint_root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.counts_state_path = self.root / COUNTS_STATE
+        if self.counts_state_path.exists():
+            self.counts = dict(json.loads(self.counts_state_path.read_text()))
+        else:
+            self.counts = dict(FIRST_COUNTS)
 
-    def source(self, settings: dict[str, Any]) -> Any:
+    @property
+    def names(self) -> tuple[str, ...]:
+        if self.arguments.kafka_output_topic:
+            return ("counts", "files", "events")
+        return ("counts", "files")
+
+    def checkpoint(self, name: str) -> Path:
+        return self.root / (self.counts["checkpoint"] if name == "counts" else name)
+
+    def source(self, settings: dict[str, Any], starting_offsets: str = "earliest") -> Any:
         arguments = self.arguments
         return (
             self.spark.readStream.format("replayable-kafka")
             .option("kafka.bootstrap.servers", arguments.bootstrap_servers)
             .option("subscribe", arguments.topic)
-            .option("startingOffsets", "earliest")
+            .option("startingOffsets", starting_offsets)
             .option("maxOffsetsPerTrigger", str(settings["max_offsets_per_trigger"]))
             .option("kafkaConsumer.pollTimeoutMs", "20000")
             .load()
@@ -103,29 +145,125 @@ class Pipelines:
             "lockTimeout": "20s",
         }
 
-    def start(self, name: str, settings: dict[str, Any]) -> Any:
+    def start(self, name: str, settings: dict[str, Any], available_now: bool = False) -> Any:
+        writer = self.writer(name, settings)
+        writer = writer.queryName(name).option("checkpointLocation", str(self.checkpoint(name)))
+        if available_now:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime=f"{int(settings['trigger_ms'])} milliseconds").start()
+
+    def writer(self, name: str, settings: dict[str, Any]) -> Any:
+        from eospack.savepoint import RestoredCheckpoint
         from eospack.stateful_ops import running_count
 
-        frame = self.source(settings)
+        arguments = self.arguments
         if name == "counts":
-            counts = running_count(frame.select("key"), "key", output_mode="append")
+            restored = RestoredCheckpoint(self.checkpoint("counts"))
+            frame = self.source(settings, restored.starting_offsets("earliest"))
+            counts = running_count(
+                frame.select("key"),
+                "key",
+                key_groups=int(self.counts["key_groups"]),
+                output_mode="append",
+                initial_state=restored.initial_state(),
+            )
+            # Spark takes a checkpoint's own shuffle partitions; this counts for a new one.
+            self.spark.conf.set(
+                "spark.sql.shuffle.partitions", str(self.counts["shuffle_partitions"])
+            )
             options = self.jdbc_options("counts", settings)
             options.update(writeMode="upsert", upsertKeys="key", versionColumn="version")
-            writer = counts.writeStream.format("2pc-jdbc").options(**options)
-        else:
-            writer = (
-                frame.writeStream.format("2pc-s3")
-                .option("path", self.arguments.s3_path)
-                .option("endpointUrl", self.arguments.s3_endpoint)
-                .option("accessKeyId", self.arguments.s3_access_key)
-                .option("secretAccessKey", os.environ["EOSPACK_STRESS_S3_SECRET"])
+            return counts.writeStream.format("2pc-jdbc").options(**options)
+        frame = self.source(settings)
+        if name == "events":
+            return (
+                frame.selectExpr("key", "id AS value")
+                .writeStream.format("2pc-kafka")
+                .option("kafka.bootstrap.servers", arguments.bootstrap_servers)
+                .option("topic", arguments.kafka_output_topic)
+                .option("sinkId", arguments.kafka_sink_id)
+                .option("ledgerTopic", arguments.kafka_ledger_topic)
             )
         return (
-            writer.queryName(name)
-            .option("checkpointLocation", str(self.root / name))
-            .trigger(processingTime=f"{int(settings['trigger_ms'])} milliseconds")
-            .start()
+            frame.writeStream.format("2pc-s3")
+            .option("path", arguments.s3_path)
+            .option("endpointUrl", arguments.s3_endpoint)
+            .option("accessKeyId", arguments.s3_access_key)
+            .option("secretAccessKey", os.environ["EOSPACK_STRESS_S3_SECRET"])
         )
+
+    def restart_failed(self, name: str, query: Any, settings: dict[str, Any]) -> Any:
+        """Log why ``query`` ended and start it again from its checkpoint."""
+        line = first_line(query.exception())
+        print(f"stress driver: query {name} failed, restarting: {line}", flush=True)
+        if "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in line:
+            cleared = clear_interrupted_first_offset_write(self.checkpoint(name))
+            print(f"stress driver: cleared an interrupted first offset write: {cleared}")
+        return self.start(name, settings)
+
+    def restore_counts(self, request: dict[str, Any], settings: dict[str, Any]) -> Any:
+        """Stop ``counts`` after a committed batch, savepoint it with ``eospack savepoint
+        create``, restore that into a new checkpoint (``request``: number, mode, key_groups,
+        shuffle_partitions) and start ``counts`` there; returns the new query.
+
+        The new checkpoint is named in the counts state file before its query starts: from
+        then on, a restart of the driver continues the restored query, never the old one
+        (whose output the table holds up to the savepoint's batch only)."""
+        from eospack.cli import main as eospack
+
+        number = int(request["number"])
+        old = self.checkpoint("counts")
+        self.finish_last_batch(settings)
+        savepoints = Path(self.arguments.savepoint_root or self.root.parent / "savepoints")
+        savepoints.mkdir(parents=True, exist_ok=True)
+        savepoint = savepoints / f"savepoint-{number}"
+        if eospack(["savepoint", "create", str(old), str(savepoint)]) != 0:
+            raise RuntimeError(f"stress driver: eospack savepoint create {old} failed")
+        name = f"counts-restored-{number}"
+        mode = str(request["mode"])
+        restore = ["savepoint", "restore", str(savepoint), str(self.root / name), "--mode", mode]
+        if eospack(restore) != 0:
+            raise RuntimeError(f"stress driver: eospack savepoint restore {savepoint} failed")
+        self.counts = {
+            "checkpoint": name,
+            "key_groups": int(request["key_groups"]),
+            "shuffle_partitions": int(request["shuffle_partitions"]),
+            "restores": number,
+        }
+        write_atomically(self.counts_state_path, json.dumps(self.counts))
+        query = self.start("counts", settings)
+        print(
+            f"stress driver: restore {number} started counts on {name} ({mode},"
+            f" key_groups={request['key_groups']},"
+            f" shuffle_partitions={request['shuffle_partitions']})",
+            flush=True,
+        )
+        return query
+
+    def finish_last_batch(self, settings: dict[str, Any]) -> None:
+        """Run ``counts`` with Trigger.AvailableNow until its checkpoint's last batch is
+        committed (a savepoint refuses a batch that was started but not committed): a run
+        that fails (an armed fault, a killed worker) is started again."""
+        from eospack.checkpoint import inspect_checkpoint
+
+        checkpoint = self.checkpoint("counts")
+        for _ in range(FINISH_ATTEMPTS):
+            query = self.start("counts", settings, available_now=True)
+            try:
+                finished = query.awaitTermination(FINISH_SECONDS)
+            except Exception as error:  # a failed run: its StreamingQueryException
+                print(
+                    f"stress driver: query counts failed, restarting: {first_line(error)}",
+                    flush=True,
+                )
+                continue
+            if not finished:
+                query.stop()
+                continue
+            batches = inspect_checkpoint(checkpoint).batches
+            if batches and batches[-1].committed:
+                return
+        raise RuntimeError(f"stress driver: {checkpoint} has no committed last batch")
 
 
 def main() -> int:
@@ -136,8 +274,7 @@ def main() -> int:
     pipelines = Pipelines(spark, arguments)
     control = Path(arguments.control)
     settings = read_control(control)
-    names = ("counts", "files")
-    queries = {name: pipelines.start(name, settings) for name in names}
+    queries = {name: pipelines.start(name, settings) for name in pipelines.names}
     print(f"stress driver: generation {settings.get('generation')} started", flush=True)
     while True:
         wanted = read_control(control)
@@ -151,17 +288,15 @@ def main() -> int:
             settings = wanted
             for query in queries.values():
                 query.stop()
-            queries = {name: pipelines.start(name, settings) for name in names}
+            queries = {name: pipelines.start(name, settings) for name in pipelines.names}
             print(f"stress driver: generation {settings['generation']} started", flush=True)
+        request = wanted.get("restore") or {}
+        if int(request.get("number", 0)) > int(pipelines.counts["restores"]):
+            queries["counts"].stop()
+            queries["counts"] = pipelines.restore_counts(request, settings)
         for name, query in list(queries.items()):
             if not query.isActive:
-                error = query.exception()
-                first_line = str(error).strip().splitlines()[0][:300] if error else "stopped"
-                print(f"stress driver: query {name} failed, restarting: {first_line}", flush=True)
-                if "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in first_line:
-                    cleared = clear_interrupted_first_offset_write(pipelines.root / name)
-                    print(f"stress driver: cleared an interrupted first offset write: {cleared}")
-                queries[name] = pipelines.start(name, settings)
+                queries[name] = pipelines.restart_failed(name, query, settings)
         time.sleep(POLL_SECONDS)  # polling the control file, not synchronisation
 
 
