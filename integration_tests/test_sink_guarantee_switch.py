@@ -8,7 +8,8 @@ done, every row at least once), even when a decided piece was lost meanwhile (th
 at-least-once replay has rewritten its rows: the slot is marked done). Switched back to
 exactly-once, the next restart succeeds and the new rows arrive once. 2pc-kafka with its
 driver killed (the one driver process of this module) and with a lost piece; 2pc-jdbc
-``prepared`` with upserts, whose leftovers hold the row locks the replay writes.
+``prepared`` with upserts, whose leftovers hold the row locks the replay writes; 2pc-s3,
+whose leftovers are uploads in progress.
 
 ledgerTopic (2pc-kafka): a restart naming another ledger topic than the query's earlier
 runs recorded in the checkpoint is refused at query start, in one line, before any row
@@ -17,11 +18,14 @@ moves.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from eospack.commit_protocols import faults, sink_prefix
@@ -38,13 +42,29 @@ from integration_tests.jdbc_fixtures import (
     stream_input,
     write_input_files,
 )
-from integration_tests.test_s3_crash import write_source
 
 pytestmark = pytest.mark.integration
 
 KAFKA_DRIVER = Path(__file__).parent / "drivers" / "kafka_sink_driver.py"
 QUERY_TIMEOUT = 240.0
 AT_LEAST_ONCE = {"deliveryGuarantee": "at-least-once"}
+
+
+def write_batches(
+    directory: Path, first: int, count: int, rows: int = 200
+) -> list[list[tuple[int, str]]]:
+    """Files ``first`` .. ``first + count - 1``, one per micro-batch (read with
+    maxFilesPerTrigger=1, modification times in file order), rows ``(id, grp)``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    batches = []
+    for index in range(first, first + count):
+        ids = list(range(index * rows, (index + 1) * rows))
+        groups = [f"g{i % 2}" for i in ids]
+        file = directory / f"part-{index:03d}.parquet"
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "grp": groups}), file)
+        os.utime(file, (1_700_000_000 + index, 1_700_000_000 + index))
+        batches.append(list(zip(ids, groups, strict=True)))
+    return batches
 
 
 class KafkaQuery:
@@ -57,24 +77,14 @@ class KafkaQuery:
         self.sink_id = name
         create_topic(self.bootstrap, name, 2)
         self.source = tmp_path / "source"
-        self.source.mkdir()
-        self.tmp_path = tmp_path
-        self.batches = write_source(self.source, batches)
+        self.batches = write_batches(self.source, 0, batches)
         self.checkpoint = tmp_path / "checkpoint"
 
     def options(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {"sinkId": self.sink_id, **(extra or {})}
 
     def add_batches(self, count: int) -> None:
-        """Append ``count`` input files after the existing ones (ids go on)."""
-        staging = self.tmp_path / f"more-{len(self.batches)}"
-        staging.mkdir()
-        more = write_source(staging, len(self.batches) + count)[len(self.batches) :]
-        for index in range(len(self.batches), len(self.batches) + count):
-            (staging / f"part-{index:03d}.parquet").rename(
-                self.source / f"part-{index:03d}.parquet"
-            )
-        self.batches += more
+        self.batches += write_batches(self.source, len(self.batches), count)
 
     def crash(self, fault_point: str) -> None:
         arguments = [
@@ -123,9 +133,7 @@ class KafkaQuery:
         return {batch: slot.status for batch, slot in slots.items()}
 
 
-def assert_at_least_once(
-    seen: Counter[tuple[str, str]], expected: Counter[tuple[str, str]]
-) -> None:
+def assert_at_least_once(seen: Counter[Any], expected: Counter[Any]) -> None:
     assert set(seen) == set(expected), "rows missing or foreign"
     assert min(seen.values()) >= 1
 
@@ -319,3 +327,84 @@ def test_jdbc_prepared_decided_batch_then_at_least_once_then_exactly_once_again(
     assert query.rows() == query.expected()
     assert query.prepared() == 0
     assert query.ledger() == {0: "done", 1: "done", 3: "done"}
+
+
+class S3Query:
+    """One 2pc-s3 query of a test, run in the test's session: Parquet under a prefix of
+    its own, read back through the 2pc-s3 reader."""
+
+    def __init__(self, s3: Any, tmp_path: Path, name: str, batches: int) -> None:
+        endpoint = s3.endpoint
+        self.client = endpoint.client()
+        self.bucket = endpoint.bucket
+        self.prefix = name
+        self.path = f"s3://{endpoint.bucket}/{name}"
+        self.connection = {
+            "endpointUrl": endpoint.endpoint_url,
+            "region": endpoint.region,
+            "accessKeyId": endpoint.access_key_id,
+            "secretAccessKey": endpoint.secret_access_key,
+        }
+        self.sink_id = name
+        self.source = tmp_path / "source"
+        self.checkpoint = tmp_path / "checkpoint"
+        self.batches = write_batches(self.source, 0, batches, rows=20)
+
+    def add_batches(self, count: int) -> None:
+        self.batches += write_batches(self.source, len(self.batches), count, rows=20)
+
+    def run_here(self, spark: Any, extra: dict[str, str] | None = None) -> None:
+        query = (
+            spark.readStream.schema("id BIGINT, grp STRING")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(self.source))
+            .repartition(2)
+            .writeStream.format("2pc-s3")
+            .options(**self.connection, sinkId=self.sink_id, **(extra or {}))
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True)
+            .start(self.path)
+        )
+        await_query(query, QUERY_TIMEOUT)
+
+    def rows(self, spark: Any) -> Counter[tuple[int, str]]:
+        frame = spark.read.format("2pc-s3").options(**self.connection).load(self.path)
+        return Counter((int(row.id), str(row.grp)) for row in frame.select("id", "grp").collect())
+
+    def expected(self, first: int = 0, end: int | None = None) -> Counter[tuple[int, str]]:
+        return Counter(row for batch in self.batches[first:end] for row in batch)
+
+    def uploads_in_progress(self) -> list[str]:
+        listed = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=f"{self.prefix}/")
+        return sorted(upload["Key"] for upload in listed.get("Uploads", ()))
+
+
+@pytest.mark.timeout(300)
+def test_s3_decided_batch_then_at_least_once_then_exactly_once_again(
+    spark: Any, s3: Any, tmp_path: Path, unique_name: str, call_faults: Path
+) -> None:
+    """Batch 1 is decided, then every completion of its first file fails (each of
+    botocore's 5 attempts, in the commit and again in Spark's abort): its uploads stay in
+    progress. The at-least-once restart completes them; exactly-once then resumes."""
+    query = S3Query(s3, tmp_path, unique_name, 3)
+    faults.arm(call_faults, "s3.CompleteMultipartUpload", "before", batch_id=1, times=10)
+    with pytest.raises(Exception, match="2pc-s3 could not complete"):
+        query.run_here(spark)
+    assert faults.pending(call_faults) == []
+    assert query.uploads_in_progress() != []
+    assert query.rows(spark) == query.expected(0, 1)
+
+    query.run_here(spark, AT_LEAST_ONCE)
+
+    assert query.uploads_in_progress() == []
+    seen = query.rows(spark)
+    assert_at_least_once(seen, query.expected())
+    assert seen - query.expected(1, 2) - query.expected(1, 2) == query.expected(0, 1) + (
+        query.expected(2)
+    ), "batch 1 twice (decided files completed, replay written), the others once"
+
+    query.add_batches(1)
+    query.run_here(spark)
+
+    assert query.rows(spark) - seen == query.expected(3)
+    assert query.uploads_in_progress() == []
