@@ -379,6 +379,7 @@ class S3Query:
         return sorted(upload["Key"] for upload in listed.get("Uploads", ()))
 
 
+@pytest.mark.chaos  # ~20 s, mostly botocore's backoff between the 10 failed completions
 @pytest.mark.timeout(300)
 def test_s3_decided_batch_then_at_least_once_then_exactly_once_again(
     spark: Any, s3: Any, tmp_path: Path, unique_name: str, call_faults: Path
