@@ -42,12 +42,15 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
+from eospack.connectors.kafka.options import UNLISTED
 from eospack.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.state_reader import read_state_table
 
 FORMAT = "eospack-savepoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 2 adds the old query's watermarks; a version 1 savepoint restores without them."""
 MANIFEST = "manifest.json"
 RESTORED_DIRECTORY = "eospack-savepoint"
 """Where ``restore_savepoint`` puts the savepoint inside the new checkpoint."""
@@ -83,6 +86,12 @@ class Manifest:
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     settings: dict[str, str] = field(default_factory=dict)
+    batch_watermark_ms: int | None = None
+    """Spark's watermark while the savepoint's batch ran (its offset log): the next batch
+    drops rows at or behind it, as Spark drops rows behind the previous batch's watermark."""
+    next_batch_watermark_ms: int | None = None
+    """Spark's watermark for the batch after the savepoint's (its commit log): what the old
+    query would have closed sessions and expired keys with next."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -96,11 +105,11 @@ class Manifest:
                 " eospack savepoint create"
             )
         raw = json.loads(path.read_text())
-        if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
+        if raw.get("format") != FORMAT or raw.get("format_version") not in READABLE_VERSIONS:
             raise SavepointError(
                 f"{directory} has format {raw.get('format')} version"
-                f" {raw.get('format_version')}; this eospack reads {FORMAT} version"
-                f" {FORMAT_VERSION}"
+                f" {raw.get('format_version')}; this eospack reads {FORMAT} versions"
+                f" {', '.join(map(str, READABLE_VERSIONS))}"
             )
         operators = [OperatorSnapshot(**operator) for operator in raw.pop("operators")]
         return cls(operators=operators, **raw)
@@ -175,6 +184,8 @@ def create_savepoint(
         eospack_version=__version__,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         settings={"state_store_provider": report.state_store_provider or "Spark default"},
+        batch_watermark_ms=logged_watermark(source / "offsets" / str(last.batch_id), 1),
+        next_batch_watermark_ms=logged_watermark(source / "commits" / str(last.batch_id), 1),
     )
     (staging / MANIFEST).write_text(manifest.to_json())
     os.rename(staging, target)
@@ -224,10 +235,20 @@ class RestoredCheckpoint:
 
     def starting_offsets(self, default: str = "earliest", source: int = 0) -> str:
         """replayable-kafka's ``startingOffsets`` for source ``source`` (in the order Spark
-        logs them): where the savepoint's batch ended, else ``default``."""
+        logs them): where the savepoint's batch ended, else ``default``.
+
+        Partitions the savepoint does not know (added to a topic since, or topics a
+        ``subscribePattern`` matches since) start at their earliest offset, as the old
+        query would have read them (Spark's sources start partitions discovered during a
+        query at the earliest offset). A JSON ``startingOffsets`` starts unlisted partitions
+        at latest, so the JSON says ``"@unlisted": "earliest"``. Why not list the current
+        partitions here instead: a partition or topic created between this call and the
+        query's first batch would still start at latest, and lose its first records.
+        """
         if self.manifest is None:
             return default
-        return json.dumps(end_offsets(self.manifest.source_offsets[source]), sort_keys=True)
+        ends = end_offsets(self.manifest.source_offsets[source])
+        return json.dumps({**ends, UNLISTED: "earliest"}, sort_keys=True)
 
     def initial_state(self, operator: int = 0) -> InitialState | None:
         """The ``initial_state`` of stateful operator ``operator`` (Spark's operator id: the
@@ -239,8 +260,23 @@ class RestoredCheckpoint:
                 return InitialState(
                     path=str(self.directory / snapshot.file),
                     work_directory=str(self.directory / f"operator-{operator}-split"),
+                    batch_watermark_ms=self.manifest.batch_watermark_ms,
+                    next_batch_watermark_ms=self.manifest.next_batch_watermark_ms,
+                    checkpoint_location=str(self.directory.parent),
+                    operator_id=operator,
                 )
         return None
+
+
+def logged_watermark(path: Path, line: int) -> int | None:
+    """The watermark in line ``line`` of Spark's offset log (``batchWatermarkMs``) or commit
+    log (``nextBatchWatermarkMs``) entry at ``path``; None when it holds none."""
+    try:
+        entry = json.loads(path.read_text().splitlines()[line])
+    except (OSError, IndexError, ValueError):
+        return None
+    value = entry.get("batchWatermarkMs", entry.get("nextBatchWatermarkMs"))
+    return int(value) if isinstance(value, int) else None
 
 
 def end_offsets(offsets: dict[str, Any] | None) -> dict[str, Any]:
@@ -256,6 +292,8 @@ def describe(manifest: Manifest) -> str:
             topic: parts for topic, parts in (offsets or {}).items() if not topic.startswith("@")
         }
         lines.append(f"  source offsets {json.dumps(ends, sort_keys=True)}")
+    if manifest.next_batch_watermark_ms:
+        lines.append(f"  watermark {manifest.next_batch_watermark_ms} ms (next batch's)")
     for operator in manifest.operators:
         lines.append(
             f"  operator {operator.operator_id} ({operator.name}): {operator.rows} keys,"

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
@@ -53,7 +54,12 @@ from pyspark.sql.types import (
 
 from eospack.stateful_ops import state_codec
 from eospack.stateful_ops.errors import OperatorDefinitionError
-from eospack.stateful_ops.initial_state import InitialState, load_key_group, split_by_key_group
+from eospack.stateful_ops.initial_state import (
+    InitialState,
+    bootstrap_needed,
+    load_key_group,
+    split_by_key_group,
+)
 from eospack.stateful_ops.validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
 
 # Spark's applyInPandasWithState worker pads its output with an all-NA frame before a
@@ -71,6 +77,10 @@ DEFAULT_KEY_GROUPS = 8
 KEY_GROUP_COLUMN = "__so_key_group"
 # Boolean column of prepared rows: true for a settings marker, false for a data row.
 MARKER_COLUMN = "__so_settings_marker"
+# Restored with a watermark: each row's watermarked event time in microseconds.
+EVENT_TIME_COLUMN = "__so_event_time_us"
+# The local property Spark sets on a micro-batch's jobs (MicroBatchExecution.BATCH_ID_KEY).
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # Key group of the settings markers; data rows get pmod(...) >= 0, so it never holds keys.
 SETTINGS_KEY_GROUP = -1
 # 2262-01-01 UTC, shortly before the last instant pandas holds: a marker's event time, never
@@ -182,8 +192,10 @@ class StatefulOperator:
         self.key = key
         self.key_groups = key_groups
         self.initial_state = initial_state
-        # Set by apply() when initial_state is given: the per-key-group split to load from.
+        # Set by apply() when initial_state is given: the per-key-group split to load from
+        # (None once every key group holds state), and the old query's watermarks.
         self.bootstrap_directory: str | None = None
+        self.restored_watermarks: tuple[int | None, int | None] = (None, None)
         # False only to reproduce checkpoints written before settings markers existed (tests).
         self.emit_settings_markers = True
         self.keys: tuple[str, ...] = ()
@@ -253,7 +265,14 @@ class StatefulOperator:
         self.bind(keys, without_marker(prepared.schema))
         if self.initial_state is not None:
             self.emit_settings_markers = True
-            self.bootstrap_directory = split_by_key_group(df.sparkSession, self.initial_state, self)
+            self.restored_watermarks = (
+                self.initial_state.batch_watermark_ms,
+                self.initial_state.next_batch_watermark_ms,
+            )
+            if bootstrap_needed(df.sparkSession, self.initial_state, self.key_groups):
+                self.bootstrap_directory = split_by_key_group(
+                    df.sparkSession, self.initial_state, self
+                )
         result = (
             self.bucketed(prepared)
             .groupBy(KEY_GROUP_COLUMN)
@@ -279,12 +298,28 @@ class StatefulOperator:
             metadata={"key_groups": str(self.key_groups)},
         )
 
+    def watermarked_column(self) -> str | None:
+        """The input's watermarked column when restored with a watermark, else None."""
+        if all(watermark is None for watermark in self.restored_watermarks):
+            return None
+        for field in self.input_schema.fields:
+            if WATERMARK_METADATA_KEY in field.metadata:
+                return field.name
+        return None
+
     def key_group_column(self) -> Column:
         hashed = F.xxhash64(*[F.col(name) for name in self.keys])
         return F.pmod(hashed, F.lit(self.key_groups)).cast("int")
 
     def bucketed(self, prepared: DataFrame) -> DataFrame:
-        """``prepared`` with ``KEY_GROUP_COLUMN``; settings markers go to SETTINGS_KEY_GROUP."""
+        """``prepared`` with ``KEY_GROUP_COLUMN``; settings markers go to SETTINGS_KEY_GROUP.
+
+        Restored with the old query's watermark, rows also carry their watermarked event
+        time in microseconds (``EVENT_TIME_COLUMN``), for the late-row check in ``_call``.
+        """
+        event_time = self.watermarked_column()
+        if event_time is not None:
+            prepared = prepared.withColumn(EVENT_TIME_COLUMN, F.unix_micros(F.col(event_time)))
         if not self.emit_settings_markers:
             if MARKER_COLUMN in prepared.columns:
                 prepared = prepared.where(~F.col(MARKER_COLUMN)).drop(MARKER_COLUMN)
@@ -312,25 +347,64 @@ class StatefulOperator:
                 pass
             self.check_settings(state)
             return
-        clock = Clock(
-            processing_time_ms=state.getCurrentProcessingTimeMs(),
-            watermark_ms=state.getCurrentWatermarkMs() if self.timeout == "event" else None,
-        )
+        clock = self.clock(state)
         if self.bootstrap_directory is not None:
             frames = (frame[~frame[MARKER_COLUMN]] for frame in frames)
+        if self.watermarked_column() is not None:
+            frames = self.without_late_rows(frames)
         if state.hasTimedOut:
             for _ in frames:
                 pass
             new_state, output = self.on_timeout(self.load(state, bucket[0]), clock)
         else:
             rows = self.fold(frames)
-            if not len(rows) and state.exists and self.bootstrap_directory is not None:
-                self.rearm(state, clock)  # only bootstrap markers: nothing changes
-                return
-            new_state, output = self.update(rows, self.load(state, bucket[0]), clock)
+            if len(rows):
+                new_state, output = self.update(rows, self.load(state, bucket[0]), clock)
+            else:
+                # Only bootstrap markers or late rows: a visit without data, as Spark's.
+                stored = self.load(state, bucket[0])
+                if self.due(stored, clock):
+                    new_state, output = self.on_timeout(stored, clock)
+                elif state.exists:
+                    self.rearm(state, clock)
+                    return
+                else:
+                    new_state, output = stored, self.empty_output()
         self.save(state, new_state, clock)
         if len(output):
             yield output[list(self.out_schema.names)]
+
+    def clock(self, state: GroupState) -> Clock:
+        """This call's clock; restored, the watermark is at least the old query's next one."""
+        watermark = None
+        if self.timeout == "event":
+            watermark = state.getCurrentWatermarkMs()
+            floor = self.restored_watermarks[1]
+            if floor is not None:
+                watermark = max(watermark, floor)
+        return Clock(state.getCurrentProcessingTimeMs(), watermark)
+
+    def without_late_rows(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        """Drop rows at or behind the watermark the old query would have dropped them with
+        (Spark drops rows at or behind the previous batch's watermark; in the restored
+        query's batch 0 that is the savepoint batch's, afterwards at least the next one's)."""
+        batch_watermark, next_batch_watermark = self.restored_watermarks
+        context = TaskContext.get()
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+        late_ms = batch_watermark if batch == "0" else next_batch_watermark
+        for frame in frames:
+            if late_ms is not None:
+                event_us = frame[EVENT_TIME_COLUMN]
+                frame = frame[(event_us.isna() | (event_us > late_ms * 1000)).to_numpy()]
+            yield frame
+
+    def due(self, stored: pd.DataFrame, clock: Clock) -> bool:
+        """Whether a key of ``stored`` must expire now (Spark's timeout would fire)."""
+        if self.timeout == "none" or not len(stored):
+            return False
+        wake_up = self.wake_up_ms(stored, clock)
+        now = clock.processing_time_ms if self.timeout == "processing" else clock.watermark_ms
+        return wake_up is not None and now is not None and wake_up <= now
 
     def fold(self, frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
         columns = [n for n in self.input_schema.names]

@@ -12,11 +12,30 @@ the state fields, as ``eospack savepoint create`` writes it) bootstraps on first
   A key group without state loads its keys from the split and goes on as usual; once
   visited it keeps a state row even when it holds no key, so it never loads twice.
 - Nothing is stored until that batch commits: a crash before it bootstraps again.
+- Bootstrapping stops once every key group holds state: a query started on a restored
+  checkpoint whose last committed batch has a state row for each key group (read
+  through Spark's state data source) sends no bootstrap markers, and records that in the
+  work directory, so a key group emptied later never loads its keys again. Until then a
+  visit by markers alone is a visit without data: it expires what is due (as Spark's
+  timeout would) or re-arms the timeout, and rewrites nothing else.
+- Keys are split with the operator's own key types: the file holds timestamps as state
+  does (tz-naive wall times of the session time zone), which Spark would read back as
+  TIMESTAMP_NTZ and hash differently; they are cast to the key's type first (Spark's cast
+  reads a wall time in the session time zone), so a restored key lands in the key group a
+  running query sends its rows to. The session time zone must therefore be the old
+  query's, as for any restart of an operator keyed by timestamps.
+- The watermark: ``batch_watermark_ms`` and ``next_batch_watermark_ms`` are the old
+  query's (its offset and commit logs), and a fresh checkpoint's watermark starts at 0.
+  The operator clocks every batch with at least ``next_batch_watermark_ms`` (closing
+  sessions and expiring keys as the old query would have next) and drops rows at or
+  behind the watermark Spark would have dropped them with: ``batch_watermark_ms`` in the
+  restored query's batch 0, ``next_batch_watermark_ms`` afterwards (Spark drops rows at
+  or behind the previous batch's watermark; its own watermark takes over once it passes).
 
 Guarantee: the first batch sees exactly the savepoint's keys with their state, and every
 later batch sees the state the previous one committed. Cost: one marker row per input
-partition and key group per batch, and key groups that get only markers are not
-rewritten (operators with timeouts decode their state to re-arm them).
+partition and key group per batch until bootstrapping stops, and key groups that get only
+markers are not rewritten (operators with timeouts decode their state to re-arm them).
 """
 
 from __future__ import annotations
@@ -32,6 +51,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    MapType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from eospack.stateful_ops.errors import OperatorDefinitionError
 
@@ -39,15 +68,23 @@ if TYPE_CHECKING:
     from eospack.stateful_ops.base import StatefulOperator
 
 SPLIT_COMPLETE = "_complete"
+BOOTSTRAP_COMPLETE = "_bootstrapped"
 
 
 @dataclass(frozen=True)
 class InitialState:
     """Per-key state to start from: ``path`` is the Parquet file, ``work_directory`` a
-    directory the restored query owns, where the per-key-group split is written."""
+    directory the restored query owns, where the per-key-group split is written.
+    ``checkpoint_location`` and ``operator_id`` name the restored query's own state (to
+    see whether bootstrapping is complete); the watermarks are the old query's (None when
+    unknown: a savepoint of format 1, or a query without a watermark)."""
 
     path: str
     work_directory: str
+    batch_watermark_ms: int | None = None
+    next_batch_watermark_ms: int | None = None
+    checkpoint_location: str | None = None
+    operator_id: int = 0
 
 
 def split_by_key_group(
@@ -76,8 +113,7 @@ def split_by_key_group(
             " the savepoint into a query with the same key columns and operator"
         )
     key_group = "__so_initial_key_group"
-    rows = spark.read.parquet(initial_state.path)
-    split = rows.select(operator.key_group_column().alias(key_group), *expected.names).toArrow()
+    split = typed_key_groups(spark, pq.read_table(initial_state.path), operator, key_group)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     groups = split.column(key_group).to_numpy(zero_copy_only=False)
@@ -92,6 +128,85 @@ def split_by_key_group(
     except OSError:  # another start split it first: theirs is the same
         shutil.rmtree(staging, ignore_errors=True)
     return str(directory)
+
+
+def typed_key_groups(
+    spark: SparkSession, table: pa.Table, operator: StatefulOperator, key_group: str
+) -> pa.Table:
+    """``table`` (state columns as stored) with ``key_group``: each key's group computed on
+    the key cast to the operator's own Spark type, with the stream's expression."""
+    stored = [f"__so_stored_{index}" for index in range(table.num_columns)]
+    as_stored = StructType(
+        [
+            StructField(name, wall_clock_type(field.dataType), True)
+            for name, field in zip(stored, operator.state_schema.fields, strict=True)
+        ]
+    )
+    frame = spark.createDataFrame(table.rename_columns(stored), schema=as_stored)
+    names = operator.state_schema.names
+    typed = frame.select(
+        *stored,
+        *[
+            F.col(stored[names.index(key)]).cast(operator.state_schema[key].dataType).alias(key)
+            for key in operator.keys
+        ],
+    )
+    return typed.select(
+        operator.key_group_column().alias(key_group),
+        *[F.col(column).alias(name) for column, name in zip(stored, names, strict=True)],
+    ).toArrow()
+
+
+def wall_clock_type(data_type: DataType) -> DataType:
+    """``data_type`` with every TIMESTAMP as TIMESTAMP_NTZ: how state holds it (a wall time)."""
+    if isinstance(data_type, TimestampType):
+        return TimestampNTZType()
+    if isinstance(data_type, ArrayType):
+        return ArrayType(wall_clock_type(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        return MapType(
+            wall_clock_type(data_type.keyType),
+            wall_clock_type(data_type.valueType),
+            data_type.valueContainsNull,
+        )
+    if isinstance(data_type, StructType):
+        return StructType(
+            [
+                StructField(field.name, wall_clock_type(field.dataType), field.nullable)
+                for field in data_type.fields
+            ]
+        )
+    return data_type
+
+
+def bootstrap_needed(spark: SparkSession, initial_state: InitialState, key_groups: int) -> bool:
+    """Whether a query on the restored checkpoint must still bootstrap: False once the
+    checkpoint's last committed batch holds a state row for every key group (recorded in
+    the work directory, so it stays False when a key group empties later)."""
+    done = Path(initial_state.work_directory) / f"{BOOTSTRAP_COMPLETE}-{key_groups}"
+    if done.exists():
+        return False
+    checkpoint = initial_state.checkpoint_location
+    if checkpoint is None or not any(
+        path.name.isdigit() for path in (Path(checkpoint) / "commits").glob("*")
+    ):
+        return True
+    try:
+        rows = (
+            spark.read.format("statestore")
+            .option("operatorId", initial_state.operator_id)
+            .load(checkpoint)
+            .selectExpr("key.*")
+            .collect()
+        )
+    except Exception:  # no state of this operator yet (Spark's reader refuses)
+        return True
+    held = {row[0] for row in rows if row[0] is not None and row[0] >= 0}
+    if held != set(range(key_groups)):
+        return True
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.touch()
+    return False
 
 
 def load_key_group(directory: str, key_group: int, schema: pa.Schema) -> pd.DataFrame | None:

@@ -47,7 +47,10 @@ def test_no_claim_copies_and_claim_moves(tmp_path: Path) -> None:
     assert restore_savepoint(savepoint, tmp_path / "a") == manifest
     assert (savepoint / "manifest.json").is_file()
     restored = RestoredCheckpoint(f"file://{tmp_path / 'a'}")
-    assert json.loads(restored.starting_offsets()) == {"events": {"0": 120, "1": 98}}
+    assert json.loads(restored.starting_offsets()) == {
+        "events": {"0": 120, "1": 98},
+        "@unlisted": "earliest",
+    }
     initial = restored.initial_state(0)
     assert initial is not None
     assert Path(initial.path).read_bytes() == b"state"
@@ -71,3 +74,73 @@ def test_restore_refusals(tmp_path: Path) -> None:
     with pytest.raises(SavepointError, match="version 9; this eospack reads"):
         restore_savepoint(savepoint, tmp_path / "a")
     assert not (tmp_path / "a").exists()
+
+
+def test_partitions_unknown_to_the_savepoint_start_at_earliest(tmp_path: Path) -> None:
+    """A partition added since the savepoint and a topic the subscription covers since start
+    at their earliest offset, as in a query that never stopped; known ones where it ended."""
+    from tests.test_kafka_planning import FakeCluster, stream_reader
+
+    write_savepoint(tmp_path / "savepoint")
+    restore_savepoint(tmp_path / "savepoint", tmp_path / "a")
+    restored = RestoredCheckpoint(tmp_path / "a")
+    cluster = FakeCluster(
+        {
+            "events": ("AAAAAAAAAAAAAAAAAAAAAQ", {0: (0, 150), 1: (0, 99), 2: (5, 40)}),
+            "later": ("AAAAAAAAAAAAAAAAAAAAAg", {0: (3, 12)}),
+        }
+    )
+    reader = stream_reader(
+        cluster, subscribe="events,later", startingOffsets=restored.starting_offsets()
+    )
+    start = json.loads(json.dumps(reader.initialOffset()))
+    assert {topic: ends for topic, ends in start.items() if not topic.startswith("@")} == {
+        "events": {"0": 120, "1": 98, "2": 5},
+        "later": {"0": 3},
+    }
+    from eospack.connectors.kafka.errors import KafkaSourceOptionError
+    from eospack.connectors.kafka.options import parse_options
+
+    with pytest.raises(KafkaSourceOptionError, match='"@unlisted": .soon.: use "earliest"'):
+        parse_options(
+            {
+                "kafka.bootstrap.servers": "broker:9092",
+                "subscribe": "events",
+                "startingOffsets": '{"events": {"0": 1}, "@unlisted": "soon"}',
+            }
+        )
+
+
+def test_restored_checkpoint_hands_its_operators_the_old_watermarks(tmp_path: Path) -> None:
+    """The watermarks Spark logged for the savepoint's batch (offset log) and for the next
+    one (commit log) reach each operator's initial state; a format 1 savepoint has none."""
+    from eospack.savepoint import logged_watermark
+
+    checkpoint = tmp_path / "old"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "offsets" / "4").write_text(
+        'v1\n{"batchWatermarkMs":1000,"batchTimestampMs":5,"conf":{}}\n{"events":{"0":120}}\n'
+    )
+    (checkpoint / "commits" / "4").write_text('v1\n{"nextBatchWatermarkMs":195000}\n')
+    assert logged_watermark(checkpoint / "offsets" / "4", 1) == 1000
+    assert logged_watermark(checkpoint / "commits" / "4", 1) == 195000
+    assert logged_watermark(checkpoint / "commits" / "5", 1) is None
+
+    manifest = write_savepoint(tmp_path / "savepoint")
+    saved = json.loads((tmp_path / "savepoint" / "manifest.json").read_text())
+    saved.update(batch_watermark_ms=1000, next_batch_watermark_ms=195000)
+    (tmp_path / "savepoint" / "manifest.json").write_text(json.dumps(saved))
+    restore_savepoint(tmp_path / "savepoint", tmp_path / "new")
+    initial = RestoredCheckpoint(tmp_path / "new").initial_state(0)
+    assert initial is not None
+    assert (initial.batch_watermark_ms, initial.next_batch_watermark_ms) == (1000, 195000)
+    assert initial.checkpoint_location == str(tmp_path / "new")
+
+    old = {key: value for key, value in json.loads(manifest.to_json()).items()}
+    old.update(format_version=1)
+    for key in ("batch_watermark_ms", "next_batch_watermark_ms"):
+        old.pop(key)
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "manifest.json").write_text(json.dumps(old))
+    assert Manifest.read(tmp_path / "v1").next_batch_watermark_ms is None

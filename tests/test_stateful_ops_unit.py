@@ -392,6 +392,58 @@ def test_a_bootstrapped_key_group_loads_once_and_keeps_its_timeouts(tmp_path: An
     assert group.keys_in_state() == 0
 
 
+def test_a_restored_operator_keeps_the_old_watermark_and_expires_on_marker_visits(
+    tmp_path: Any,
+) -> None:
+    """Restored with the old query's watermarks (195 s next): a visit by bootstrap markers
+    alone is a visit without data, so what that watermark closes closes (Spark's watermark
+    is still 0 in a fresh checkpoint); a row at or behind it is late and dropped (no second
+    session for a closed key); a later visit with Spark's own watermark closes the rest."""
+    ts = StructField("ts", TimestampType(), True, {"spark.watermarkDelayMs": 5000})
+    schema = StructType([KEYED["k"], ts, _long(EVENT_US)])
+    operator = bound(Sessionize("k", "ts", "10 seconds"), ["k"], schema)
+    second = 1_000_000
+    initial = pa.table(
+        {
+            "k": ["a", "b"],
+            "session_start_us": [1 * second, 200 * second],
+            "session_end_us": [17 * second, 210 * second],
+            "count": [3, 1],
+        },
+        schema=operator.arrow_state_schema,
+    )
+    with (
+        pa.OSFile(str(tmp_path / "3.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, operator.arrow_state_schema) as writer,
+    ):
+        writer.write_table(initial)
+    operator.bootstrap_directory = str(tmp_path)
+    operator.restored_watermarks = (0, 195_000)
+    group = Group(operator, key_group=3)
+
+    def frame(keys: list[str], seconds: list[int], markers: list[bool]) -> pd.DataFrame:
+        events = [value * second for value in seconds]
+        return spark_frame(
+            {
+                "k": keys,
+                "ts": [pd.NaT] * len(keys),
+                EVENT_US: events,
+                MARKER_COLUMN: markers,
+                "__so_event_time_us": events,  # base.EVENT_TIME_COLUMN
+            }
+        )
+
+    marker = frame(["z"], [0], [True])
+    closed = group.call([marker], watermark_ms=0)
+    assert rows(closed) == [("a", 1 * second, 17 * second, 3)]
+    assert group.keys_in_state() == 1 and group.timeout_ms == 210_000 - 1
+    assert len(group.call([frame(["z", "a"], [0, 100], [True, False])], watermark_ms=0)) == 0
+    assert group.keys_in_state() == 1 and group.timeout_ms == 210_000 - 1
+    closed = group.call([marker], watermark_ms=300_000)
+    assert rows(closed) == [("b", 200 * second, 210 * second, 1)]
+    assert group.value is not None and group.keys_in_state() == 0
+
+
 # state encoding and schema evolution -----------------------------------------------------
 
 

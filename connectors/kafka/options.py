@@ -23,6 +23,9 @@ from eospack.options import OptionReader
 
 EARLIEST = -2
 LATEST = -1
+# startingOffsets JSON key (never a topic name: Kafka's have no "@"): where unlisted
+# partitions start; RestoredCheckpoint says "earliest", as for partitions discovered later.
+UNLISTED = "@unlisted"
 
 TopicPartitionKey = tuple[str, int]
 
@@ -96,6 +99,8 @@ class OffsetBound:
     timestamp: int | None = None
     # What to do when no record is at or after a timestamp: "error" or "latest".
     timestamp_strategy: Literal["error", "latest"] = "error"
+    # Where partitions an offsets JSON leaves out start ("@unlisted": "earliest" or "latest").
+    unlisted: int = LATEST
 
     def as_dict(self) -> dict[TopicPartitionKey, int]:
         return dict(self.per_partition)
@@ -278,11 +283,19 @@ def _offsets_bound(options: OptionReader, name: str) -> OffsetBound:
     value = options.text(name) or ""
     if value.lower() in ("earliest", "latest"):
         return OffsetBound(value.lower(), name)  # type: ignore[arg-type]
-    return OffsetBound("offsets", name, per_partition=_partition_json(options, name))
+    skip = (UNLISTED,) if name == "startingOffsets" else ()
+    per_partition = _partition_json(options, name, skip=skip)
+    choice = json.loads(value).get(UNLISTED) if skip else None
+    if choice not in (None, "earliest", "latest"):
+        raise KafkaSourceOptionError(
+            f'Option startingOffsets has "{UNLISTED}": {choice!r}: use "earliest" or "latest"'
+        )
+    unlisted = EARLIEST if choice == "earliest" else LATEST
+    return OffsetBound("offsets", name, per_partition=per_partition, unlisted=unlisted)
 
 
 def _partition_json(
-    options: OptionReader, name: str, timestamps: bool = False
+    options: OptionReader, name: str, timestamps: bool = False, skip: tuple[str, ...] = ()
 ) -> tuple[tuple[TopicPartitionKey, int], ...]:
     example = '{"topic":{"0":1700000000000}}' if timestamps else '{"topic":{"0":23,"1":-2}}'
     accepted = "earliest, latest or JSON like " if not timestamps else "JSON like "
@@ -290,6 +303,8 @@ def _partition_json(
     parsed = _json_object(value, name, example, accepted)
     result: list[tuple[TopicPartitionKey, int]] = []
     for topic, partitions in parsed.items():
+        if topic in skip:
+            continue
         if not isinstance(partitions, dict) or not partitions:
             raise KafkaSourceOptionError(
                 f"Option {name} maps topic {topic} to {partitions!r}: use {accepted}{example}"

@@ -543,7 +543,7 @@ class OffsetPlanner:
         latest = self.metadata.latest(tps)
         resolved: PartitionOffsets = {}
         for tp in tps:
-            offset = wanted.get(tp, LATEST)
+            offset = wanted.get(tp, bound.unlisted)
             if offset == EARLIEST:
                 resolved[tp] = earliest[tp]
             elif offset == LATEST:

@@ -1,0 +1,300 @@
+"""The savepoint contract for operators: a restored query continues exactly like a query that
+never stopped, row for row, whatever its keys, sources and clocks hold.
+
+One program (replayable-kafka -> running_count and sessionize -> memory sink) runs three
+rounds of events on a reference checkpoint, and one round on another checkpoint that is
+then stopped, savepointed and restored into a new checkpoint for rounds two and three. The
+rows the stopped query and the restored query emitted together must equal the reference's
+rows exactly (each row once), and the reference must equal a model of the events.
+What the rounds throw at the restore:
+
+- keys that hold a timestamp, a string and an integer (``running_count`` keyed by user,
+  n and a timestamp), under a session time zone that is not UTC (America/New_York);
+- partitions unknown to the savepoint: a partition added to the topic and a new topic
+  under ``subscribePattern``, both created after the savepoint, holding round-two events;
+- event time with a watermark: round two holds rows behind the old query's watermark,
+  which the reference drops (a second session for a closed key if accepted);
+- timeouts: sessions of key groups that receive no rows close by GroupState timeouts in
+  data batches (no-data batches are off, so only data batches can close them).
+
+The shared ``spark`` session's settings (time zone, shuffle partitions, no-data batches)
+are set per run and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eospack.cli import main
+from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
+from eospack.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
+from eospack.stateful_ops import running_count, sessionize
+from eospack.stateful_ops.initial_state import BOOTSTRAP_COMPLETE
+from eospack.testing import await_query
+
+pytestmark = pytest.mark.integration
+
+QUERY_SECONDS = 180
+TIME_ZONE = "America/New_York"
+USERS = [f"u{index}" for index in range(10)]
+# Key timestamps from 2026-11-10 05:00 UTC, midnight in New York (another date in UTC). Not
+# the night clocks go back: state holds wall times, and the hour that occurs twice then is
+# one key for the operator itself (see README, Savepoints).
+HOUR_BASE = 1_794_286_800
+GAP_SECONDS = 10
+DELAY_SECONDS = 5
+
+
+@contextlib.contextmanager
+def session_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` on the shared session for the duration, then what was there before."""
+    previous = {name: spark.conf.get(name, None) for name in settings}
+    for name, value in settings.items():
+        spark.conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                spark.conf.unset(name)
+            else:
+                spark.conf.set(name, value)
+
+
+class Program:
+    """The user's program: the same definition on every checkpoint, restored or not."""
+
+    def __init__(self, spark: Any, bootstrap: str, pattern: str) -> None:
+        self.spark, self.bootstrap, self.pattern = spark, bootstrap, pattern
+
+    def run(self, *checkpoints: Path, key_groups: int = 8, partitions: int = 2) -> None:
+        """One Trigger.AvailableNow run to the end of the topics on each checkpoint, all
+        started together."""
+        settings = {
+            "spark.sql.session.timeZone": TIME_ZONE,
+            "spark.sql.shuffle.partitions": str(partitions),
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        }
+        with session_settings(self.spark, settings):
+            queries = [query for c in checkpoints for query in self.start(c, key_groups)]
+            for query in queries:
+                await_query(query, QUERY_SECONDS)
+
+    def start(self, checkpoint: Path, key_groups: int) -> list[Any]:
+        """Two queries of one program, each on its own checkpoint under ``checkpoint``
+        (Spark runs one applyInPandasWithState per query), started together."""
+        counts_checkpoint = RestoredCheckpoint(checkpoint / "counts")
+        sessions_checkpoint = RestoredCheckpoint(checkpoint / "sessions")
+        keyed = self.events(counts_checkpoint).selectExpr(
+            "user", "n", f"timestamp_seconds({HOUR_BASE} + n * 3600) AS hour"
+        )
+        counts = running_count(
+            keyed,
+            ["user", "n", "hour"],
+            key_groups=key_groups,
+            output_mode="append",
+            initial_state=counts_checkpoint.initial_state(),
+        ).selectExpr("'count' AS kind", "to_json(struct(user, n, hour, count, version)) AS row")
+        watermarked = self.events(sessions_checkpoint).withWatermark(
+            "ts", f"{DELAY_SECONDS} seconds"
+        )
+        sessions = sessionize(
+            watermarked.where("session_event").select("user", "ts"),
+            "user",
+            "ts",
+            f"{GAP_SECONDS} seconds",
+            key_groups=key_groups,
+            initial_state=sessions_checkpoint.initial_state(),
+        ).selectExpr(
+            "'session' AS kind",
+            "to_json(struct(user, unix_seconds(session_start) AS start,"
+            " unix_seconds(session_end) AS end, count)) AS row",
+        )
+        return [
+            output.writeStream.format("parquet")
+            .option("path", str(checkpoint / f"{location}-rows"))
+            .option("checkpointLocation", str(checkpoint / location))
+            .trigger(availableNow=True)
+            .start()
+            for output, location in ((counts, "counts"), (sessions, "sessions"))
+        ]
+
+    def rows(self, checkpoint: Path) -> list[tuple]:
+        """Every row the program's runs on ``checkpoint`` emitted (Spark's file sink: each
+        batch's files once, by its own log)."""
+        return [
+            tuple(row)
+            for location in ("counts", "sessions")
+            for row in self.spark.read.parquet(str(checkpoint / f"{location}-rows")).collect()
+        ]
+
+    def events(self, restored: RestoredCheckpoint) -> Any:
+        """The parsed events, from where ``restored``'s savepoint ended (or the earliest)."""
+        return (
+            self.spark.readStream.format("replayable-kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("subscribePattern", self.pattern)
+            .option("startingOffsets", restored.starting_offsets("earliest"))
+            .load()
+            .selectExpr(
+                "CAST(key AS STRING) AS user",
+                "CAST(split(CAST(value AS STRING), ':')[1] AS INT) AS n",
+                "timestamp_seconds(CAST(split(CAST(value AS STRING), ':')[0] AS BIGINT)) AS ts",
+                "split(CAST(value AS STRING), ':')[2] = 's' AS session_event",
+            )
+        )
+
+
+class Events:
+    """What the rounds produce, and the model of what the operators must emit."""
+
+    def __init__(self, bootstrap: str, rng: random.Random) -> None:
+        self.bootstrap, self.rng = bootstrap, rng
+        self.counted: Counter[tuple[str, int]] = Counter()
+
+    def produce(self, topic: str, partitions: int, sessions: list[tuple[str, int]]) -> None:
+        """Session events (user, second) plus 60 count-only rows at second 0 (they never
+        move the watermark), spread over every partition of ``topic``."""
+        records = []
+        for user, second in sessions:
+            n = self.rng.randrange(4)
+            records.append((user, f"{second}:{n}:s", n))
+        for _ in range(60):
+            n = self.rng.randrange(4)
+            records.append((self.rng.choice(USERS), f"0:{n}:c", n))
+        self.rng.shuffle(records)
+        produce_sealed(
+            self.bootstrap,
+            topic,
+            [
+                Record(index % partitions, user.encode(), value.encode())
+                for index, (user, value, _) in enumerate(records)
+            ],
+        )
+        self.counted.update((user, n) for user, _, n in records)
+
+
+def count_rows(rows: list[tuple]) -> dict[tuple[str, int], int]:
+    """The last count per (user, n) among emitted count rows."""
+    import json
+
+    last: dict[tuple[str, int], tuple[int, int]] = {}
+    for kind, row in rows:
+        if kind == "count":
+            value = json.loads(row)
+            key = (value["user"], value["n"])
+            if key not in last or last[key][1] < value["version"]:
+                last[key] = (value["count"], value["version"])
+    return {key: count for key, (count, _) in last.items()}
+
+
+def session_rows(rows: list[tuple]) -> list[tuple[str, int, int, int]]:
+    import json
+
+    sessions = [json.loads(row) for kind, row in rows if kind == "session"]
+    return sorted((s["user"], s["start"], s["end"], s["count"]) for s in sessions)
+
+
+@pytest.mark.timeout(900)
+def test_restored_operators_emit_what_a_query_that_never_stopped_emits(
+    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
+) -> None:
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    bootstrap = real_kafka.endpoint.bootstrap_servers
+    first_topic, later_topic = f"{unique_name}_a", f"{unique_name}_b"
+    create_topic(bootstrap, first_topic, 2)
+    program = Program(spark, bootstrap, f"{unique_name}_.*")
+    events = Events(bootstrap, random.Random(seed))
+
+    # Round 1, the savepoint's: a session of three events per user (u_i at 15 i + 1, + 4,
+    # + 7; second 0 is behind the first batch's watermark of 0), and u9 at 200, which moves
+    # the watermark to 195 for the next batch. The reference's checkpoint is savepointed
+    # between its runs (reading it changes nothing), and goes on as if it never stopped.
+    first = [(user, 15 * i + 1 + step) for i, user in enumerate(USERS) for step in (0, 3, 6)]
+    events.produce(first_topic, 2, [*first, ("u9", 200)])
+    reference, restored = tmp_path / "reference", tmp_path / "restored"
+    program.run(reference)
+    before_savepoint = program.rows(reference)
+    for query in ("counts", "sessions"):
+        savepoint = tmp_path / f"savepoint-{query}"
+        assert main(["savepoint", "create", str(reference / query), str(savepoint)]) == 0
+        assert main(["savepoint", "restore", str(savepoint), str(restored / query)]) == 0
+
+    # Round 2, after the savepoint, in a third partition and a second topic under the
+    # pattern: u0 at 60, behind the new watermark of 195 but not late (Spark drops rows at
+    # or behind the previous batch's watermark, 0 here), and u2, u3 far ahead (the
+    # watermark moves to 297). The watermark of 195 closes every round-1 session except
+    # u9's; key groups without rows close theirs by timeout.
+    add_partitions(bootstrap, first_topic, 3)
+    create_topic(bootstrap, later_topic, 1)
+    events.produce(first_topic, 3, [("u0", 60), ("u2", 300)])
+    events.produce(later_topic, 1, [("u3", 302)])
+    program.run(reference, restored)
+    # Round 3: u1 at 100, late now (at or behind 195): no second session for the closed u1;
+    # u4 ahead again. u9's session [200, 210) closes by timeout at 297.
+    events.produce(first_topic, 3, [("u1", 100), ("u4", 500)])
+    program.run(reference, restored)
+    expected = program.rows(reference)
+    continued = before_savepoint + program.rows(restored)
+
+    expected_sessions = sorted(
+        [(user, 15 * i + 1, 15 * i + 7 + GAP_SECONDS, 3) for i, user in enumerate(USERS)]
+        + [("u0", 60, 60 + GAP_SECONDS, 1), ("u9", 200, 200 + GAP_SECONDS, 1)]
+    )
+    assert session_rows(expected) == expected_sessions
+    assert count_rows(expected) == dict(events.counted)
+    assert (count_rows(continued), session_rows(continued)) == (
+        count_rows(expected),
+        session_rows(expected),
+    )
+    assert Counter(continued) == Counter(expected)
+    # Round 2 gave every key group state: round 3's run bootstrapped no more.
+    for query in ("counts", "sessions"):
+        split = restored / query / RESTORED_DIRECTORY / "operator-0-split"
+        assert (split / f"{BOOTSTRAP_COMPLETE}-8").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_restored_keys_land_in_the_key_group_a_running_query_sends_them_to(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Keys holding a timestamp, a string and an integer, stored as state holds them (wall
+    times of a non-UTC session time zone), are split into the key groups the stream's own
+    expression gives the same keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eospack.stateful_ops import InitialState, RunningCount
+    from eospack.stateful_ops.initial_state import split_by_key_group
+
+    with session_settings(spark, {"spark.sql.session.timeZone": TIME_ZONE}):
+        keys = spark.range(40).selectExpr(
+            "concat('u', CAST(id % 10 AS STRING)) AS user",
+            "CAST(id DIV 10 AS INT) AS n",
+            f"timestamp_seconds({HOUR_BASE} + id * 1800) AS hour",
+        )
+        operator = RunningCount(["user", "n", "hour"])
+        operator.bind(["user", "n", "hour"], keys.schema)
+        grouped = keys.select("user", "n", operator.key_group_column().alias("group"))
+        expected = {(row.user, row.n): row.group for row in grouped.collect()}
+        stored = keys.toPandas().assign(count=1, version=1)
+        state = pa.Table.from_pandas(stored, schema=operator.arrow_state_schema)
+        pq.write_table(state.replace_schema_metadata(None), tmp_path / "state.parquet")
+        initial = InitialState(str(tmp_path / "state.parquet"), str(tmp_path / "split"))
+        directory = Path(split_by_key_group(spark, initial, operator))
+        split = {}
+        for path in directory.glob("*.arrow"):
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_file(source).read_all()
+            for user, n in zip(table["user"].to_pylist(), table["n"].to_pylist(), strict=True):
+                split[(user, n)] = int(path.stem)
+        assert len(split) == 40
+        assert split == expected
