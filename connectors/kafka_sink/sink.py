@@ -68,6 +68,7 @@ class TwoPhaseKafkaDataSource(DataSource):
                 "outputMode complete is not supported by 2pc-kafka: use append"
             )
         check_schema(options, schema)
+        check_ledger_topic(options)
         facts = cluster_facts(options)
         options = replace(options, cluster_id=facts.cluster_id)
         if options.exactly_once:
