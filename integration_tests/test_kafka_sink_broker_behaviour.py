@@ -24,6 +24,7 @@ from kafka import KafkaAdminClient
 
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator
 from eospack.commit_protocols.pieces import DONE, BatchDecision
+from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.kafka_sink.errors import KafkaSendError, PreparedTransactionLostError
 from eospack.connectors.kafka_sink.ledger import LEDGER_TRANSACTION_TIMEOUT_MS, Ledger
 from eospack.connectors.kafka_sink.options import KafkaSinkOptions, parse_options
@@ -214,3 +215,18 @@ def test_a_task_transaction_the_broker_aborted_before_the_decision_fails_the_bat
     ledger.close()
     assert ledger.slots[0].status == "aborted"
     assert committed_keys(real_kafka, unique_name) == []
+
+
+@pytest.mark.timeout(60)
+def test_at_least_once_recovery_of_a_sink_without_a_ledger_creates_none(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """A sink that only ever ran at-least-once has no decisions: its once-per-run recovery
+    must not create the ledger topic (nor need a ledger's transactional ACL)."""
+    options = sink_options(real_kafka, unique_name, deliveryGuarantee="at-least-once")
+    recover_at_least_once(KafkaResource(options), "2pc-kafka", "alo_only", 3)
+    admin = KafkaAdminClient(bootstrap_servers=real_kafka.endpoint.bootstrap_servers)
+    try:
+        assert options.ledger_topic not in admin.list_topics()
+    finally:
+        admin.close()

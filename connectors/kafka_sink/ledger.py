@@ -240,6 +240,18 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
     return slots
 
 
+def read_slots_if_any(options: KafkaSinkOptions, sink_id: str) -> dict[int, BatchDecision]:
+    """The sink's slots, read without opening a ledger (no InitProducerId, no fence), and
+    none if the ledger topic does not exist (nothing is created)."""
+    config = {**CONTROL_SETTINGS, **options.client_config()}
+    admin = admin_client(config)
+    try:
+        exists = options.ledger_topic in admin.list_topics()
+    finally:
+        admin.close()
+    return read_slots(config, options.ledger_topic, sink_id) if exists else {}
+
+
 def high_watermark(settings: dict[str, Any], partition: TopicPartition) -> int:
     """The partition's end offset for read_uncommitted: one past its last record, open
     transactions included (a read_committed client's end offset stops at the first one)."""

@@ -25,6 +25,7 @@ from eospack.connectors.kafka_sink.ledger import (
     Ledger,
     LedgerFencedError,
     forget_ledger,
+    read_slots_if_any,
     shared_ledger,
 )
 from eospack.connectors.kafka_sink.options import KafkaSinkOptions
@@ -155,6 +156,14 @@ class KafkaResource(TransactionalResource):
         fence(self.config, piece.transaction_id)
 
     def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
+        """Exactly-once: from the sink's ledger, opened (which fences an earlier driver).
+        At-least-once (the once-per-run recovery) only reads the ledger topic, if it exists:
+        a sink that never ran exactly-once neither creates the topic nor needs the
+        transactional ACL of a ledger; the ledger is opened only if there is work."""
+        if not self.options.exactly_once:
+            slots = read_slots_if_any(self.options, sink_id)
+            return [slots[batch] for batch in sorted(slots) if slots[batch].status == DECIDED]
+
         def unfinished(ledger: Ledger) -> list[BatchDecision]:
             slots = ledger.slots
             return [slots[batch] for batch in sorted(slots) if slots[batch].status == DECIDED]
