@@ -76,14 +76,19 @@ class Program:
 
     def run(self, *checkpoints: Path, key_groups: int = 8, partitions: int = 2) -> None:
         """One Trigger.AvailableNow run to the end of the topics on each checkpoint, all
-        started together."""
+        started together; ``key_groups`` and ``partitions`` are the last checkpoint's
+        (shuffle partitions count for a new checkpoint only), the others have 8."""
         settings = {
             "spark.sql.session.timeZone": TIME_ZONE,
             "spark.sql.shuffle.partitions": str(partitions),
             "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         }
         with session_settings(self.spark, settings):
-            queries = [query for c in checkpoints for query in self.start(c, key_groups)]
+            queries = [
+                query
+                for c in checkpoints
+                for query in self.start(c, key_groups if c == checkpoints[-1] else 8)
+            ]
             for query in queries:
                 await_query(query, QUERY_SECONDS)
 
@@ -203,9 +208,20 @@ def session_rows(rows: list[tuple]) -> list[tuple[str, int, int, int]]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "key_groups, partitions",
+    [(8, 2), pytest.param(16, 4, marks=pytest.mark.chaos, id="rescaled")],
+)
 def test_restored_operators_emit_what_a_query_that_never_stopped_emits(
-    spark: Any, real_kafka: Any, tmp_path: Path, unique_name: str
+    spark: Any,
+    real_kafka: Any,
+    tmp_path: Path,
+    unique_name: str,
+    key_groups: int,
+    partitions: int,
 ) -> None:
+    """The default lane restores with the old settings; the chaos lane restores rescaled
+    (twice the key groups and shuffle partitions)."""
     seed = random.randrange(2**32)
     print(f"seed {seed}")
     bootstrap = real_kafka.endpoint.bootstrap_servers
@@ -237,11 +253,11 @@ def test_restored_operators_emit_what_a_query_that_never_stopped_emits(
     create_topic(bootstrap, later_topic, 1)
     events.produce(first_topic, 3, [("u0", 60), ("u2", 300)])
     events.produce(later_topic, 1, [("u3", 302)])
-    program.run(reference, restored)
+    program.run(reference, restored, key_groups=key_groups, partitions=partitions)
     # Round 3: u1 at 100, late now (at or behind 195): no second session for the closed u1;
     # u4 ahead again. u9's session [200, 210) closes by timeout at 297.
     events.produce(first_topic, 3, [("u1", 100), ("u4", 500)])
-    program.run(reference, restored)
+    program.run(reference, restored, key_groups=key_groups, partitions=partitions)
     expected = program.rows(reference)
     continued = before_savepoint + program.rows(restored)
 
@@ -259,7 +275,7 @@ def test_restored_operators_emit_what_a_query_that_never_stopped_emits(
     # Round 2 gave every key group state: round 3's run bootstrapped no more.
     for query in ("counts", "sessions"):
         split = restored / query / RESTORED_DIRECTORY / "operator-0-split"
-        assert (split / f"{BOOTSTRAP_COMPLETE}-8").is_file()
+        assert (split / f"{BOOTSTRAP_COMPLETE}-{key_groups}").is_file()
 
 
 @pytest.mark.timeout(300)
