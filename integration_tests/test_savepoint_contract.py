@@ -36,8 +36,7 @@ from eospack.cli import main
 from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
 from eospack.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
 from eospack.stateful_ops import running_count, sessionize
-from eospack.stateful_ops.initial_state import BOOTSTRAP_COMPLETE
-from eospack.testing import await_query
+from eospack.testing import await_query, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +48,7 @@ USERS = [f"u{index}" for index in range(10)]
 # one key for the operator itself (see README, Savepoints).
 HOUR_BASE = 1_794_286_800
 GAP_SECONDS = 10
+STARTING = ("Initializing StreamExecution", "Initializing sources")
 DELAY_SECONDS = 5
 
 
@@ -94,7 +94,7 @@ class Program:
 
     def start(self, checkpoint: Path, key_groups: int) -> list[Any]:
         """Two queries of one program, each on its own checkpoint under ``checkpoint``
-        (Spark runs one applyInPandasWithState per query), started together."""
+        (Spark runs one applyInPandasWithState per query), started one after the other."""
         counts_checkpoint = RestoredCheckpoint(checkpoint / "counts")
         sessions_checkpoint = RestoredCheckpoint(checkpoint / "sessions")
         keyed = self.events(counts_checkpoint).selectExpr(
@@ -122,14 +122,24 @@ class Program:
             "to_json(struct(user, unix_seconds(session_start) AS start,"
             " unix_seconds(session_end) AS end, count)) AS row",
         )
-        return [
-            output.writeStream.format("parquet")
-            .option("path", str(checkpoint / f"{location}-rows"))
-            .option("checkpointLocation", str(checkpoint / location))
-            .trigger(availableNow=True)
-            .start()
-            for output, location in ((counts, "counts"), (sessions, "sessions"))
-        ]
+        queries = []
+        for output, location in ((counts, "counts"), (sessions, "sessions")):
+            query = (
+                output.writeStream.format("parquet")
+                .option("path", str(checkpoint / f"{location}-rows"))
+                .option("checkpointLocation", str(checkpoint / location))
+                .trigger(availableNow=True)
+                .start()
+            )
+            # One source starting at a time: on a loaded machine several Python source
+            # runners starting together may miss Spark's connect-back timeout.
+            wait_until(
+                lambda query=query: not query.isActive or query.status["message"] not in STARTING,
+                QUERY_SECONDS,
+                f"query on {checkpoint / location} to start",
+            )
+            queries.append(query)
+        return queries
 
     def rows(self, checkpoint: Path) -> list[tuple]:
         """Every row the program's runs on ``checkpoint`` emitted (Spark's file sink: each
@@ -273,6 +283,8 @@ def test_restored_operators_emit_what_a_query_that_never_stopped_emits(
     )
     assert Counter(continued) == Counter(expected)
     # Round 2 gave every key group state: round 3's run bootstrapped no more.
+    from eospack.stateful_ops.initial_state import BOOTSTRAP_COMPLETE
+
     for query in ("counts", "sessions"):
         split = restored / query / RESTORED_DIRECTORY / "operator-0-split"
         assert (split / f"{BOOTSTRAP_COMPLETE}-{key_groups}").is_file()
