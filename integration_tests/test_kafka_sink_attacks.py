@@ -28,7 +28,7 @@ from eospack.connectors.kafka_sink.options import KafkaSinkOptions, parse_option
 from eospack.connectors.kafka_sink.resource import KafkaResource
 from eospack.connectors.kafka_sink.sink import derived_sink_id
 from eospack.connectors.kafka_sink.transactions import fence, open_transactions
-from eospack.connectors.kafka_sink.writer import prepare_task
+from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
 from eospack.errors import EospackError
 from eospack.services.kafka_tools import create_topic, read_all, transactional_producer
 
@@ -358,3 +358,97 @@ def test_a_partition_column_out_of_range_commits_nothing_and_leaves_nothing_open
     config = {"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}
     assert open_transactions(config, "eospack-out_of_range") == []
     assert committed_keys(real_kafka, unique_name) == []
+
+
+def topic_rows(topic: str, keys: list[bytes], values: list[bytes]) -> Iterator[pa.RecordBatch]:
+    yield pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array(keys, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array([topic] * len(keys), pa.string()),
+        }
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="a row whose topic column names the ledger topic is written into the ledger:"
+    " it can forge another sink's slot (its batch is then rolled back as committed)",
+)
+def test_a_row_routed_to_the_ledger_topic_cannot_forge_another_sinks_decision(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """``ledgerTopic`` equal to the ``topic`` option is refused, but a ``topic`` column is
+    not checked: a job that routes rows by a topic field of its input (a topic mirror,
+    a router) writes a row into the ledger topic with the sink's own credentials. Here
+    an at-least-once sink writes the record ``victim/0 -> done``; the victim's batch 0 is
+    then taken for a replay of a committed batch and its rows are rolled back silently.
+    Expected: the row refused (the task fails in one line), or the victim unaffected."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
+    victim = sink_options(real_kafka, unique_name, sinkId="victim")
+    router = parse_options(
+        {
+            "kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers,
+            "ledgerTopic": victim.ledger_topic,
+            "deliveryGuarantee": "at-least-once",
+        }
+    )
+    Ledger(victim, "warm").close()  # the ledger topic exists
+    refused = False
+    try:
+        write_directly(
+            router,
+            topic_rows(victim.ledger_topic, [b"victim/0"], [b'{"status":"done","pieces":[]}']),
+        )
+    except EospackError:
+        refused = True
+
+    piece = prepare_task(
+        victim, TaskIdentity("victim", 0, 0, attempt("aaaaaaaa")), keyed_rows("v", 5)
+    )
+    try:
+        TwoPhaseCommitCoordinator(KafkaResource(victim), "2pc-kafka").commit([piece], 0)
+    finally:
+        forget_ledger(shared_ledger(victim, "victim")[0])
+
+    assert refused or committed_keys(real_kafka, unique_name) == expected_keys("v", 5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="an exactly-once task writing to the ledger topic (topic column) holds its LSO"
+    " open; the driver cannot read its own ledger: every sink of the cluster wedges",
+)
+def test_an_exactly_once_row_routed_to_the_ledger_topic_does_not_wedge_the_ledger(
+    real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task's transaction stays open on the ledger partition until the driver commits
+    it, but the driver must first read the ledger past it; the stall rule fences only
+    ledger transactions, so the read waits until READ_TIMEOUT_SECONDS (120 s, lowered
+    here to 8 s) and the commit fails; Spark's abort cannot open the ledger either, and so
+    does every other 2pc-kafka sink of the cluster until the broker times the task's
+    transaction out (15 minutes by default); the replay does it again.
+    Expected: the row refused at the task, or the batch committed."""
+    monkeypatch.setattr(ledger_module, "READ_TIMEOUT_SECONDS", 8.0)
+    options = sink_options(real_kafka, unique_name)
+    routed = parse_options(
+        {
+            "kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers,
+            "ledgerTopic": options.ledger_topic,
+            "kafka.transaction.timeout.ms": "60000",
+        }
+    )
+    Ledger(options, "warm").close()  # the ledger topic exists
+    task = TaskIdentity("router", 0, 0, attempt("aaaaaaaa"))
+    try:
+        piece = prepare_task(routed, task, topic_rows(options.ledger_topic, [b"k"], [b"v"]))
+    except EospackError:
+        return  # refused at the task: nothing reaches the ledger
+    try:
+        TwoPhaseCommitCoordinator(KafkaResource(routed), "2pc-kafka").commit([piece], 0)
+    finally:
+        fence({"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}, piece.transaction_id)
+        with contextlib.suppress(Exception):
+            forget_ledger(shared_ledger(routed, "router")[0])
