@@ -7,7 +7,8 @@ A savepoint is a directory (local path or ``file://`` URI)::
     state/operator-<id>.parquet  one row per key: key columns and state fields
 
 The manifest holds the eospack version, the batch id, each source's offsets as Spark
-logged them, and per stateful operator its name, columns and rows. The state is canonical:
+logged them, Spark's watermarks of the batch and of the next one (offset and commit log),
+and per stateful operator its name, columns and rows. The state is canonical:
 one row per key, whatever ``key_groups``, ``spark.sql.shuffle.partitions`` or state store
 provider wrote it.
 
@@ -16,8 +17,10 @@ from its checkpoint and cannot be handed a state store, so a query restored with
 settings must start fresh. ``restore_savepoint`` puts the savepoint inside the new
 checkpoint directory (``eospack-savepoint/``, copied for no-claim, moved for claim);
 ``RestoredCheckpoint`` hands the query its starting offsets and each operator's initial
-state (see ``eospack.stateful_ops.initial_state``). Both are read only until the query's first
-batch commits; after that the checkpoint decides, as for any query.
+state (see ``eospack.stateful_ops.initial_state``). The offsets count only until the query's
+first batch commits, the state only until every key group holds state; after that the
+checkpoint decides, as for any query. The old query's watermark counts as long as it is
+ahead of the new query's (Spark's watermark is in the checkpoint, which starts afresh).
 
 Exactly-once across a restore: the new query starts where the savepoint's batch ended, so
 nothing the old query committed before the savepoint is read again. ``create_savepoint``

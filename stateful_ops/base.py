@@ -22,7 +22,11 @@ another state schema therefore fails the first batch with input rows, whichever 
 in the stateful stage, which runs before the sink's batch commit. Markers never reach
 ``update``, ``on_timeout`` or the output. A checkpoint written before settings markers existed
 has no settings row; its first batch with rows records the settings of the restarted query.
-Starting from given state (``initial_state``, a savepoint's keys): see ``initial_state``.
+Starting from given state (``initial_state``, a savepoint's keys): see ``initial_state``;
+restored with the old query's watermarks, an operator clocks every batch with at least the
+old query's next watermark and drops the rows the old query would have dropped as late.
+A call that receives no data row (only bootstrap markers, or only late rows) is a visit
+without data, as Spark's: it expires what is due and otherwise changes nothing.
 Limits: each batch rewrites the whole state row of every bucket that received rows, so
 snapshot size grows with keys per bucket (see README for figures).
 """
@@ -362,11 +366,14 @@ class StatefulOperator:
                 new_state, output = self.update(rows, self.load(state, bucket[0]), clock)
             else:
                 # Only bootstrap markers or late rows: a visit without data, as Spark's.
+                if state.exists and self.timeout == "none":
+                    return
                 stored = self.load(state, bucket[0])
                 if self.due(stored, clock):
                     new_state, output = self.on_timeout(stored, clock)
                 elif state.exists:
-                    self.rearm(state, clock)
+                    if len(stored):  # Spark clears the timeout on every call: set it again
+                        self.set_timeout(state, stored, clock)
                     return
                 else:
                     new_state, output = stored, self.empty_output()
@@ -442,13 +449,6 @@ class StatefulOperator:
             if initial is not None:
                 return canonical(initial, self.state_schema.fields)
         return self.empty_state()
-
-    def rearm(self, state: GroupState, clock: Clock) -> None:
-        """Set the stored state's timeout again (Spark clears it on every call)."""
-        if self.timeout != "none":
-            stored = self.load_value(state.get)
-            if len(stored):
-                self.set_timeout(state, stored, clock)
 
     def load_value(self, value: tuple[Any, ...]) -> pd.DataFrame:
         """Decode a stored group state row into the per-key state table."""
