@@ -104,6 +104,7 @@ RESTARTS = (
 )
 RESTORE_KEY_GROUPS = (4, 8, 16)
 RESTORE_SHUFFLE_PARTITIONS = (2, 3, 4)
+FAULT_ALLOWANCE = 8
 RESTART_SECONDS = 120
 RESTORE_SECONDS = 240
 STEP_SECONDS = 0.6
@@ -366,6 +367,8 @@ class StressRig:
             action = RESTORE
         if action in RESTARTS and self.committed_batches() <= self.committed_at_restart:
             action = "add data"  # a restart comes only after a commit: queries progress
+        if action == "inject a fault" and not self.may_arm_a_fault():
+            action = "add data"
         self.figures.steps[action] += 1
         self.last_detail = ""
         if action == "add data":
@@ -400,6 +403,15 @@ class StressRig:
             self.driver.kill()
             self.start_driver()
         return action
+
+    def may_arm_a_fault(self) -> bool:
+        """The faults armed stay within ``FAULT_ALLOWANCE`` of the stateful query's commits:
+        each fired fault fails a task or a query, and armed at the walk's pace they kept the
+        counts query restarting (seen in a five-minute walk on a loaded machine: one commit,
+        no restart or restore step ever allowed). A short walk still arms its first faults
+        before the first commit."""
+        armed = sum(self.figures.armed.values())
+        return armed - self.committed_batches() < FAULT_ALLOWANCE
 
     def trace(self, line: str) -> None:
         with self.trace_path.open("a") as trace:
@@ -610,17 +622,18 @@ class StressRig:
     # The walk ----------------------------------------------------------------------------
 
     def walk(self, keep_going: Callable[[int], bool], restore_by: int | None = None) -> None:
-        """Steps start once the queries run and the counts committed a batch (else a short
-        walk would arm faults no call reaches and skip every restart). ``restore_by``: the
-        step by which the walk has restored a savepoint at least once."""
+        """Steps start once the driver started its queries (a walk that began with the
+        driver's process ended before the driver ran any batch: its faults never fired).
+        ``restore_by``: the step by which the walk has restored a savepoint at least once,
+        waiting for a committed batch of the stateful query if need be."""
         self.add_data(200)
         self.start_driver()
         wait_until(
-            lambda: self.driver_says("generation 0 started") and self.committed_batches() > 0,
+            lambda: self.driver_says("generation 0 started"),
             RESTART_SECONDS,
-            f"the driver's first committed batch (seed {self.seed})",
+            f"the driver to start its queries (seed {self.seed})",
         )
-        self.trace("the queries committed their first batch")
+        self.trace("the driver started its queries")
         steps = 0
         while keep_going(steps):
             before = self.committed_batches()
@@ -747,8 +760,12 @@ def _is_forked_pyspark_worker(pid: int) -> bool:
     return b"pyspark.daemon" in command and b"pyspark.daemon" in parent_command
 
 
-CI_SEED = 20261123
-"""The walk CI runs (the issue asks for a small fixed seed set; timing still varies)."""
+CI_SEED = 20261764
+"""The walk CI runs (the issue asks for a small fixed seed set; timing still varies). Its
+30 steps arm faults of 2pc-kafka, 2pc-jdbc and 2pc-s3, kill Python workers, terminate the
+database sessions, restart once with other options and restore once (claim, other key
+groups and shuffle partitions); no SIGKILL of the driver (the crash tests and the chaos
+lane's walk have those), which keeps the default lane's walk short."""
 
 
 def _seed(default: int | None = None) -> int:
