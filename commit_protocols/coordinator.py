@@ -60,7 +60,7 @@ from eospack.commit_protocols.fault_points import (
     BETWEEN_PIECE_COMMITS,
     fault_point,
 )
-from eospack.commit_protocols.identity import TaskIdentity, parse_attempt
+from eospack.commit_protocols.identity import SinkIdentityError, TaskIdentity, parse_attempt
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import TransactionalResource
 from eospack.errors import EospackError
@@ -136,6 +136,7 @@ class TwoPhaseCommitCoordinator:
         elif slot.is_decided:
             self._roll_back(self._not_named(ours.pieces, slot))
             self._finish(slot)
+            self._refuse_another_querys_slot(slot, ours)
         else:
             fenced = sorted(slot.transaction_ids() & ours.transaction_ids())
             raise CommitProtocolError(
@@ -162,6 +163,21 @@ class TwoPhaseCommitCoordinator:
             sink_id,
         )
         return slot
+
+    def _refuse_another_querys_slot(self, slot: BatchDecision, ours: BatchDecision) -> None:
+        """A slot decided by another streaming query is no replay of ours: two queries share
+        the sink id (a ``sinkId`` kept for a new checkpoint, or for a savepoint restored
+        into a new query). Taking it for a replay would drop this batch silently; refuse
+        loudly (our pieces are rolled back, the other query's decision is finished)."""
+        theirs, mine = slot.query_ids(), ours.query_ids()
+        if theirs and mine and not theirs & mine:
+            raise SinkIdentityError(
+                f"{self.sink_name} batch {ours.batch_id} of sink {ours.sink_id} was committed"
+                f" by another query ({', '.join(sorted(theirs))}), not by this one"
+                f" ({', '.join(sorted(mine))}): two queries share sinkId '{ours.sink_id}' (a"
+                " new checkpoint or a restored savepoint is a new query): give each query its"
+                " own sinkId, or leave sinkId unset to derive one"
+            )
 
     def abort(self, messages: Sequence[object | None], batch_id: int) -> None:
         """Spark's abort: roll back what the batch prepared, unless the batch is decided.

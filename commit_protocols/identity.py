@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.errors import EospackError
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -77,6 +80,20 @@ class TaskIdentity:
     attempt: str
     speculation: bool = False
     """Whether Spark may run another attempt of this task at the same time."""
+    query_id: str | None = None
+    """Spark's id of the streaming query (kept across restarts from its checkpoint)."""
+
+    def piece(self, rows: int, handle: Mapping[str, Any] | None = None) -> PreparedPiece:
+        """This task's prepared piece (its commit message)."""
+        return PreparedPiece(
+            self.sink_id,
+            self.batch_id,
+            self.partition_id,
+            self.attempt,
+            rows,
+            dict(handle or {}),
+            self.query_id,
+        )
 
     @property
     def attempt_number(self) -> int:
@@ -108,4 +125,4 @@ def current_task(sink_id_option: str | None, target: str) -> TaskIdentity:
     sink_id = sink_id_option or derive_sink_id(query_id, target)
     attempt = attempt_string(context.attemptNumber(), context.getLocalProperty(RUN_ID_PROPERTY))
     speculation = (context.getLocalProperty(SPECULATION_PROPERTY) or "").lower() == "true"
-    return TaskIdentity(sink_id, int(batch), context.partitionId(), attempt, speculation)
+    return TaskIdentity(sink_id, int(batch), context.partitionId(), attempt, speculation, query_id)

@@ -48,13 +48,17 @@ class PreparedPiece(WriterCommitMessage):
     attempt: str
     rows: int
     handle: Mapping[str, Any] = field(default_factory=dict)
+    query_id: str | None = None
+    """The streaming query that wrote it (Spark's query id, the same across restarts from
+    one checkpoint): tells a replay of this query's batch from another query's batch of
+    the same number under a shared ``sinkId``. None in pieces of older eospack versions."""
 
     @property
     def transaction_id(self) -> str:
         return transaction_id(self.sink_id, self.batch_id, self.partition_id, self.attempt)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        value = {
             "sink_id": self.sink_id,
             "batch_id": self.batch_id,
             "partition_id": self.partition_id,
@@ -62,6 +66,9 @@ class PreparedPiece(WriterCommitMessage):
             "rows": self.rows,
             "handle": dict(self.handle),
         }
+        if self.query_id is not None:
+            value["query_id"] = self.query_id
+        return value
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> PreparedPiece:
@@ -72,6 +79,7 @@ class PreparedPiece(WriterCommitMessage):
             attempt=str(value["attempt"]),
             rows=int(value["rows"]),
             handle=dict(value.get("handle") or {}),
+            query_id=value.get("query_id"),
         )
 
 
@@ -106,6 +114,10 @@ class BatchDecision:
     def is_decided(self) -> bool:
         """True for ``decided`` and ``done``: the batch commits, and only with these pieces."""
         return self.status in (DECIDED, DONE)
+
+    def query_ids(self) -> frozenset[str]:
+        """The queries whose tasks wrote the pieces (empty for pieces of older versions)."""
+        return frozenset(piece.query_id for piece in self.pieces if piece.query_id is not None)
 
     def transaction_ids(self) -> frozenset[str]:
         return frozenset(piece.transaction_id for piece in self.pieces)

@@ -58,7 +58,7 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         task = current_task(self.sink_id, self.target)
         if not self.exactly_once:
             rows = self.write_directly(task, iterator)
-            return PreparedPiece(task.sink_id, task.batch_id, task.partition_id, task.attempt, rows)
+            return task.piece(rows)
         piece = self.prepare(task, iterator)
         fault_point(AFTER_PREPARE, task.batch_id)
         return piece
@@ -103,13 +103,15 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         sink_id = sink_ids.pop()
         runs = {parse_attempt(piece.attempt).run for piece in pieces}
         run = runs.pop() if len(runs) == 1 else None
+        queries = {piece.query_id for piece in pieces}
+        query_id = queries.pop() if len(queries) == 1 else None
         if run is not None:
             with _recovered_lock:
                 if (sink_id, run) in _recovered_runs:
                     return
         resource = self.open_resource()
         try:
-            recover_at_least_once(resource, self.sink_name, sink_id, batch_id)
+            recover_at_least_once(resource, self.sink_name, sink_id, batch_id, query_id=query_id)
         finally:
             resource.close()
         if run is not None:
@@ -131,6 +133,7 @@ def recover_at_least_once(
     batch_id: int,
     *,
     mark_lost: bool = True,
+    query_id: str | None = None,
 ) -> None:
     """What an exactly-once run left, finished by the first at-least-once commit of a run.
 
@@ -155,10 +158,11 @@ def recover_at_least_once(
     run's tasks did so for N = ``batch_id`` before this commit, an earlier run for N below
     it. So every row of N is in the sink at least once, and marking the slot done only
     stops exactly-once restarts from failing forever on pieces no one can bring back.
-    Not for batch 0 (Spark replays an uncommitted batch 0 from a fresh ``initialOffset()``,
-    which a source may answer differently) nor for a batch above ``batch_id`` (another
-    query's, with a shared sinkId): those raise ``DecidedPieceLostError`` as in
-    exactly-once mode.
+    Only for a decision this very query made (``query_id``, Spark's id of the running
+    query, is among the decision's pieces' query ids): another query sharing the sinkId
+    never replayed its input. Not for batch 0 (Spark replays an uncommitted batch 0 from a
+    fresh ``initialOffset()``, which a source may answer differently) nor for a batch above
+    ``batch_id``: those raise ``DecidedPieceLostError`` as in exactly-once mode.
 
     ``mark_lost=False`` is for a task that recovers before it writes (2pc-jdbc: the
     leftovers hold row locks its writes would wait on): its rows are not written yet, so a
@@ -167,7 +171,7 @@ def recover_at_least_once(
     """
     decided: dict[int, BatchDecision] = {}
     for decision in resource.unfinished_decisions(sink_id):
-        _finish_or_mark_lost(resource, sink_name, decision, batch_id, mark_lost)
+        _finish_or_mark_lost(resource, sink_name, decision, batch_id, mark_lost, query_id)
         decided[decision.batch_id] = decision
     orphans = [piece for piece in resource.prepared_pieces(sink_id) if piece.batch_id <= batch_id]
     for piece in orphans:
@@ -191,6 +195,7 @@ def _finish_or_mark_lost(
     decision: BatchDecision,
     batch_id: int,
     mark_lost: bool,
+    query_id: str | None,
 ) -> None:
     if decision.status != DECIDED:
         return
@@ -202,7 +207,8 @@ def _finish_or_mark_lost(
             lost.append((piece, error))
     if lost and not mark_lost:
         return
-    if lost and not 1 <= decision.batch_id <= batch_id:
+    ours = query_id is not None and query_id in decision.query_ids()
+    if lost and not (ours and 1 <= decision.batch_id <= batch_id):
         raise lost[0][1]
     resource.mark_done(decision)
     if lost:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -24,6 +25,8 @@ from eospack.commit_protocols.stream_writer import recover_at_least_once
 from tests.test_commit_protocols import InMemoryResource
 
 EXACTLY_ONCE_RUN = "11111111-aaaa-4000-8000-000000000000"
+QUERY_ID = "query-0000"
+"""Spark's id of the query whose runs these tests play (kept across its restarts)."""
 
 
 class Writer(TwoPhaseCommitStreamWriter):
@@ -50,7 +53,7 @@ class Writer(TwoPhaseCommitStreamWriter):
 def direct_pieces(sink_id: str, batch_id: int, run: str | None) -> list[PreparedPiece]:
     """What at-least-once tasks send the driver: rows written, nothing prepared."""
     return [
-        PreparedPiece(sink_id, batch_id, partition, attempt_string(0, run), 10)
+        PreparedPiece(sink_id, batch_id, partition, attempt_string(0, run), 10, {}, QUERY_ID)
         for partition in range(2)
     ]
 
@@ -66,12 +69,15 @@ def sink_id() -> str:
 
 
 def exactly_once_left(
-    resource: InMemoryResource, sink_id: str, batch_id: int
+    resource: InMemoryResource, sink_id: str, batch_id: int, query_id: str = QUERY_ID
 ) -> tuple[tuple[PreparedPiece, ...], PreparedPiece]:
     """An exactly-once run decided ``batch_id`` (two pieces still prepared) and left a
     stray prepared piece of the same batch (a failed attempt), then stopped."""
     run = attempt_string(0, EXACTLY_ONCE_RUN)
-    decided = tuple(resource.prepare(sink_id, batch_id, p, attempt=run) for p in range(2))
+    decided = tuple(
+        replace(resource.prepare(sink_id, batch_id, p, attempt=run), query_id=query_id)
+        for p in range(2)
+    )
     resource.record_decision(BatchDecision(sink_id, batch_id, decided))
     stray = resource.prepare(sink_id, batch_id, 0, attempt=attempt_string(1, EXACTLY_ONCE_RUN))
     return decided, stray
@@ -193,3 +199,15 @@ def test_a_task_recovering_before_its_write_leaves_a_lost_piece_to_the_driver(
 
     Writer(resource).commit(direct_pieces(sink_id, 3, new_run()), 3)
     assert resource.status(sink_id, 3) == DONE
+
+
+def test_a_lost_piece_of_another_querys_decision_is_never_marked_done(sink_id: str) -> None:
+    """Two queries share the sinkId: this at-least-once run never replayed the other
+    query's input, so the other's lost rows stay a loud loss (issue 25 review)."""
+    resource = InMemoryResource()
+    (lost, _), _ = exactly_once_left(resource, sink_id, 3, query_id="another-query")
+    resource.rollback_piece(lost)
+
+    with pytest.raises(DecidedPieceLostError):
+        Writer(resource).commit(direct_pieces(sink_id, 3, new_run()), 3)
+    assert resource.status(sink_id, 3) == "decided"

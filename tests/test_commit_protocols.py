@@ -393,3 +393,39 @@ def test_attempt_strings_carry_the_attempt_number_and_the_run():
     assert parse_attempt(attempt) == Attempt(3, "36b9e0c72061")
     assert parse_attempt("0xdeadbeef12") == Attempt(0, None)
     assert parse_transaction_id(transaction_id("s1", 2, 1, attempt)) == ("s1", 2, 1, attempt)
+
+
+def test_a_batch_another_query_committed_under_a_shared_sink_id_is_refused_not_skipped(
+    resource: InMemoryResource,
+) -> None:
+    """Two queries under one sinkId (a restored savepoint keeping it): the second query's
+    batch 1 finds the slot the first query decided. It is no replay of its own: taking
+    it for one would roll its rows back silently. The commit fails naming sinkId, its
+    pieces rolled back, and the other query's decision stays as it was."""
+    from dataclasses import replace
+
+    from eospack.commit_protocols.identity import SinkIdentityError
+
+    coordinator = TwoPhaseCommitCoordinator(resource)
+    first = replace(resource.prepare("shared", 1, 0, "0xaaaax1"), query_id="first")
+    coordinator.commit([first], 1)
+    second = replace(resource.prepare("shared", 1, 0, "0xbbbbx1"), query_id="second")
+
+    with pytest.raises(SinkIdentityError, match="two queries share sinkId 'shared'"):
+        spark_commit(coordinator, [second], 1)
+
+    assert second.transaction_id in resource.rolled_back
+    assert resource.slots[("shared", 1)].pieces == (first,)
+    assert resource.status("shared", 1) == DONE
+
+
+def test_a_replay_of_the_same_query_is_still_skipped_quietly(resource: InMemoryResource) -> None:
+    from dataclasses import replace
+
+    coordinator = TwoPhaseCommitCoordinator(resource)
+    first = replace(resource.prepare("sink", 1, 0, "0xaaaax1"), query_id="q")
+    coordinator.commit([first], 1)
+    replay = replace(resource.prepare("sink", 1, 0, "0xbbbbx1"), query_id="q")
+
+    assert coordinator.commit([replay], 1) is None
+    assert replay.transaction_id in resource.rolled_back

@@ -77,7 +77,7 @@ class TaskWriter:
         otherwise wait on until ``lockTimeout``.
         """
         piece_id = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
-        empty = PreparedPiece(task.sink_id, task.batch_id, task.partition_id, task.attempt, 0)
+        empty = task.piece(0)
         rows_iterator = _non_empty(batches)
         if rows_iterator is None:
             return empty

@@ -28,8 +28,9 @@ open ledger transaction (a driver that died mid-write): a restart would not see 
 decision and would commit the batch again. So a ledger reads to the *high watermark* as it
 stood after opening (every transaction of this sink committed before then lies below it)
 and waits for the last stable offset to pass it. Ledger transactions last milliseconds, so
-an eospack ledger transaction that keeps it waiting for ``LEDGER_STALL_SECONDS`` belongs
-to a dead or stuck driver: the reader fences it (InitProducerId on its id, which aborts it;
+an eospack ledger transaction that keeps it waiting for ``LEDGER_STALL_SECONDS`` (open
+since below the offset the reader must reach) belongs to a dead or stuck driver: the
+reader fences it (InitProducerId on its id, which aborts it;
 a live owner's next write fails with ``LedgerFencedError`` and it rereads, as for any
 fence). Ledger producers use a short transaction timeout (``LEDGER_TRANSACTION_TIMEOUT_MS``),
 so the broker itself aborts such leftovers soon, also for readers that are not eospack.
@@ -59,7 +60,6 @@ from eospack.connectors.kafka_sink.transactions import (
     consumer_settings,
     end_transaction,
     fence,
-    open_transaction_descriptions,
 )
 from eospack.errors import EospackError
 
@@ -219,7 +219,7 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
                     " transaction timeout)"
                 )
             if not fenced and now - stalled_since > LEDGER_STALL_SECONDS:
-                fence_stuck_ledger_writers(config, partition, sink_id)
+                fence_stuck_ledger_writers(config, partition, sink_id, below=end)
                 fenced = True
             polled = consumer.poll(timeout_ms=500)
             if consumer.position(partition) > position:
@@ -263,22 +263,40 @@ def high_watermark(settings: dict[str, Any], partition: TopicPartition) -> int:
 
 
 def fence_stuck_ledger_writers(
-    config: dict[str, Any], partition: TopicPartition, sink_id: str
+    config: dict[str, Any], partition: TopicPartition, sink_id: str, *, below: int
 ) -> list[str]:
-    """Fence the eospack ledger transactions (of other sinks) open on ``partition``: they
-    hold every reader back, and a ledger transaction open this long has lost its driver.
-    Returns their transactional ids."""
+    """Fence the eospack ledger transactions (of other sinks) that hold this reader back:
+    open on ``partition`` since an offset below ``below`` (the high watermark the reader
+    must reach, taken when it began), so open at least since the read began and for the
+    stall since (DescribeProducers). A transaction begun after the read began is never
+    fenced, however young the reader's view of it. Returns their transactional ids."""
     own = f"{LEDGER_ID_PREFIX}{sink_id}"
+    admin = admin_client(config)
     try:
-        described = open_transaction_descriptions(config, LEDGER_ID_PREFIX)
+        producers = admin.describe_producers([partition])[partition].active_producers
+        blocking = sorted(
+            producer.producer_id
+            for producer in producers
+            if 0 <= producer.current_transaction_start_offset < below
+        )
+        listed = (
+            admin.list_transactions(state_filters=["Ongoing"], producer_id_filters=blocking)
+            if blocking
+            else {}
+        )
     except kafka_errors.KafkaError as error:  # it may have ended meanwhile: keep waiting
-        logger.info("2pc-kafka: could not describe open ledger transactions: %r", error)
+        logger.info("2pc-kafka: could not describe the ledger's open transactions: %r", error)
         return []
-    stuck = [
-        transactional_id
-        for transactional_id, description in described.items()
-        if transactional_id != own and partition in description.topic_partitions
-    ]
+    finally:
+        admin.close()
+    stuck = sorted(
+        listing.transactional_id
+        for listings in listed.values()
+        for listing in listings
+        if listing.transactional_id.startswith(LEDGER_ID_PREFIX)
+        and listing.transactional_id != own
+        and listing.producer_id in blocking
+    )
     for transactional_id in stuck:
         logger.warning(
             "2pc-kafka: ledger transaction %s stays open on %s: fencing it (its driver died"

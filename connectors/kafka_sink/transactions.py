@@ -216,27 +216,21 @@ def lost_transactions(
     return lost
 
 
-def open_transaction_descriptions(config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """DescribeTransactions of every open (Ongoing) transaction under ``prefix``."""
-    admin = admin_client(config)
-    try:
-        listed = admin.list_transactions(state_filters=["Ongoing"])
-        names = sorted(
-            listing.transactional_id
-            for listings in listed.values()
-            for listing in listings
-            if listing.transactional_id.startswith(prefix)
-        )
-        return dict(admin.describe_transactions(names)) if names else {}
-    finally:
-        admin.close()
-
-
 def consumer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of ``config`` that a consumer takes: the sink's ``kafka.*`` options are
     producer settings, and KafkaConsumer refuses the producer-only ones
-    (``compression_type``, ``linger_ms``, ...)."""
-    return {key: value for key, value in config.items() if key in KafkaConsumer.DEFAULT_CONFIG}
+    (``compression_type``, ``linger_ms``, ...) and timeouts a producer accepts but a
+    consumer does not in combination (it needs ``fetch_max_wait_ms < request_timeout_ms <
+    connections_max_idle_ms``): the request timeout given is kept, the other two are fitted
+    around it."""
+    settings = {key: value for key, value in config.items() if key in KafkaConsumer.DEFAULT_CONFIG}
+    defaults = KafkaConsumer.DEFAULT_CONFIG
+    request_timeout = int(settings.get("request_timeout_ms", defaults["request_timeout_ms"]))
+    idle = int(settings.get("connections_max_idle_ms", defaults["connections_max_idle_ms"]))
+    settings["connections_max_idle_ms"] = max(idle, request_timeout + 1000)
+    fetch_wait = int(settings.get("fetch_max_wait_ms", defaults["fetch_max_wait_ms"]))
+    settings["fetch_max_wait_ms"] = max(1, min(fetch_wait, request_timeout // 2))
+    return settings
 
 
 def admin_client(config: Mapping[str, Any]) -> KafkaAdminClient:

@@ -31,7 +31,7 @@ from kafka import errors as kafka_errors
 from eospack.commit_protocols import TaskIdentity, faults, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka_sink.errors import KafkaSendError
-from eospack.connectors.kafka_sink.options import KafkaSinkOptions
+from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC, KafkaSinkOptions
 from eospack.connectors.kafka_sink.transactions import begin, end_transaction, prepare
 
 SEND_COLUMNS = ("key", "value", "topic", "partition", "headers")
@@ -56,9 +56,7 @@ def prepare_task(
             end_transaction(producer, commit=False)
         producer.close(timeout=0)
         raise
-    return PreparedPiece(
-        task.sink_id, task.batch_id, task.partition_id, task.attempt, records, prepared.to_json()
-    )
+    return task.piece(records, prepared.to_json())
 
 
 def write_directly(options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch]) -> int:
@@ -76,6 +74,7 @@ def send_rows(
     """Send every row, flush, and return how many; raises ``KafkaSendError`` naming the
     first record the broker refused (the caller aborts the transaction)."""
     refused = RefusedSends()
+    ledger_topics = {options.ledger_topic, DEFAULT_LEDGER_TOPIC}
     sent = 0
     for batch in batches:
         columns = {
@@ -89,6 +88,13 @@ def send_rows(
                 raise ValueError(
                     "2pc-kafka: a row has a null topic: set the topic option or fill the"
                     " topic column"
+                )
+            if topic in ledger_topics:
+                raise KafkaSendError(
+                    f"2pc-kafka: a row's topic column names {topic}, a ledger topic of"
+                    " 2pc-kafka (where sinks keep their decisions): route the row to another"
+                    " topic (a record there could forge a decision, or hold every ledger"
+                    " reader back)"
                 )
             try:
                 future = producer.send(

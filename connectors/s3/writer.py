@@ -85,9 +85,7 @@ class TaskWriter:
             raise
         finally:
             pool.shutdown()
-        return PreparedPiece(
-            task.sink_id, task.batch_id, task.partition_id, task.attempt, rows, {"files": files}
-        )
+        return task.piece(rows, {"files": files})
 
     def _close(
         self, open_files: dict[str, _OpenFile], prepared: list[_OpenFile], directory: str
