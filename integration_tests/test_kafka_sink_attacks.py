@@ -1,10 +1,13 @@
 """2pc-kafka attacked with ordinary-but-wrong use, against Apache Kafka (issue 25 review).
 
 Each strict xfail pins a hole an adversarial review of the changes since ca9813c proved
-(the reason names it in one line); it passes once the hole is closed, and then the xfail
-marker must go. The other tests are attacks the sink withstood, kept as cheap regression
-tests. All run at the level of the sink's own parts (task writer, ledger, coordinator,
-at-least-once recovery) without a Spark query, so each takes seconds.
+and that is still open (the reason names it in one line); it passes once the hole is
+closed, and then the xfail marker must go. The other tests are regression tests: holes
+the review proved that were closed since (each failed on 5cdaaad; a shared sinkId, the
+at-least-once "marked done" rule, the stuck-ledger fence, consumer timeouts, rows routed
+to the ledger topic), and attacks the sink withstood. All run at the level of the sink's
+own parts (task writer, ledger, coordinator, at-least-once recovery) without a Spark
+query, so each takes seconds.
 """
 
 from __future__ import annotations
@@ -70,17 +73,18 @@ def expected_keys(prefix: str, count: int) -> list[bytes]:
     return sorted(f"{prefix}{index}".encode() for index in range(count))
 
 
+OLD_QUERY = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
+"""Spark's id of a query that ran first (the same across its restarts)."""
+NEW_QUERY = "9a8b7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c6d"
+"""Spark's id of another query (a new checkpoint, or a savepoint restored into one)."""
+
+
 def attempt(run: str, number: int = 0) -> str:
     """An attempt string of a query run (``<number>x<run, 12 characters>x<random>``)."""
     return f"{number}x{run:0<12}x{run[:8]:0<8}"
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="two queries under one sinkId (e.g. a savepoint restored with sinkId kept): the"
-    " second's batch N is rolled back as 'committed before a restart', silently lost",
-)
 def test_a_second_query_with_the_same_sink_id_does_not_lose_its_batch_silently(
     real_kafka: Any, unique_name: str
 ) -> None:
@@ -92,11 +96,11 @@ def test_a_second_query_with_the_same_sink_id_does_not_lose_its_batch_silently(
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
     sink_id = f"shared_{unique_name[-8:]}"
     options = sink_options(real_kafka, unique_name, sinkId=sink_id)
-    old_query = TaskIdentity(sink_id, 1, 0, attempt("aaaaaaaa"))
+    old_query = TaskIdentity(sink_id, 1, 0, attempt("aaaaaaaa"), query_id=OLD_QUERY)
     old_piece = prepare_task(options, old_query, keyed_rows("old", 5))
     TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka").commit([old_piece], 1)
 
-    new_query = TaskIdentity(sink_id, 1, 0, attempt("bbbbbbbb"))
+    new_query = TaskIdentity(sink_id, 1, 0, attempt("bbbbbbbb"), query_id=NEW_QUERY)
     new_piece = prepare_task(options, new_query, keyed_rows("new", 5))
     refused = False
     try:
@@ -112,11 +116,6 @@ def test_a_second_query_with_the_same_sink_id_does_not_lose_its_batch_silently(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="at-least-once recovery marks done another query's decided batch with a lost"
-    " piece (shared sinkId): rows never rewritten, the owner's replay is then rolled back",
-)
 def test_at_least_once_recovery_does_not_mark_done_a_lost_batch_it_never_rewrote(
     real_kafka: Any, unique_name: str
 ) -> None:
@@ -136,17 +135,23 @@ def test_at_least_once_recovery_does_not_mark_done_a_lost_batch_it_never_rewrote
     config = {"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}
 
     crashed = prepare_task(
-        exactly_once, TaskIdentity(sink_id, 3, 0, attempt("aaaaaaaa")), keyed_rows("a", 5)
+        exactly_once,
+        TaskIdentity(sink_id, 3, 0, attempt("aaaaaaaa"), query_id=OLD_QUERY),
+        keyed_rows("a", 5),
     )
     KafkaResource(exactly_once).record_decision(BatchDecision(sink_id, 3, (crashed,)))
     forget_ledger(shared_ledger(exactly_once, sink_id)[0])  # A's driver dies
     fence(config, crashed.transaction_id)  # its transaction times out while A is down
 
     with contextlib.suppress(DecidedPieceLostError):  # loud in B would do as well
-        recover_at_least_once(KafkaResource(at_least_once), "2pc-kafka", sink_id, 5)
+        recover_at_least_once(
+            KafkaResource(at_least_once), "2pc-kafka", sink_id, 5, query_id=NEW_QUERY
+        )
 
     replay = prepare_task(
-        exactly_once, TaskIdentity(sink_id, 3, 0, attempt("cccccccc")), keyed_rows("a", 5)
+        exactly_once,
+        TaskIdentity(sink_id, 3, 0, attempt("cccccccc"), query_id=OLD_QUERY),
+        keyed_rows("a", 5),
     )
     loud = False
     try:
@@ -160,11 +165,6 @@ def test_at_least_once_recovery_does_not_mark_done_a_lost_batch_it_never_rewrote
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stuck-ledger reader fences every open ledger transaction, even one opened"
-    " milliseconds before; a sink whose ledger was opened in that step fails its commit",
-)
 def test_a_live_sink_fenced_by_another_sinks_reader_mid_decision_redoes_its_decision(
     real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -202,15 +202,15 @@ def test_a_live_sink_fenced_by_another_sinks_reader_mid_decision_redoes_its_deci
         except BaseException as error:  # reported by the assertion below
             outcome["error"] = error
 
-    def fence_stuck(config: dict[str, Any], partition: Any, sink_id: str) -> list[str]:
+    def fence_stuck(config: dict[str, Any], partition: Any, sink_id: str, **more: Any) -> list[str]:
         if sink_id != "sink_a":
-            return real_fence(config, partition, sink_id)
+            return real_fence(config, partition, sink_id, **more)
         writer = threading.Thread(target=decide_b)
         writer.start()
         outcome["writer"] = writer
         assert b_open.wait(60), "sink B never began its decision"
         opened = time.monotonic()
-        fenced = real_fence(config, partition, sink_id)
+        fenced = real_fence(config, partition, sink_id, **more)
         outcome["b_age_when_fenced"] = time.monotonic() - opened
         b_may_end.set()
         return fenced
@@ -226,7 +226,7 @@ def test_a_live_sink_fenced_by_another_sinks_reader_mid_decision_redoes_its_deci
         with contextlib.suppress(Exception):
             forget_ledger(shared_ledger(options, "sink_b")[0])
 
-    print(f"sink B's transaction was fenced {outcome['b_age_when_fenced']:.2f} s after it began")
+    print(f"sink A fenced {outcome['b_age_when_fenced']:.2f} s after sink B began its transaction")
     assert "error" not in outcome, repr(outcome.get("error"))
     assert outcome["slot"].status == DECIDED
 
@@ -276,11 +276,6 @@ def test_a_query_that_crashed_before_the_sink_id_change_does_not_apply_its_batch
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="producer settings KafkaConsumer refuses in combination (request.timeout.ms <="
-    " 500, connections.max.idle.ms <= 30000) still reach the ledger consumer: every commit fails",
-)
 @pytest.mark.parametrize(
     "setting",
     [{"kafka.request.timeout.ms": "500"}, {"kafka.connections.max.idle.ms": "20000"}],
@@ -371,11 +366,6 @@ def topic_rows(topic: str, keys: list[bytes], values: list[bytes]) -> Iterator[p
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a row whose topic column names the ledger topic is written into the ledger:"
-    " it can forge another sink's slot (its batch is then rolled back as committed)",
-)
 def test_a_row_routed_to_the_ledger_topic_cannot_forge_another_sinks_decision(
     real_kafka: Any, unique_name: str
 ) -> None:
@@ -416,11 +406,6 @@ def test_a_row_routed_to_the_ledger_topic_cannot_forge_another_sinks_decision(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="an exactly-once task writing to the ledger topic (topic column) holds its LSO"
-    " open; the driver cannot read its own ledger: every sink of the cluster wedges",
-)
 def test_an_exactly_once_row_routed_to_the_ledger_topic_does_not_wedge_the_ledger(
     real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -452,3 +437,103 @@ def test_an_exactly_once_row_routed_to_the_ledger_topic_does_not_wedge_the_ledge
         fence({"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}, piece.transaction_id)
         with contextlib.suppress(Exception):
             forget_ledger(shared_ledger(routed, "router")[0])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="the checkpoint records the ledgerTopic but not the sink id: a restart that adds"
+    " sinkId or moves the topic into a column is a new sink and applies its batch again",
+)
+@pytest.mark.parametrize("change", ["sinkId-added", "topic-as-column"])
+def test_a_restart_naming_the_sink_another_way_does_not_apply_its_batch_again(
+    real_kafka: Any, unique_name: str, tmp_path: Any, change: str
+) -> None:
+    """The query ran with ``topic=<out>`` and a derived sink id; its driver died after
+    committing batch 4's transactions, before Spark's commit log recorded the batch. The
+    restart names the same output another way: it adds ``sinkId`` (to name the sink), or
+    writes a constant ``topic`` column instead of the option. Either gives another sink
+    id, which finds no decision for batch 4, so the replay is committed a second time;
+    the query-start check of the checkpoint does not notice. Expected: the restart
+    refused at query start (as for ledgerTopic), or the batch applied once."""
+    from eospack.connectors.kafka_sink.checkpoint_record import check_ledger_topic
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
+    base = {
+        "kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers,
+        "ledgerTopic": f"{unique_name}_ledger",
+        "checkpointLocation": str(tmp_path / "checkpoint"),
+    }
+    first_raw = {**base, "topic": unique_name}
+    second_raw = (
+        {**first_raw, "sinkId": f"named_{unique_name[-8:]}"} if change == "sinkId-added" else base
+    )
+    first, second = parse_options(first_raw), parse_options(second_raw)
+    query_id = "0d6f3c1e-7b9a-4e52-8c4d-2a1b3c4d5e6f"
+    first_id = derived_sink_id(query_id, first_raw)
+    second_id = derived_sink_id(query_id, second_raw)
+    check_ledger_topic(first)
+
+    before = prepare_task(
+        first, TaskIdentity(first_id, 4, 0, attempt("aaaaaaaa")), keyed_rows("r", 5)
+    )
+    resource = KafkaResource(first)
+    decided = resource.record_decision(BatchDecision(first_id, 4, (before,)))
+    resource.commit_piece(decided.pieces[0])
+    forget_ledger(shared_ledger(first, first_id)[0])  # the driver dies before done
+
+    check_ledger_topic(second)  # query start of the restart: refusing here is a pass
+    rows = (
+        keyed_rows("r", 5)
+        if second.topic
+        else keyed_rows("r", 5, topic=pa.array([unique_name] * 5, pa.string()))
+    )
+    replay = prepare_task(second, TaskIdentity(second_id, 4, 0, attempt("bbbbbbbb")), rows)
+    try:
+        TwoPhaseCommitCoordinator(KafkaResource(second), "2pc-kafka").commit([replay], 4)
+    finally:
+        forget_ledger(shared_ledger(second, second_id)[0])
+
+    assert committed_keys(real_kafka, unique_name) == expected_keys("r", 5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_a_lost_answer_of_the_prepared_check_replays_the_batch_once(
+    real_kafka: Any,
+    unique_name: str,
+    mode: str,
+    call_faults: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Held: kafka_sink.check_prepared (DescribeTransactions before the decision) failing,
+    or losing its answer: the commit raises undecided, Spark's abort fences the slot and
+    rolls the pieces back, and the replay commits the batch once."""
+    from eospack.commit_protocols import faults
+
+    monkeypatch.setattr(faults, "_DIRECTORY", str(call_faults))
+    faults.arm(call_faults, "kafka_sink.check_prepared", mode, batch_id=2)  # type: ignore[arg-type]
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
+    sink_id = f"check_{unique_name[-8:]}"
+    options = sink_options(real_kafka, unique_name, sinkId=sink_id)
+    first = prepare_task(
+        options, TaskIdentity(sink_id, 2, 0, attempt("aaaaaaaa")), keyed_rows("c", 5)
+    )
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        with pytest.raises(Exception, match="injected fault"):
+            coordinator.commit([first], 2)
+        coordinator.abort([first], 2)
+        replay = prepare_task(
+            options, TaskIdentity(sink_id, 2, 0, attempt("bbbbbbbb")), keyed_rows("c", 5)
+        )
+        coordinator.commit([replay], 2)
+    finally:
+        forget_ledger(shared_ledger(options, sink_id)[0])
+
+    assert [fault["call"] for fault in faults.injected(call_faults)] == [
+        "kafka_sink.check_prepared"
+    ]
+    assert committed_keys(real_kafka, unique_name) == expected_keys("c", 5)
+    config = {"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}
+    assert open_transactions(config, f"eospack-{sink_id}-") == []
