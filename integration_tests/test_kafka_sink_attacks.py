@@ -537,3 +537,103 @@ def test_a_lost_answer_of_the_prepared_check_replays_the_batch_once(
     assert committed_keys(real_kafka, unique_name) == expected_keys("c", 5)
     config = {"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}
     assert open_transactions(config, f"eospack-{sink_id}-") == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="mark_done tombstones every slot of the sink id below N - 1, another query's"
+    " decided one too (shared sinkId): its replay then finds nothing and applies again",
+)
+def test_a_query_ahead_under_a_shared_sink_id_does_not_erase_another_querys_decision(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Query A decided batch 10 and committed its transaction, then its driver died before
+    marking it done. Query B shares the sinkId (a sinkId kept for a new checkpoint) and is
+    far ahead: its commit of batch 100 forgets the sink's slots below 99, A's decided slot
+    among them. The shared sinkId is refused loudly only when two queries meet in one
+    slot; here A's restart finds the slot gone, decides its replay of batch 10 afresh and
+    commits it a second time. Expected: refused loudly, or A's rows once."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
+    sink_id = f"shared_{unique_name[-8:]}"
+    options = sink_options(real_kafka, unique_name, sinkId=sink_id)
+    crashed = prepare_task(
+        options,
+        TaskIdentity(sink_id, 10, 0, attempt("aaaaaaaa"), query_id=OLD_QUERY),
+        keyed_rows("a", 5),
+    )
+    resource = KafkaResource(options)
+    resource.commit_piece(
+        resource.record_decision(BatchDecision(sink_id, 10, (crashed,))).pieces[0]
+    )
+    forget_ledger(shared_ledger(options, sink_id)[0])  # A's driver dies before done
+
+    ahead = prepare_task(
+        options,
+        TaskIdentity(sink_id, 100, 0, attempt("bbbbbbbb"), query_id=NEW_QUERY),
+        keyed_rows("b", 3),
+    )
+    loud = False
+    try:
+        TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka").commit([ahead], 100)
+        forget_ledger(shared_ledger(options, sink_id)[0])  # another driver
+        replay = prepare_task(
+            options,
+            TaskIdentity(sink_id, 10, 0, attempt("cccccccc"), query_id=OLD_QUERY),
+            keyed_rows("a", 5),
+        )
+        TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka").commit([replay], 10)
+    except EospackError:
+        loud = True
+    finally:
+        forget_ledger(shared_ledger(options, sink_id)[0])
+
+    assert loud or committed_keys(real_kafka, unique_name) == sorted(
+        expected_keys("a", 5) + expected_keys("b", 3)
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="rows are refused only for the sink's own and the default ledger topic: a row"
+    " routed to another sink's custom ledgerTopic still forges that sink's decision",
+)
+def test_a_row_routed_to_another_sinks_custom_ledger_topic_cannot_forge_its_decision(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """The victim keeps its decisions in a ledgerTopic of its own; a router sink (default
+    ledgerTopic, at-least-once, rows routed by a topic column) writes ``victim/0 -> done``
+    there. The victim's batch 0 is then taken for a replay of a committed batch and its
+    rows are rolled back without an error (the forged slot names no query, so the
+    shared-sinkId check does not apply). Expected: the row refused, or the victim
+    unaffected (a slot that names no transaction of the sink is not taken for a commit)."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
+    victim = sink_options(real_kafka, unique_name, sinkId="victim")
+    router = parse_options(
+        {
+            "kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers,
+            "deliveryGuarantee": "at-least-once",
+        }
+    )
+    Ledger(victim, "warm").close()  # the victim's ledger topic exists
+    refused = False
+    try:
+        write_directly(
+            router,
+            topic_rows(victim.ledger_topic, [b"victim/0"], [b'{"status":"done","pieces":[]}']),
+        )
+    except EospackError:
+        refused = True
+
+    piece = prepare_task(
+        victim,
+        TaskIdentity("victim", 0, 0, attempt("aaaaaaaa"), query_id=OLD_QUERY),
+        keyed_rows("v", 5),
+    )
+    try:
+        TwoPhaseCommitCoordinator(KafkaResource(victim), "2pc-kafka").commit([piece], 0)
+    finally:
+        forget_ledger(shared_ledger(victim, "victim")[0])
+
+    assert refused or committed_keys(real_kafka, unique_name) == expected_keys("v", 5)
