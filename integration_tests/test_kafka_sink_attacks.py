@@ -265,7 +265,9 @@ def test_a_query_that_crashed_before_the_sink_id_change_does_not_apply_its_batch
     forget_ledger(shared_ledger(options, old_sink_id)[0])  # the driver dies before done
 
     replay = prepare_task(
-        options, TaskIdentity(new_sink_id, 4, 0, attempt("bbbbbbbb")), keyed_rows("r", 5)
+        options,
+        TaskIdentity(new_sink_id, 4, 0, attempt("bbbbbbbb"), query_id=query_id),
+        keyed_rows("r", 5),
     )
     try:
         TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka").commit([replay], 4)
@@ -475,7 +477,9 @@ def test_a_restart_naming_the_sink_another_way_does_not_apply_its_batch_again(
     check_ledger_topic(first)
 
     before = prepare_task(
-        first, TaskIdentity(first_id, 4, 0, attempt("aaaaaaaa")), keyed_rows("r", 5)
+        first,
+        TaskIdentity(first_id, 4, 0, attempt("aaaaaaaa"), query_id=query_id),
+        keyed_rows("r", 5),
     )
     resource = KafkaResource(first)
     decided = resource.record_decision(BatchDecision(first_id, 4, (before,)))
@@ -488,7 +492,9 @@ def test_a_restart_naming_the_sink_another_way_does_not_apply_its_batch_again(
         if second.topic
         else keyed_rows("r", 5, topic=pa.array([unique_name] * 5, pa.string()))
     )
-    replay = prepare_task(second, TaskIdentity(second_id, 4, 0, attempt("bbbbbbbb")), rows)
+    replay = prepare_task(
+        second, TaskIdentity(second_id, 4, 0, attempt("bbbbbbbb"), query_id=query_id), rows
+    )
     try:
         TwoPhaseCommitCoordinator(KafkaResource(second), "2pc-kafka").commit([replay], 4)
     finally:
