@@ -13,6 +13,7 @@ query, so each takes seconds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -643,3 +644,56 @@ def test_a_row_routed_to_another_sinks_custom_ledger_topic_cannot_forge_its_deci
         forget_ledger(shared_ledger(victim, "victim")[0])
 
     assert refused or committed_keys(real_kafka, unique_name) == expected_keys("v", 5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="check_prepared accepts a task transaction past its timeout that the broker has"
+    " not aborted yet (its cleanup runs every 10 s): the decision may name a dying piece",
+)
+def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """The broker aborts timed-out transactions in a periodic sweep
+    (``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by default), so
+    a transaction past ``transaction.timeout.ms`` still shows Ongoing, same producer id
+    and epoch, for up to 10 s. The check then lets the batch be decided; if the sweep
+    comes before the commits, the decided batch is half lost and every restart fails
+    (DecidedPieceLostError), the very case the check was added against. Expected: a
+    piece whose deadline (DescribeTransactions' start time + timeout) has passed, or is
+    about to, fails the batch undecided."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import TransactionState
+
+    from eospack.connectors.kafka_sink.errors import PreparedTransactionLostError
+    from eospack.testing import wait_until
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
+    options = sink_options(real_kafka, unique_name, **{"kafka.transaction.timeout.ms": "1000"})
+    admin = KafkaAdminClient(bootstrap_servers=real_kafka.endpoint.bootstrap_servers)
+
+    def past_deadline_but_ongoing(piece: Any) -> str:
+        """'yes' once past its deadline and still Ongoing, 'aborted' if the sweep came."""
+        described = admin.describe_transactions([piece.transaction_id])[piece.transaction_id]
+        if described.state != TransactionState.ONGOING:
+            return "aborted"
+        deadline_ms = described.transaction_start_time_ms + described.transaction_timeout_ms
+        return "yes" if time.time() * 1000 > deadline_ms + 200 else ""
+
+    try:
+        for number in range(6):  # the sweep may come first: try a new transaction
+            piece = prepare_task(
+                options,
+                TaskIdentity("deadline", 0, number, attempt(f"run{number}")),
+                keyed_rows("d", 3),
+            )
+            seen = wait_until(functools.partial(past_deadline_but_ongoing, piece), 30, "deadline")
+            if seen == "yes":
+                break
+        else:
+            pytest.fail("the broker's sweep aborted every transaction at its deadline")
+        with pytest.raises(PreparedTransactionLostError):
+            KafkaResource(options).check_prepared(BatchDecision("deadline", 0, (piece,)))
+    finally:
+        admin.close()
