@@ -697,3 +697,55 @@ def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
             KafkaResource(options).check_prepared(BatchDecision("deadline", 0, (piece,)))
     finally:
         admin.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="a sink whose ledger write stalls 3 s is fenced by another sink's reader; if its"
+    " ledger was opened in that step, the commit fails with the permanent LedgerFencedError",
+)
+def test_a_slow_sink_fenced_by_another_sinks_reader_redoes_its_decision(
+    real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sink B's driver stalls for a few seconds inside a ledger write (a loaded machine, a
+    slow EndTxn), in the first commit of its driver process. Sink A opens its ledger
+    meanwhile, waits 3 s behind B's transaction and fences it, as designed. The ledger's
+    doc promises that a live owner then rereads and does its step again; but B's ledger
+    was opened in this step, so ``_with_ledger`` raises LedgerFencedError, whose message
+    blames "another query with the same sinkId" and which the supervisor treats as
+    permanent: a healthy query stops for good. Expected: B decides its batch."""
+    options = sink_options(real_kafka, unique_name)
+    Ledger(options, "warm").close()  # the ledger topic exists
+    real_end = ledger_module.end_transaction
+    b_open = threading.Event()
+    a_has_read = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def end_transaction(producer: Any, commit: bool) -> None:
+        if producer.config["transactional_id"] == "eospack-ledger-slow_b" and not b_open.is_set():
+            producer.flush()  # B's decision record is on the ledger partition
+            b_open.set()
+            a_has_read.wait(60)  # B's driver stalls here
+        real_end(producer, commit)
+
+    def decide_b() -> None:
+        try:
+            outcome["slot"] = KafkaResource(options).record_decision(BatchDecision("slow_b", 0, ()))
+        except BaseException as error:  # reported by the assertion below
+            outcome["error"] = error
+
+    monkeypatch.setattr(ledger_module, "end_transaction", end_transaction)
+    writer = threading.Thread(target=decide_b)
+    writer.start()
+    try:
+        assert b_open.wait(60), "sink B never began its decision"
+        Ledger(options, "reader_a").close()  # stalls 3 s behind B, fences it, reads
+    finally:
+        a_has_read.set()
+        writer.join(60)
+        with contextlib.suppress(Exception):
+            forget_ledger(shared_ledger(options, "slow_b")[0])
+
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert outcome["slot"].status == DECIDED
