@@ -10,6 +10,9 @@ outside, restart the queries with another ``maxOffsetsPerTrigger`` or trigger in
 with the other 2pc-jdbc ``protocol``, or restore the stateful query from a savepoint: stop
 it after a committed batch, ``eospack savepoint create``, ``restore`` (no-claim and claim in
 turn, with seeded key groups and shuffle partitions) and go on on the new checkpoint.
+The walk keeps the queries progressing whatever the machine's speed: a restart or restore
+comes only after a commit of the stateful query, faults armed stay within
+``FAULT_ALLOWANCE`` of its commits, and no events are added while ``MAX_BACKLOG`` wait.
 
 The checker, during the walk: a versioned count never moves backwards (across restores
 too); the 2pc-s3 reader never returns part of a batch nor a row twice; a read_committed
@@ -86,6 +89,7 @@ KAFKA_SINK_FAULTS: tuple[tuple[str, faults.Mode], ...] = (
 """2pc-kafka's calls (``run_call`` in connectors/kafka_sink): a task's flush, the decision's
 ledger write, a transaction's commit (EndTxn)."""
 RESTORE = "restore from a savepoint"
+CATCH_UP = "let the queries catch up"
 ACTIONS = {
     "add data": 45,
     "inject a fault": 25,
@@ -105,6 +109,10 @@ RESTARTS = (
 RESTORE_KEY_GROUPS = (4, 8, 16)
 RESTORE_SHUFFLE_PARTITIONS = (2, 3, 4)
 FAULT_ALLOWANCE = 8
+MAX_BACKLOG = 3000
+"""Events produced but not yet counted beyond which a step adds none: a walk producing
+faster than a loaded machine processes grows a backlog that a restore's catch-up and the
+final drain must read (seen: a restore waiting more than four minutes)."""
 RESTART_SECONDS = 120
 RESTORE_SECONDS = 240
 STEP_SECONDS = 0.6
@@ -369,6 +377,8 @@ class StressRig:
             action = "add data"  # a restart comes only after a commit: queries progress
         if action == "inject a fault" and not self.may_arm_a_fault():
             action = "add data"
+        if action == "add data" and self.backlog() > MAX_BACKLOG:
+            action = CATCH_UP  # the step only paces
         self.figures.steps[action] += 1
         self.last_detail = ""
         if action == "add data":
@@ -398,11 +408,15 @@ class StressRig:
             self._write_control(generation=self.settings["generation"] + 1, protocol=protocol)
         elif action == RESTORE:
             self.request_restore()
-        else:
+        elif action == "SIGKILL the driver":
             assert self.driver is not None
             self.driver.kill()
             self.start_driver()
         return action
+
+    def backlog(self) -> int:
+        """Events the counts query has not counted yet (as last checked)."""
+        return self.produced - sum(count for count, _ in self.seen_counts.values())
 
     def may_arm_a_fault(self) -> bool:
         """The faults armed stay within ``FAULT_ALLOWANCE`` of the stateful query's commits:

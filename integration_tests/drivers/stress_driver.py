@@ -40,6 +40,7 @@ COUNTS_STATE = "counts-checkpoint.json"
 FIRST_COUNTS = {"checkpoint": "counts", "key_groups": 8, "shuffle_partitions": 2, "restores": 0}
 FINISH_ATTEMPTS = 6
 FINISH_SECONDS = 180
+FINISH_MAX_OFFSETS = 5000
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -243,12 +244,14 @@ class Pipelines:
     def finish_last_batch(self, settings: dict[str, Any]) -> None:
         """Run ``counts`` with Trigger.AvailableNow until its checkpoint's last batch is
         committed (a savepoint refuses a batch that was started but not committed): a run
-        that fails (an armed fault, a killed worker) is started again."""
+        that fails (an armed fault, a killed worker) is started again. Large batches: the
+        run reads everything the topic holds when it starts."""
         from eospack.checkpoint import inspect_checkpoint
 
         checkpoint = self.checkpoint("counts")
+        catch_up = {**settings, "max_offsets_per_trigger": FINISH_MAX_OFFSETS}
         for _ in range(FINISH_ATTEMPTS):
-            query = self.start("counts", settings, available_now=True)
+            query = self.start("counts", catch_up, available_now=True)
             try:
                 finished = query.awaitTermination(FINISH_SECONDS)
             except Exception as error:  # a failed run: its StreamingQueryException
