@@ -233,11 +233,6 @@ def test_a_live_sink_fenced_by_another_sinks_reader_mid_decision_redoes_its_deci
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the sink id changed with the upgrade (bootstrap string -> cluster id): a batch"
-    " decided and committed before the upgrade is applied again by the upgraded restart",
-)
 def test_a_query_that_crashed_before_the_sink_id_change_does_not_apply_its_batch_again(
     real_kafka: Any, unique_name: str
 ) -> None:
@@ -547,11 +542,6 @@ def test_a_lost_answer_of_the_prepared_check_replays_the_batch_once(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="mark_done tombstones every slot of the sink id below N - 1, another query's"
-    " decided one too (shared sinkId): its replay then finds nothing and applies again",
-)
 def test_a_query_ahead_under_a_shared_sink_id_does_not_erase_another_querys_decision(
     real_kafka: Any, unique_name: str
 ) -> None:
@@ -647,11 +637,6 @@ def test_a_row_routed_to_another_sinks_custom_ledger_topic_cannot_forge_its_deci
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="check_prepared accepts a task transaction past its timeout that the broker has"
-    " not aborted yet (its cleanup runs every 10 s): the decision may name a dying piece",
-)
 def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
     real_kafka: Any, unique_name: str
 ) -> None:
@@ -700,11 +685,6 @@ def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sink whose ledger write stalls 3 s is fenced by another sink's reader; if its"
-    " ledger was opened in that step, the commit fails with the permanent LedgerFencedError",
-)
 def test_a_slow_sink_fenced_by_another_sinks_reader_redoes_its_decision(
     real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -123,8 +123,15 @@ class Ledger:
         return slot
 
     def mark_done(self, slot: BatchDecision) -> None:
-        """``slot`` done, and the sink's slots below ``batch_id - 1`` forgotten."""
-        old = [batch for batch in self.slots if batch < slot.batch_id - 1]
+        """``slot`` done, and the sink's done slots of the same query below ``batch_id - 1``
+        forgotten: never a decided one (its pieces still need their commit), nor one another
+        query decided under a shared sinkId (its replay must still find it)."""
+        queries = slot.query_ids()
+        old = [
+            batch
+            for batch, kept in self.slots.items()
+            if batch < slot.batch_id - 1 and kept.status == DONE and kept.query_ids() == queries
+        ]
         body = {"status": DONE, "pieces": [piece.to_json() for piece in slot.pieces]}
         records: dict[int, bytes | None] = {batch: _TOMBSTONE for batch in old}
         records[slot.batch_id] = json.dumps(body, separators=(",", ":")).encode()

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
-from eospack.commit_protocols import faults, parse_transaction_id, sink_prefix
+from eospack.commit_protocols import derive_sink_id, faults, parse_transaction_id, sink_prefix
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
 from eospack.connectors.kafka_sink.errors import PreparedTransactionLostError
@@ -50,17 +50,17 @@ class KafkaResource(TransactionalResource):
         self.config = options.client_config()
 
     def _with_ledger(self, sink_id: str, step: Callable[[Ledger], Result]) -> Result:
-        """Run ``step`` on the process's shared ledger of the sink. A shared ledger that
-        another process fenced is reopened (reread) and the step done again; after any
-        other failure the ledger is dropped, so the next step starts from a fresh read."""
-        ledger, reused = shared_ledger(self.options, sink_id)
+        """Run ``step`` on the process's shared ledger of the sink. A ledger that another
+        process fenced (a newer run of the query, or another sink's reader that found its
+        write stuck) is reopened, reread, and the step done again, once: a second fence
+        means another live process keeps taking the sink over. After any other failure the
+        ledger is dropped, so the next step starts from a fresh read."""
+        ledger, _ = shared_ledger(self.options, sink_id)
         try:
             with ledger.lock:
                 return step(ledger)
         except LedgerFencedError:
             forget_ledger(ledger)
-            if not reused:
-                raise
         except BaseException:
             forget_ledger(ledger)
             raise
@@ -87,10 +87,35 @@ class KafkaResource(TransactionalResource):
             slot = ledger.slots.get(decision.batch_id)
             if slot is not None and not slot.accepts(decision):
                 return slot
+            if not ledger.slots:
+                legacy = self._legacy_slot(decision)
+                if legacy is not None:
+                    return legacy
             decided = BatchDecision(decision.sink_id, decision.batch_id, decision.pieces)
             return self._call("decide", lambda: ledger.write(decided), decision.batch_id)
 
         return self._with_ledger(decision.sink_id, record)
+
+    def _legacy_slot(self, decision: BatchDecision) -> BatchDecision | None:
+        """The batch's decision under the sink id eospack derived before it followed the
+        cluster id (from the bootstrap string as typed), for the first commit of a derived
+        sink id: a query that crashed with its last batch decided by the older version
+        must find that decision after the upgrade, not apply the batch again. Its other
+        open transactions are fenced. None when there is none (or sinkId is given)."""
+        queries = decision.query_ids()
+        if self.options.sink_id is not None or len(queries) != 1:
+            return None
+        topic = self.options.topic or "(topic column)"
+        legacy_id = derive_sink_id(
+            next(iter(queries)), f"kafka://{self.options.bootstrap_servers}/{topic}"
+        )
+        if legacy_id == decision.sink_id:
+            return None
+        slot = read_slots_if_any(self.options, legacy_id).get(decision.batch_id)
+        for transactional_id in open_transactions(self.config, sink_prefix(legacy_id)):
+            if slot is None or transactional_id not in slot.transaction_ids():
+                fence(self.config, transactional_id)
+        return slot if slot is not None and slot.is_decided else None
 
     def fence(
         self, sink_id: str, batch_id: int, pieces: tuple[PreparedPiece, ...]

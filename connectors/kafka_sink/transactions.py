@@ -25,6 +25,7 @@ attributes, which is why the tests above pin this exact behaviour.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -188,7 +189,9 @@ def lost_transactions(
 ) -> list[PreparedTransaction]:
     """The ones of ``prepared`` that can no longer be committed: their transaction is not
     open any more under the producer id and epoch that prepared it (DescribeTransactions:
-    the broker aborted it after its timeout, someone fenced it, or it was never begun).
+    the broker aborted it after its timeout, someone fenced it, or it was never begun), or
+    is too close to its timeout (``deadline_margin_ms``; measured against the broker's start
+    time with this machine's clock).
     Transactions without records were never registered and are never lost."""
     asked = [transaction for transaction in prepared if transaction.records]
     if not asked:
@@ -203,6 +206,7 @@ def lost_transactions(
     finally:
         admin.close()
     lost = []
+    now_ms = time.time() * 1000
     for transaction in asked:
         state = described.get(transaction.transactional_id)
         alive = (
@@ -210,10 +214,20 @@ def lost_transactions(
             and state.state == BrokerTransactionState.ONGOING
             and state.producer_id == transaction.producer_id
             and state.producer_epoch == transaction.epoch
+            and now_ms - state.transaction_start_time_ms
+            < state.transaction_timeout_ms - deadline_margin_ms(state.transaction_timeout_ms)
         )
         if not alive:
             lost.append(transaction)
     return lost
+
+
+def deadline_margin_ms(timeout_ms: int) -> int:
+    """How long before its timeout a transaction counts as lost already. Past its timeout a
+    transaction is lost even while the broker still says Ongoing (its sweep of expired
+    transactions runs every 10 s); the margin covers the decision and the commits that
+    follow the check (a tenth of the timeout, at most 5 s)."""
+    return min(timeout_ms // 10, 5_000)
 
 
 def consumer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
