@@ -1,11 +1,14 @@
 """What a restart of a 2pc-kafka query must find, kept in the query's checkpoint.
 
-The decisions of 2pc-kafka live in the ledger topic (``ledgerTopic``). A restart that names
-another ledger topic would not find the last decision and could apply a batch committed
-just before a crash again. So the driver records the ledger topic at query start in
-``<checkpoint>/eospack/2pc-kafka.json`` (written once, atomically: a temporary file renamed
-into place) and every later start, in either delivery mode, compares: another
-``ledgerTopic`` is refused before any data moves, in one line naming the option and the fix.
+The decisions of 2pc-kafka live in the ledger topic (``ledgerTopic``) under the sink's id
+(``sinkId``, or derived from the query id and the target: the cluster and the ``topic``
+option). A restart that names another ledger topic, or gives the sink another identity
+(adds, drops or changes ``sinkId``, moves the topic from the option into a column, points
+at another cluster), would not find the last decision and could apply a batch committed
+just before a crash again. So the driver records the ledger topic and the identity at
+query start in ``<checkpoint>/eospack/2pc-kafka.json`` (written atomically: a temporary file
+renamed into place) and every later start, in either delivery mode, compares: a change is
+refused before any data moves, in one line naming the option and the fix.
 
 Written only by an exactly-once run (an at-least-once run decides nothing), checked by
 both (an at-least-once run recovers what an exactly-once one left, from the same ledger).
@@ -34,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 RECORD_PATH = ("eospack", "2pc-kafka.json")
 """The record's path below the checkpoint directory."""
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+"""Version 1 records hold the ledger topic only; the identity is added at the next start."""
 
 _skipped_logged = False
 
@@ -55,19 +59,23 @@ def record_path(checkpoint_location: str | None) -> Path | None:
     return Path(location).joinpath(*RECORD_PATH)
 
 
-def check_ledger_topic(options: KafkaSinkOptions) -> None:
-    """Refuse a ``ledgerTopic`` other than the one this query's earlier runs recorded;
-    record it at the first exactly-once start. Called by the driver's planner before any
-    data moves (and by each commit's planner, where it is one read of a small file)."""
+def check_against_record(options: KafkaSinkOptions) -> None:
+    """Refuse a ``ledgerTopic`` or a sink identity other than the ones this query's earlier
+    runs recorded; record them at an exactly-once start. Called by the driver's planner
+    before any data moves, with ``options.cluster_id`` resolved (it is part of the target)."""
     path = record_path(options.checkpoint_location)
     if path is None:
         _log_skipped_once(options.checkpoint_location)
         return
+    identity = {"sink_id": options.sink_id, "target": options.target}
     recorded = read_record(path)
-    if recorded is None:
+    if recorded is None or "identity" not in recorded:
         if options.exactly_once:
-            write_record(path, {"version": RECORD_VERSION, "ledger_topic": options.ledger_topic})
-        return
+            ledger_topic = (recorded or {}).get("ledger_topic", options.ledger_topic)
+            record = {"version": RECORD_VERSION, "ledger_topic": ledger_topic}
+            write_record(path, {**record, "identity": identity})
+        if recorded is None:
+            return
     earlier = recorded.get("ledger_topic")
     if isinstance(earlier, str) and earlier != options.ledger_topic:
         raise KafkaSinkOptionError(
@@ -75,6 +83,16 @@ def check_ledger_topic(options: KafkaSinkOptions) -> None:
             f" their decisions in {earlier!r} (recorded in {path}), so this run could apply"
             f" a batch again: set ledgerTopic={earlier} (or start a new query with a new"
             " checkpoint)"
+        )
+    earlier_identity = recorded.get("identity")
+    if isinstance(earlier_identity, dict) and earlier_identity != identity:
+        raise KafkaSinkOptionError(
+            f"Option sinkId is {options.sink_id or '(unset)'!r} and the target"
+            f" {options.target}: this query's earlier runs wrote as sinkId"
+            f" {earlier_identity.get('sink_id') or '(unset)'!r} to"
+            f" {earlier_identity.get('target')} (recorded in {path}), and another sink"
+            " identity could apply a batch again: keep sinkId, the topic option and the"
+            " cluster as they were (or start a new query with a new checkpoint)"
         )
 
 

@@ -36,7 +36,7 @@ from pyspark.sql.types import (
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter, derive_sink_id
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka_sink.checkpoint_record import check_ledger_topic
+from eospack.connectors.kafka_sink.checkpoint_record import check_against_record
 from eospack.connectors.kafka_sink.options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaSinkOptionError,
@@ -68,9 +68,9 @@ class TwoPhaseKafkaDataSource(DataSource):
                 "outputMode complete is not supported by 2pc-kafka: use append"
             )
         check_schema(options, schema)
-        check_ledger_topic(options)
         facts = cluster_facts(options)
         options = replace(options, cluster_id=facts.cluster_id)
+        check_against_record(options)
         if options.exactly_once:
             options = with_broker_timeout(options, facts.transaction_max_timeout_ms)
         return KafkaStreamWriter(options)
