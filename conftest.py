@@ -21,15 +21,14 @@ import pytest
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 SLOWEST_MODULES_FIRST = (
+    "integration_tests/test_sink_contract.py",
     "integration_tests/test_fresh_install.py",
     "integration_tests/test_jdbc_faults.py",
-    "integration_tests/test_kafka_sink.py",
     "integration_tests/test_kafka_source.py",
-    "integration_tests/test_jdbc_crash.py",
     "integration_tests/test_cluster.py",
     "integration_tests/test_stress.py",
     "integration_tests/test_s3_faults.py",
-    "integration_tests/test_s3_crash.py",
+    "integration_tests/test_kafka_sink.py",
 )
 """Measured the longest (worker seconds, a 2-core machine). ``make test`` hands whole
 modules to two xdist workers in collection order (``--dist loadfile
