@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 POLL_SECONDS = 0.2
 COUNTS_STATE = "counts-checkpoint.json"
 FIRST_COUNTS = {"checkpoint": "counts", "key_groups": 8, "shuffle_partitions": 2, "restores": 0}
-FINISH_ATTEMPTS = 6
+FINISH_ATTEMPTS = 10
 FINISH_SECONDS = 180
 FINISH_MAX_OFFSETS = 5000
 
