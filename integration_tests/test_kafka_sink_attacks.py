@@ -594,11 +594,6 @@ def test_a_query_ahead_under_a_shared_sink_id_does_not_erase_another_querys_deci
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="rows are refused only for the sink's own and the default ledger topic: a row"
-    " routed to another sink's custom ledgerTopic still forges that sink's decision",
-)
 def test_a_row_routed_to_another_sinks_custom_ledger_topic_cannot_forge_its_decision(
     real_kafka: Any, unique_name: str
 ) -> None:

@@ -51,9 +51,14 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
+from kafka.admin import ConfigResource, ConfigResourceType
 
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from eospack.connectors.kafka_sink.options import KafkaSinkOptions, client_config
+from eospack.connectors.kafka_sink.options import (
+    DEFAULT_LEDGER_TOPIC,
+    KafkaSinkOptions,
+    client_config,
+)
 from eospack.connectors.kafka_sink.transactions import (
     CONTROL_SETTINGS,
     admin_client,
@@ -313,6 +318,39 @@ def fence_stuck_ledger_writers(
         )
         fence({**CONTROL_SETTINGS, **config}, transactional_id)
     return stuck
+
+
+def is_ledger_topic(options: KafkaSinkOptions, topic: str) -> bool:
+    """Whether ``topic`` is a 2pc-kafka ledger topic, of this sink or any other: its name is
+    this sink's or the default ledger topic, or it carries the configuration every ledger
+    topic is created with (``LEDGER_TOPIC_CONFIGS``, as topic overrides). A task refuses to
+    write rows there: a row could forge a decision, or hold every ledger reader back."""
+    if topic in (options.ledger_topic, DEFAULT_LEDGER_TOPIC):
+        return True
+    return _has_ledger_configs(options.bootstrap_servers, options.producer_params, topic)
+
+
+@functools.cache
+def _has_ledger_configs(
+    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], topic: str
+) -> bool:
+    """Asked once per process, cluster and topic (DescribeConfigs); a topic that does not
+    exist yet (created on first write) is no ledger."""
+    admin = admin_client({**CONTROL_SETTINGS, **client_config(bootstrap_servers, producer_params)})
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, list(LEDGER_TOPIC_CONFIGS))
+    try:
+        described = admin.describe_configs([resource])
+    except kafka_errors.UnknownTopicOrPartitionError:
+        return False
+    finally:
+        admin.close()
+    values = {
+        name: setting.get("value")
+        for names in described.values()
+        for settings in names.values()
+        for name, setting in settings.items()
+    }
+    return all(values.get(name) == value for name, value in LEDGER_TOPIC_CONFIGS.items())
 
 
 def ensure_ledger_topic(options: KafkaSinkOptions) -> None:

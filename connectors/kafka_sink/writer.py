@@ -31,7 +31,8 @@ from kafka import errors as kafka_errors
 from eospack.commit_protocols import TaskIdentity, faults, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka_sink.errors import KafkaSendError
-from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC, KafkaSinkOptions
+from eospack.connectors.kafka_sink.ledger import is_ledger_topic
+from eospack.connectors.kafka_sink.options import KafkaSinkOptions
 from eospack.connectors.kafka_sink.transactions import begin, end_transaction, prepare
 
 SEND_COLUMNS = ("key", "value", "topic", "partition", "headers")
@@ -74,7 +75,7 @@ def send_rows(
     """Send every row, flush, and return how many; raises ``KafkaSendError`` naming the
     first record the broker refused (the caller aborts the transaction)."""
     refused = RefusedSends()
-    ledger_topics = {options.ledger_topic, DEFAULT_LEDGER_TOPIC}
+    checked_topics: dict[str, bool] = {}
     sent = 0
     for batch in batches:
         columns = {
@@ -89,9 +90,11 @@ def send_rows(
                     "2pc-kafka: a row has a null topic: set the topic option or fill the"
                     " topic column"
                 )
-            if topic in ledger_topics:
+            if topic not in checked_topics:
+                checked_topics[topic] = is_ledger_topic(options, topic)
+            if checked_topics[topic]:
                 raise KafkaSendError(
-                    f"2pc-kafka: a row's topic column names {topic}, a ledger topic of"
+                    f"2pc-kafka: a row's topic is {topic}, a ledger topic of"
                     " 2pc-kafka (where sinks keep their decisions): route the row to another"
                     " topic (a record there could forge a decision, or hold every ledger"
                     " reader back)"
