@@ -95,7 +95,7 @@ def random_kill_after_progress(checkpoints: Path, rng: random.Random):
 
 
 @pytest.mark.chaos  # by default: test_stress kills this pipeline's driver at random moments;
-# test_jdbc_crash, test_s3_crash, test_kafka_sink, test_jdbc_faults and test_cluster kill the
+# test_sink_contract, test_jdbc_faults and test_cluster kill the
 # sinks' drivers at their commit steps (the three here cost 8 min)
 @pytest.mark.timeout(900)
 def test_every_fault_point_and_random_kills_leave_counts_exactly_once(

@@ -57,7 +57,8 @@ from eospack.testing import await_query
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.s3_sink_driver import start_query
 from integration_tests.fault_proxy import FaultProxy, HttpRule
-from integration_tests.test_s3_crash import Bucket, named_upload_ids, write_source
+from integration_tests.sink_contract.adapters import Bucket, named_upload_ids
+from integration_tests.sink_contract.inputs import write_source
 from integration_tests.test_s3_sink import (
     arrow_batches,
     connection_options,
