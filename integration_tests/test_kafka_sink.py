@@ -53,8 +53,9 @@ def test_a_decided_batch_the_broker_timed_out_fails_the_restart_loudly(sink: Kaf
     """The query stayed down longer than kafka.transaction.timeout.ms after deciding: the
     broker aborted its transactions. The restart must not pass the batch for done."""
     # long enough for a loaded machine to decide before it (the decision checks that
-    # every transaction is still open), short enough to wait out
-    run = ContractRun(sink, {"kafka.transaction.timeout.ms": "8000"})
+    # every transaction is still open, with a tenth of the timeout in hand: 8 s was too
+    # short for a first batch on a loaded 2-core machine), short enough to wait out
+    run = ContractRun(sink, {"kafka.transaction.timeout.ms": "30000"})
     run.add_batches(1)
     killed = run.run_driver("after_decision@0")
     assert killed.was_killed, killed.explain()
