@@ -30,7 +30,6 @@ from eospack.connectors.kafka_sink import ledger as ledger_module
 from eospack.connectors.kafka_sink.ledger import Ledger, forget_ledger, shared_ledger
 from eospack.connectors.kafka_sink.options import (
     KafkaSinkOptionError,
-    KafkaSinkOptions,
     parse_options,
 )
 from eospack.connectors.kafka_sink.resource import KafkaResource
@@ -38,20 +37,10 @@ from eospack.connectors.kafka_sink.sink import derived_sink_id
 from eospack.connectors.kafka_sink.transactions import fence, open_transactions
 from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
 from eospack.errors import EospackError
-from eospack.services.kafka_tools import create_topic, read_all, transactional_producer
+from eospack.services.kafka_tools import create_topic, transactional_producer
+from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
 pytestmark = pytest.mark.integration
-
-
-def sink_options(kafka: Any, topic: str, **extra: str) -> KafkaSinkOptions:
-    return parse_options(
-        {
-            "kafka.bootstrap.servers": kafka.endpoint.bootstrap_servers,
-            "topic": topic,
-            "ledgerTopic": f"{topic}_ledger",
-            **extra,
-        }
-    )
 
 
 def keyed_rows(prefix: str, count: int, **columns: list[Any]) -> Iterator[pa.RecordBatch]:
@@ -63,15 +52,6 @@ def keyed_rows(prefix: str, count: int, **columns: list[Any]) -> Iterator[pa.Rec
     for name, values in columns.items():
         data[name] = values
     yield pa.RecordBatch.from_pydict(data)
-
-
-def committed_keys(kafka: Any, topic: str) -> list[bytes]:
-    return sorted(
-        key or b""
-        for _, _, key, _ in read_all(
-            kafka.endpoint.bootstrap_servers, topic, isolation_level="read_committed"
-        )
-    )
 
 
 def expected_keys(prefix: str, count: int) -> list[bytes]:

@@ -27,26 +27,15 @@ from eospack.commit_protocols.pieces import DONE, BatchDecision
 from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.kafka_sink.errors import KafkaSendError, PreparedTransactionLostError
 from eospack.connectors.kafka_sink.ledger import LEDGER_TRANSACTION_TIMEOUT_MS, Ledger
-from eospack.connectors.kafka_sink.options import KafkaSinkOptions, parse_options
 from eospack.connectors.kafka_sink.resource import KafkaResource
 from eospack.connectors.kafka_sink.sink import TwoPhaseKafkaDataSource
 from eospack.connectors.kafka_sink.transactions import open_transactions
 from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
-from eospack.services.kafka_tools import create_topic, read_all, transactional_producer
+from eospack.services.kafka_tools import create_topic, transactional_producer
 from eospack.testing import wait_until
+from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
 pytestmark = pytest.mark.integration
-
-
-def sink_options(kafka: Any, topic: str, **extra: str) -> KafkaSinkOptions:
-    return parse_options(
-        {
-            "kafka.bootstrap.servers": kafka.endpoint.bootstrap_servers,
-            "topic": topic,
-            "ledgerTopic": f"{topic}_ledger",
-            **extra,
-        }
-    )
 
 
 def rows(count: int, big_row: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -55,15 +44,6 @@ def rows(count: int, big_row: int | None = None) -> Iterator[pa.RecordBatch]:
     keys = [str(index).encode() for index in range(count)]
     yield pa.RecordBatch.from_pydict(
         {"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())}
-    )
-
-
-def committed_keys(kafka: Any, topic: str) -> list[bytes | None]:
-    return sorted(
-        key
-        for _, _, key, _ in read_all(
-            kafka.endpoint.bootstrap_servers, topic, isolation_level="read_committed"
-        )
     )
 
 

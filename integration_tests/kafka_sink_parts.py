@@ -1,0 +1,33 @@
+"""What the component-level 2pc-kafka tests share (the sink's own parts against Apache Kafka,
+without a Spark query): options on a ledger topic of the test's own, and the keys a
+read_committed consumer sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eospack.connectors.kafka_sink.options import KafkaSinkOptions, parse_options
+from eospack.services.kafka_tools import read_all
+
+
+def sink_options(kafka: Any, topic: str, **extra: str) -> KafkaSinkOptions:
+    """2pc-kafka options writing to ``topic``, with ``<topic>_ledger`` as the ledger topic
+    (a crashed test's open ledger transaction then holds back no other test)."""
+    return parse_options(
+        {
+            "kafka.bootstrap.servers": kafka.endpoint.bootstrap_servers,
+            "topic": topic,
+            "ledgerTopic": f"{topic}_ledger",
+            **extra,
+        }
+    )
+
+
+def committed_keys(kafka: Any, topic: str) -> list[bytes]:
+    """The keys of ``topic`` as a read_committed consumer sees them, sorted (b"" for none)."""
+    return sorted(
+        key or b""
+        for _, _, key, _ in read_all(
+            kafka.endpoint.bootstrap_servers, topic, isolation_level="read_committed"
+        )
+    )
