@@ -6,7 +6,7 @@ STAMP := $(VENV)/.eospack-installed
 
 .PHONY: install fetch demo test test-unit lint bench bench-quick services clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --progress-bar off --upgrade pip
 	@# compat mode puts the project folder on sys.path, so Spark's Python workers

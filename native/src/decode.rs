@@ -1,0 +1,313 @@
+//! Fetch response record data (record batch format v2) into Arrow columns.
+//!
+//! The rules are kafka-python's `Fetcher.PartitionRecords` (the reference path), which
+//! are the Java consumer's: records below the fetch offset are dropped, control batches
+//! are skipped, and with read_committed a transactional batch is dropped while its producer
+//! id is in the aborted set, which the response's aborted-transactions list fills (by first
+//! offset) and the producer's abort marker empties. The next fetch offset follows the last
+//! batch read (so compaction gaps and markers are stepped over).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use arrow_array::builder::{ArrayBuilder, BinaryBuilder, Int32Builder, Int64Builder, StringBuilder};
+use arrow_array::{Array, ArrayRef, Int32Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray};
+use arrow_buffer::{BooleanBufferBuilder, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, Fields, TimeUnit};
+
+use crate::codec::{decompress, Cursor};
+
+pub const BATCH_HEADER_BYTES: usize = 61;
+
+pub struct DecodeRequest<'a> {
+    pub raw: &'a [u8],
+    pub fetch_offset: i64,
+    pub topic: &'a str,
+    pub partition: i32,
+    pub read_committed: bool,
+    /// (producer id, first offset) of the response's aborted transactions.
+    pub aborted: Vec<(i64, i64)>,
+    pub include_headers: bool,
+    pub check_crcs: bool,
+}
+
+pub struct Decoded {
+    pub columns: StructArray,
+    pub next_fetch_offset: i64,
+    pub leader_epoch: i32,
+}
+
+pub enum DecodeError {
+    /// A message set of magic 0 or 1: the reference path decodes those.
+    Legacy,
+    Corrupt(String),
+}
+
+struct Columns {
+    keys: BinaryBuilder,
+    values: BinaryBuilder,
+    offsets: Int64Builder,
+    timestamps: Vec<i64>,
+    timestamp_types: Int32Builder,
+    header_offsets: Vec<i32>,
+    header_valid: BooleanBufferBuilder,
+    header_keys: StringBuilder,
+    header_values: BinaryBuilder,
+}
+
+pub fn header_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("key", DataType::Utf8, true),
+        Field::new("value", DataType::Binary, true),
+    ])
+}
+
+pub fn headers_type() -> DataType {
+    DataType::List(Arc::new(Field::new("element", DataType::Struct(header_fields()), true)))
+}
+
+fn read_i64(data: &[u8], at: usize) -> i64 {
+    i64::from_be_bytes(data[at..at + 8].try_into().unwrap())
+}
+fn read_i32(data: &[u8], at: usize) -> i32 {
+    i32::from_be_bytes(data[at..at + 4].try_into().unwrap())
+}
+fn read_i16(data: &[u8], at: usize) -> i16 {
+    i16::from_be_bytes(data[at..at + 2].try_into().unwrap())
+}
+
+pub fn decode(request: &DecodeRequest) -> Result<Decoded, DecodeError> {
+    let raw = request.raw;
+    let capacity = raw.len() / 64 + 16;
+    let mut columns = Columns {
+        keys: BinaryBuilder::with_capacity(capacity, 0),
+        values: BinaryBuilder::with_capacity(capacity, raw.len()),
+        offsets: Int64Builder::with_capacity(capacity),
+        timestamps: Vec::with_capacity(capacity),
+        timestamp_types: Int32Builder::with_capacity(capacity),
+        header_offsets: vec![0],
+        header_valid: BooleanBufferBuilder::new(capacity),
+        header_keys: StringBuilder::new(),
+        header_values: BinaryBuilder::new(),
+    };
+    let mut aborted: VecDeque<(i64, i64)> = {
+        let mut list = request.aborted.clone();
+        list.sort_by_key(|(_, first_offset)| *first_offset);
+        list.into()
+    };
+    let mut aborted_producers: HashSet<i64> = HashSet::new();
+    let mut next_fetch_offset = request.fetch_offset;
+    let mut leader_epoch = -1;
+    let mut position = 0usize;
+    let mut last_batch_next_offset: Option<i64> = None;
+    while raw.len() - position >= 17 {
+        let length = read_i32(raw, position + 8);
+        if length < 0 {
+            return Err(DecodeError::Corrupt(format!("negative batch length {length}")));
+        }
+        let end = position + 12 + length as usize;
+        if end > raw.len() {
+            break; // a partial batch at the end of the response: fetched again next time
+        }
+        let magic = raw[position + 16];
+        if magic < 2 {
+            return Err(DecodeError::Legacy);
+        }
+        if end - position < BATCH_HEADER_BYTES {
+            return Err(DecodeError::Corrupt("record batch shorter than its header".into()));
+        }
+        let batch = &raw[position..end];
+        position = end;
+        let base_offset = read_i64(batch, 0);
+        if request.check_crcs {
+            let stored = read_i32(batch, 17) as u32;
+            if crc32c::crc32c(&batch[21..]) != stored {
+                return Err(DecodeError::Corrupt(format!(
+                    "Record batch for partition {}-{} at offset {} failed crc check",
+                    request.topic, request.partition, base_offset
+                )));
+            }
+        }
+        leader_epoch = read_i32(batch, 12);
+        let attributes = read_i16(batch, 21);
+        let last_offset = base_offset + read_i32(batch, 23) as i64;
+        let batch_next_offset = last_offset + 1;
+        last_batch_next_offset = Some(batch_next_offset);
+        let producer_id = read_i64(batch, 43);
+        let transactional = attributes & 0x10 != 0;
+        let control = attributes & 0x20 != 0;
+        if request.read_committed && producer_id >= 0 {
+            while let Some(&(aborted_producer, first_offset)) = aborted.front() {
+                if first_offset > last_offset {
+                    break;
+                }
+                aborted_producers.insert(aborted_producer);
+                aborted.pop_front();
+            }
+            if control {
+                if is_abort_marker(batch)? {
+                    aborted_producers.remove(&producer_id);
+                }
+            } else if transactional && aborted_producers.contains(&producer_id) {
+                next_fetch_offset = batch_next_offset;
+                continue;
+            }
+        }
+        if control {
+            next_fetch_offset = batch_next_offset;
+            continue;
+        }
+        let codec = (attributes & 0x07) as u8;
+        let log_append_time = attributes & 0x08 != 0;
+        let base_timestamp = read_i64(batch, 27);
+        let max_timestamp = read_i64(batch, 35);
+        let count = read_i32(batch, 57).max(0) as usize;
+        let decompressed;
+        let records: &[u8] = if codec == 0 {
+            &batch[BATCH_HEADER_BYTES..]
+        } else {
+            decompressed = decompress(codec, &batch[BATCH_HEADER_BYTES..]).map_err(|error| {
+                DecodeError::Corrupt(format!(
+                    "cannot decompress the record batch at offset {base_offset} of {}-{}: {error}",
+                    request.topic, request.partition
+                ))
+            })?;
+            &decompressed
+        };
+        let mut cursor = Cursor::new(records);
+        for _ in 0..count {
+            let offset = read_record(
+                &mut cursor,
+                &mut columns,
+                request,
+                base_offset,
+                if log_append_time { Some(max_timestamp) } else { None },
+                base_timestamp,
+                log_append_time,
+            )
+            .map_err(|error| {
+                DecodeError::Corrupt(format!(
+                    "malformed record in the batch at offset {base_offset} of {}-{}: {error}",
+                    request.topic, request.partition
+                ))
+            })?;
+            if let Some(offset) = offset {
+                next_fetch_offset = offset + 1;
+            }
+        }
+    }
+    if let Some(offset) = last_batch_next_offset {
+        next_fetch_offset = next_fetch_offset.max(offset);
+    }
+    Ok(Decoded { columns: finish(columns, request), next_fetch_offset, leader_epoch })
+}
+
+fn is_abort_marker(batch: &[u8]) -> Result<bool, DecodeError> {
+    let mut cursor = Cursor::new(&batch[BATCH_HEADER_BYTES..]);
+    let parse = |cursor: &mut Cursor| -> Result<Option<bool>, String> {
+        cursor.varint()?; // length
+        cursor.bytes(1)?; // attributes
+        cursor.varlong()?; // timestamp delta
+        cursor.varint()?; // offset delta
+        match cursor.nullable_bytes()? {
+            Some(key) if key.len() >= 4 => Ok(Some(i16::from_be_bytes([key[2], key[3]]) == 0)),
+            _ => Ok(None),
+        }
+    };
+    match parse(&mut cursor) {
+        Ok(marker) => Ok(marker.unwrap_or(false)),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Appends one record unless it lies below the fetch offset; returns its offset when kept.
+fn read_record(
+    cursor: &mut Cursor,
+    columns: &mut Columns,
+    request: &DecodeRequest,
+    base_offset: i64,
+    fixed_timestamp: Option<i64>,
+    base_timestamp: i64,
+    log_append_time: bool,
+) -> Result<Option<i64>, String> {
+    let length = cursor.varint()?;
+    if length < 0 {
+        return Err(format!("negative record length {length}"));
+    }
+    let end = cursor.position + length as usize;
+    if end > cursor.data.len() {
+        return Err("truncated record".into());
+    }
+    cursor.bytes(1)?;
+    let timestamp_delta = cursor.varlong()?;
+    let offset = base_offset + cursor.varint()? as i64;
+    if offset < request.fetch_offset {
+        cursor.position = end;
+        return Ok(None);
+    }
+    let key = cursor.nullable_bytes()?;
+    let value = cursor.nullable_bytes()?;
+    let header_count = cursor.varint()?;
+    if request.include_headers {
+        for _ in 0..header_count.max(0) {
+            let header_key = cursor.nullable_bytes()?.unwrap_or_default();
+            let header_key =
+                std::str::from_utf8(header_key).map_err(|_| "a header key is not UTF-8".to_string())?;
+            columns.header_keys.append_value(header_key);
+            columns.header_values.append_option(cursor.nullable_bytes()?);
+        }
+        columns.header_offsets.push(columns.header_keys.len() as i32);
+        columns.header_valid.append(header_count > 0);
+    }
+    cursor.position = end;
+    let timestamp = fixed_timestamp.unwrap_or(base_timestamp + timestamp_delta);
+    columns.keys.append_option(key);
+    columns.values.append_option(value);
+    columns.offsets.append_value(offset);
+    columns.timestamps.push(timestamp * 1000);
+    columns.timestamp_types.append_value(log_append_time as i32);
+    Ok(Some(offset))
+}
+
+fn finish(mut columns: Columns, request: &DecodeRequest) -> StructArray {
+    let rows = columns.offsets.len();
+    let topic = StringArray::from_iter_values(std::iter::repeat_n(request.topic, rows));
+    let mut fields = vec![
+        Field::new("key", DataType::Binary, true),
+        Field::new("value", DataType::Binary, true),
+        Field::new("topic", DataType::Utf8, true),
+        Field::new("partition", DataType::Int32, true),
+        Field::new("offset", DataType::Int64, true),
+        Field::new("timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new("timestampType", DataType::Int32, true),
+    ];
+    let mut arrays: Vec<ArrayRef> = vec![
+        Arc::new(columns.keys.finish()),
+        Arc::new(columns.values.finish()),
+        Arc::new(topic),
+        Arc::new(Int32Array::from(vec![request.partition; rows])),
+        Arc::new(columns.offsets.finish()),
+        Arc::new(
+            TimestampMicrosecondArray::new(ScalarBuffer::from(columns.timestamps), None).with_timezone("UTC"),
+        ),
+        Arc::new(columns.timestamp_types.finish()),
+    ];
+    if request.include_headers {
+        let items = StructArray::new(
+            header_fields(),
+            vec![Arc::new(columns.header_keys.finish()), Arc::new(columns.header_values.finish())],
+            None,
+        );
+        let valid = NullBuffer::new(columns.header_valid.finish());
+        let DataType::List(item_field) = headers_type() else { unreachable!() };
+        let headers = ListArray::new(
+            item_field,
+            OffsetBuffer::new(ScalarBuffer::from(columns.header_offsets)),
+            Arc::new(items),
+            Some(valid),
+        );
+        fields.push(Field::new("headers", headers.data_type().clone(), true));
+        arrays.push(Arc::new(headers));
+    }
+    StructArray::new(Fields::from(fields), arrays, None)
+}
