@@ -25,7 +25,8 @@ from eospack.connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
-from eospack.connectors.kafka.reader import _to_arrow, _within, output_schema
+from eospack.connectors.kafka.reader import _within, output_schema
+from eospack.connectors.kafka.record_batches import records_to_arrow
 
 BASE = {"kafka.bootstrap.servers": "broker1:9092,broker2:9093", "subscribe": "orders"}
 
@@ -468,7 +469,7 @@ def _record(offset: int, key: bytes | None, headers: list) -> ConsumerRecord:
 
 def test_records_become_one_arrow_batch_with_sparks_kafka_schema() -> None:
     records = [_record(7, b"k", [("h1", b"a"), ("h2", None)]), _record(9, None, [])]
-    batch = _to_arrow(records, OffsetRange("t", 3, 7, 10), include_headers=True)
+    batch = records_to_arrow(records, "t", 3, include_headers=True)
     assert batch.to_pylist() == [
         {
             "key": b"k",
@@ -493,14 +494,15 @@ def test_records_become_one_arrow_batch_with_sparks_kafka_schema() -> None:
     ]
     assert batch.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert batch.column("timestamp")[0].value == 1_700_000_000_123_000
-    plain = _to_arrow(records, OffsetRange("t", 3, 7, 10), include_headers=False)
+    plain = records_to_arrow(records, "t", 3, include_headers=False)
     assert plain.schema.names == [f.name for f in output_schema(False).fields]
 
 
 def test_within_keeps_only_the_half_open_range() -> None:
-    records = [_record(o, None, []) for o in (3, 4, 6, 9, 10)]
-    assert [r.offset for r in _within(records, 4, 10)] == [4, 6, 9]
-    assert _within(records, 0, 100) is records
+    batch = records_to_arrow([_record(o, None, []) for o in (3, 4, 6, 9, 10)], "t", 3, False)
+    assert _within(batch, 4, 10).column("offset").to_pylist() == [4, 6, 9]
+    assert _within(batch, 0, 100) is batch
+    assert _within(batch, 11, 20).num_rows == 0
 
 
 class FakePartitionLog:
@@ -540,7 +542,8 @@ class FakePartitionLog:
         offsets = range(self.next_offset, upto)
         records = [_record(o, None, []) for o in offsets if o not in self.gaps]
         self.next_offset = upto
-        return {self.assigned[0]: records} if records else {}
+        batch = records_to_arrow(records, "t", 3, include_headers=False)
+        return {self.assigned[0]: [batch]} if records else {}
 
     def beginning_offsets(self, tps: list, timeout_ms: int = 0) -> dict:
         return {tps[0]: self.earliest}

@@ -12,22 +12,31 @@ and offsets; false logs a warning with the number of skipped offsets and reads w
 there. One consumer per consumer configuration is kept per Python worker process and reused
 by the next task (tasks in a worker run one at a time); a consumer that failed is closed.
 Every poll goes through the call-fault rig as ``kafka.poll`` (see ``broker_calls``).
+
+kafka-python runs the fetches (connections, leaders, fetch sessions, errors, positions);
+the record data of each fetched partition is decoded whole into one Arrow record batch by
+``record_batches.decode`` (native when built), standing in for kafka-python's per-record
+``PartitionRecords`` (``DecodedPartitionRecords``), so ``poll`` returns Arrow batches.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError, UnsupportedCodecError
-from pyspark.sql.pandas.types import to_arrow_schema
+from kafka.errors import (
+    CorruptRecordError,
+    KafkaTimeoutError,
+    OffsetOutOfRangeError,
+    UnsupportedCodecError,
+)
+from kafka.protocol.consumer.offsets import IsolationLevel
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -39,6 +48,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from eospack.connectors.kafka import record_batches
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
 from eospack.connectors.kafka.options import KafkaSourceOptions
@@ -58,9 +68,6 @@ _BASE_FIELDS = [
 ]
 SCHEMA = StructType(_BASE_FIELDS)
 SCHEMA_WITH_HEADERS = StructType([*_BASE_FIELDS, StructField("headers", ArrayType(HEADER_TYPE))])
-_ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
-_ARROW_SCHEMA_WITH_HEADERS = to_arrow_schema(SCHEMA_WITH_HEADERS, timezone="UTC")
-_ARROW_HEADER_TYPE = _ARROW_SCHEMA_WITH_HEADERS.field("headers").type
 
 # Without progress for this long, ask the broker whether offsets were lost.
 _STALL_CHECK_MS = 2_000
@@ -78,6 +85,7 @@ def _acquire(options: KafkaSourceOptions) -> tuple[tuple[tuple[str, Any], ...], 
     consumer = _idle_consumers.pop(key, None)
     if consumer is None:
         consumer = KafkaConsumer(**options.consumer_config())
+    consumer._fetcher.PartitionRecords = decoding_partition_records(options.include_headers)
     return key, consumer
 
 
@@ -100,6 +108,7 @@ def read_range(options: KafkaSourceOptions, offset_range: OffsetRange) -> Iterat
     """Yield the records of ``offset_range`` as Arrow record batches in offset order."""
     if offset_range.size == 0:
         return
+    record_batches.warn_if_reference_path()
     key, consumer = _acquire(options)
     healthy = False
     try:
@@ -142,13 +151,12 @@ class _RangeReader:
                 continue
             except UnsupportedCodecError as error:
                 raise codec_missing_error(self.range, error) from None
-            records = polled.get(tp)
-            if records:
-                if records[0].offset > self.position and not self.checked_earliest:
+            for batch in polled.get(tp, ()):
+                if batch.column(4)[0].as_py() > self.position and not self.checked_earliest:
                     self._check_lost_offsets(force=False, seek=False)
-                records = _within(records, self.position, end)
-                if records:
-                    yield _to_arrow(records, self.range, self.options.include_headers)
+                batch = _within(batch, self.position, end)
+                if batch.num_rows:
+                    yield batch
             position = consumer.position(tp)
             now = time.monotonic()
             if position > self.position:
@@ -254,54 +262,91 @@ def codec_missing_error(offset_range: OffsetRange, error: Exception) -> KafkaCod
     )
 
 
-def _within(records: list, start: int, end: int) -> list:
-    """The records with start <= offset < end (records are in offset order)."""
-    if records[0].offset >= start and records[-1].offset < end:
-        return records
-    offsets = [r.offset for r in records]
-    return records[bisect.bisect_left(offsets, start) : bisect.bisect_left(offsets, end)]
+def _within(batch: pa.RecordBatch, start: int, end: int) -> pa.RecordBatch:
+    """The rows with start <= offset < end (rows are in offset order)."""
+    offsets = batch.column(4).to_numpy()
+    first, last = np.searchsorted(offsets, (start, end))
+    if first == 0 and last == batch.num_rows:
+        return batch
+    return batch.slice(int(first), int(last - first))
 
 
-def _to_arrow(records: list, offset_range: OffsetRange, include_headers: bool) -> pa.RecordBatch:
-    """Columns straight from kafka-python's record tuples: one transpose, no per-row objects."""
-    columns = list(zip(*records, strict=True))
-    count = len(records)
-    # ConsumerRecord fields: topic, partition, leader_epoch, offset, timestamp,
-    # timestamp_type, key, value, headers, ...
-    millis = pa.array(columns[4], pa.int64())
-    arrays = [
-        pa.array(columns[6], pa.binary()),
-        pa.array(columns[7], pa.binary()),
-        pa.array([offset_range.topic] * count, pa.string()),
-        pa.array([offset_range.partition] * count, pa.int32()),
-        pa.array(columns[3], pa.int64()),
-        pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC")),
-        pa.array(columns[5], pa.int32()),
-    ]
-    if include_headers:
-        arrays.append(_headers(columns[8]))
-        return pa.RecordBatch.from_arrays(arrays, schema=_ARROW_SCHEMA_WITH_HEADERS)
-    return pa.RecordBatch.from_arrays(arrays, schema=_ARROW_SCHEMA)
+def decoding_partition_records(include_headers: bool) -> Callable[..., DecodedPartitionRecords]:
+    """The stand-in for ``Fetcher.PartitionRecords`` of a consumer reading ``include_headers``."""
+
+    def create(*arguments: Any, **keywords: Any) -> DecodedPartitionRecords:
+        return DecodedPartitionRecords(*arguments, include_headers=include_headers, **keywords)
+
+    return create
 
 
-def _headers(per_record: tuple) -> pa.Array:
-    """headers array<struct<key, value>>; null for a record without headers, as in Spark."""
-    offsets = [0]
-    keys: list[str] = []
-    values: list[bytes | None] = []
-    valid = []
-    for headers in per_record:
-        if headers:
-            for key, value in headers:
-                keys.append(key)
-                values.append(value)
-        offsets.append(len(keys))
-        valid.append(bool(headers))
-    items = pa.StructArray.from_arrays(
-        [pa.array(keys, pa.string()), pa.array(values, pa.binary())],
-        fields=list(_ARROW_HEADER_TYPE.value_type),
-    )
-    mask = pa.array([not v for v in valid], pa.bool_())
-    return pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()), items, type=_ARROW_HEADER_TYPE, mask=mask
-    )
+class DecodedPartitionRecords:
+    """kafka-python's ``Fetcher.PartitionRecords`` for one fetched partition, decoded whole:
+    ``take`` returns one Arrow record batch (the records at or after the fetch offset) and
+    moves ``next_fetch_offset`` past the last batch in the data, which the fetcher makes the
+    consumer's position. Same contract as the original, one object per fetch instead of
+    one per record."""
+
+    def __init__(
+        self,
+        fetch_offset: int,
+        tp: TopicPartition,
+        records: Any,
+        *,
+        include_headers: bool,
+        check_crcs: bool = True,
+        isolation_level: int = IsolationLevel.READ_UNCOMMITTED,
+        aborted_transactions: Any = None,
+        metric_aggregator: Any = None,
+        on_drain: Callable[[Any], None] = lambda _: None,
+        **_: Any,
+    ) -> None:
+        self.fetch_offset = fetch_offset
+        self.topic_partition = tp
+        self.next_fetch_offset = fetch_offset
+        self.leader_epoch = -1
+        self.include_headers = include_headers
+        self.check_crcs = check_crcs
+        self.read_committed = isolation_level == IsolationLevel.READ_COMMITTED
+        self.aborted = [(t.producer_id, t.first_offset) for t in aborted_transactions or ()]
+        self.metric_aggregator = metric_aggregator
+        self.on_drain = on_drain
+        self.raw: bytes | None = records._buffer
+        self.bytes_read = 0
+        self.records_read = 0
+
+    def __bool__(self) -> bool:
+        return self.raw is not None
+
+    def take(self, n: int | None = None) -> list[pa.RecordBatch]:
+        if self.raw is None:
+            return []
+        try:
+            decoded = record_batches.decode(
+                self.raw,
+                self.fetch_offset,
+                self.topic_partition.topic,
+                self.topic_partition.partition,
+                read_committed=self.read_committed,
+                aborted_transactions=self.aborted,
+                include_headers=self.include_headers,
+                check_crcs=self.check_crcs,
+            )
+        except record_batches.CorruptRecordsError as error:
+            self.drain()
+            raise CorruptRecordError(str(error)) from None
+        self.next_fetch_offset = decoded.next_fetch_offset
+        self.leader_epoch = decoded.leader_epoch
+        self.bytes_read = len(self.raw)
+        self.records_read = decoded.batch.num_rows
+        self.drain()
+        return [decoded.batch] if decoded.batch.num_rows else []
+
+    def drain(self) -> None:
+        if self.raw is not None:
+            self.raw = None
+            if self.metric_aggregator:
+                self.metric_aggregator.record(
+                    self.topic_partition, self.bytes_read, self.records_read
+                )
+            self.on_drain(self)

@@ -365,6 +365,8 @@ def reference_encode(
         record_headers = [
             (str(item["key"]), _as_bytes(item["value"])) for item in (headers[row] or [])
         ]
+        if any(item["key"] is None for item in headers[row] or []):
+            raise RecordRefusedError("a header has a null key")
         wanted = explicit[row]
         if wanted is not None and not 0 <= wanted < count:
             raise RecordRefusedError(
