@@ -60,7 +60,7 @@ def _load_native() -> tuple[ModuleType | None, str]:
     if os.environ.get("EOSPACK_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "EOSPACK_NATIVE=0 selects the reference path"
     try:
-        from eospack import _native
+        import eospack._native as _native
     except ImportError as error:
         return None, (
             f"the extension eospack._native is not built ({error}): install a Rust compiler"
