@@ -21,21 +21,26 @@ refused record can never be committed as sent (at-least-once: the task fails lik
 from __future__ import annotations
 
 import contextlib
+import random
+import time
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from kafka import KafkaProducer
 from kafka import errors as kafka_errors
 
 from eospack.commit_protocols import TaskIdentity, faults, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
+from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka.record_batches import EncodeSettings, RecordRefusedError
 from eospack.connectors.kafka_sink.errors import KafkaSendError
 from eospack.connectors.kafka_sink.ledger import is_ledger_topic
 from eospack.connectors.kafka_sink.options import KafkaSinkOptions
+from eospack.connectors.kafka_sink.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
 from eospack.connectors.kafka_sink.transactions import begin, end_transaction, prepare
 
-SEND_COLUMNS = ("key", "value", "topic", "partition", "headers")
+ENCODED_COLUMNS = ("key", "value", "partition", "headers")
 
 
 def prepare_task(
@@ -73,47 +78,97 @@ def send_rows(
     producer: KafkaProducer, options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch]
 ) -> int:
     """Send every row, flush, and return how many; raises ``KafkaSendError`` naming the
-    first record the broker refused (the caller aborts the transaction)."""
+    first record the broker refused (the caller aborts the transaction).
+
+    Rows become record batches whole (``record_batches.encode``: Kafka's default
+    partitioner, murmur2 of the key, sticky for rows without key and partition) and go to
+    the producer as such (``producer_batches``)."""
     refused = RefusedSends()
-    checked_topics: dict[str, bool] = {}
+    sender = BatchSender(producer, refused.remember)
+    topics = TopicChecks(options)
+    sticky: dict[str, int] = {}
+    batch_bytes = int(producer.config.get("batch_size") or 0)
+    if "batch_size" not in dict(options.producer_params):
+        batch_bytes = DEFAULT_BATCH_BYTES
+    compression = producer.config.get("compression_type") or "none"
     sent = 0
     for batch in batches:
-        columns = {
-            name: batch.column(name).to_pylist()
-            for name in SEND_COLUMNS
-            if name in batch.schema.names
-        }
-        for index in range(batch.num_rows):
-            topic = options.topic or columns["topic"][index]
-            if topic is None:
-                raise ValueError(
-                    "2pc-kafka: a row has a null topic: set the topic option or fill the"
-                    " topic column"
-                )
-            if topic not in checked_topics:
-                checked_topics[topic] = is_ledger_topic(options, topic)
-            if checked_topics[topic]:
-                raise KafkaSendError(
-                    f"2pc-kafka: a row's topic is {topic}, a ledger topic of"
-                    " 2pc-kafka (where sinks keep their decisions): route the row to another"
-                    " topic (a record there could forge a decision, or hold every ledger"
-                    " reader back)"
-                )
+        for topic, rows in rows_by_topic(options, batch):
+            topics.check(topic)
+            partitions = producer.partitions_for(topic)
+            settings = EncodeSettings(
+                partitions=len(partitions),
+                max_batch_bytes=batch_bytes,
+                max_record_bytes=int(producer.config["max_request_size"]),
+                compression=compression,
+                timestamp_ms=int(time.time() * 1000),
+            )
             try:
-                future = producer.send(
-                    topic,
-                    value=as_bytes(columns["value"][index]),
-                    key=as_bytes(columns["key"][index]) if "key" in columns else None,
-                    partition=columns["partition"][index] if "partition" in columns else None,
-                    headers=headers_of(columns["headers"][index]) if "headers" in columns else None,
+                encoded, sticky[topic] = record_batches.encode(
+                    rows, settings, sticky.get(topic, random.randrange(len(partitions)))
                 )
-            except kafka_errors.KafkaError as error:
-                raise send_error(topic, error) from None
-            future.add_errback(refused.remember, topic)
+            except RecordRefusedError as error:
+                raise refused_error(topic, error) from None
+            for piece in encoded:
+                sender.append(topic, piece)
         sent += batch.num_rows
-    producer.flush()
+        refused.raise_first()
+    sender.flush()
     refused.raise_first()
     return sent
+
+
+def rows_by_topic(
+    options: KafkaSinkOptions, batch: pa.RecordBatch
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The rows of each topic (the ``topic`` option, else the ``topic`` column), with the
+    columns the encoder reads."""
+    names = [name for name in ENCODED_COLUMNS if name in batch.schema.names]
+    rows = batch.select(names)
+    if options.topic:
+        yield options.topic, rows
+        return
+    if "topic" not in batch.schema.names:
+        raise ValueError("2pc-kafka: set the topic option or give the rows a topic column")
+    topic_column = batch.column("topic")
+    if topic_column.null_count:
+        raise ValueError(
+            "2pc-kafka: a row has a null topic: set the topic option or fill the topic column"
+        )
+    topics = pc.unique(topic_column).to_pylist()
+    if len(topics) == 1:
+        yield topics[0], rows
+        return
+    for topic in topics:
+        yield topic, rows.filter(pc.equal(topic_column, topic))
+
+
+class TopicChecks:
+    """Each topic a task writes is checked once: never a ledger topic of 2pc-kafka."""
+
+    def __init__(self, options: KafkaSinkOptions) -> None:
+        self.options = options
+        self.checked: dict[str, bool] = {}
+
+    def check(self, topic: str) -> None:
+        if topic not in self.checked:
+            self.checked[topic] = is_ledger_topic(self.options, topic)
+        if self.checked[topic]:
+            raise KafkaSendError(
+                f"2pc-kafka: a row's topic is {topic}, a ledger topic of"
+                " 2pc-kafka (where sinks keep their decisions): route the row to another"
+                " topic (a record there could forge a decision, or hold every ledger"
+                " reader back)"
+            )
+
+
+def refused_error(topic: str, error: RecordRefusedError) -> Exception:
+    """A record too large for ``max.request.size`` as kafka-python would say it; a
+    partition the topic lacks as the ValueError kafka-python raised."""
+    text = str(error)
+    if "max.request.size" in text:
+        return send_error(topic, kafka_errors.MessageSizeTooLargeError(text))
+    return ValueError(f"2pc-kafka could not write a row to topic {topic}: {text}")
 
 
 class RefusedSends:
@@ -146,15 +201,3 @@ def send_error(topic: str, error: BaseException) -> KafkaSendError:
     return KafkaSendError(
         f"2pc-kafka could not write a record to topic {topic}: {name}: {text}{fix}"
     )
-
-
-def as_bytes(value: Any) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    return str(value).encode()
-
-
-def headers_of(value: list[dict[str, Any]] | None) -> list[tuple[str, bytes]] | None:
-    if not value:
-        return None
-    return [(str(header["key"]), as_bytes(header["value"]) or b"") for header in value]
