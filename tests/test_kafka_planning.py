@@ -367,6 +367,41 @@ def test_a_replay_after_the_topic_was_recreated_never_reads_the_new_topic(
     assert "topic t was deleted and re-created" in caplog.text
 
 
+def test_an_available_now_start_asks_for_metadata_once() -> None:
+    """Spark calls prepareForTriggerAvailableNow and then initialOffset twice (to plan batch 0
+    and to read its ranges), milliseconds apart: one metadata answer serves them all (every
+    kafka-python metadata refresh within 100 ms of the previous one waits out its backoff)."""
+    cluster = FakeCluster({"t": (ID_A, {0: (2, 5)})})
+    reader = stream_reader(cluster, startingOffsets="earliest")
+    reader.prepareForTriggerAvailableNow()
+    start = round_trip(reader.initialOffset())
+    end = round_trip(reader.latestOffset(start, ReadAllAvailable()))
+    assert round_trip(reader.initialOffset()) == start
+    assert ranges_of(reader, start, end) == [OffsetRange("t", 0, 2, 5)]
+    assert cluster.calls == ["metadata", "latest", "earliest [('t', 0)]"]
+
+
+def test_the_initial_offset_is_resolved_once_per_query() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 5)})})
+    reader = stream_reader(cluster)  # startingOffsets=latest
+    first = round_trip(reader.initialOffset())
+    cluster.topics["t"] = (ID_A, {0: (0, 9)})
+    assert first == {"t": {"0": 5}, "@starts": {}, "@topicIds": {"t": ID_A}}
+    assert round_trip(reader.initialOffset()) == first
+    assert cluster.calls == ["metadata", "latest"]
+
+
+def test_available_now_never_stops_behind_the_initial_offset() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 5)})})
+    reader = stream_reader(cluster)  # startingOffsets=latest, resolved after the target
+    reader.prepareForTriggerAvailableNow()
+    cluster.topics["t"] = (ID_A, {0: (0, 8)})
+    start = round_trip(reader.initialOffset())
+    assert start["t"] == {"0": 8}
+    end = round_trip(reader.latestOffset(start, ReadAllAvailable()))
+    assert end["t"] == {"0": 8} and ranges_of(reader, start, end) == []
+
+
 def test_nothing_new_returns_the_start_itself() -> None:
     cluster = FakeCluster({"t": (ID_A, {0: (0, 10)})})
     reader = stream_reader(cluster, startingOffsets="earliest")

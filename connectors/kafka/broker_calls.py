@@ -5,29 +5,34 @@ Names: ``kafka.metadata``, ``kafka.end_offsets``, ``kafka.beginning_offsets`` an
 fault becomes kafka-python's own error, so the source handles it exactly as a real one:
 KafkaConnectionError for a call that fails before or after it applied, KafkaTimeoutError
 for a stall. With faults off (no ``EOSPACK_FAULT_DIR``) a call costs one module-constant
-check more than calling kafka-python directly.
+check (and a cached import) more than calling kafka-python directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
-
-from eospack.commit_protocols import faults
+if TYPE_CHECKING:
+    from kafka.errors import KafkaError
 
 Result = TypeVar("Result")
 
 
 def broker_call(call: str, action: Callable[[], Result]) -> Result:
     """Run ``action`` as the broker call ``call``, through any armed fault."""
+    # Imported where a call is made: the package of ``faults`` loads the commit protocols
+    # (pyarrow among them), which a Spark planner process that never calls Kafka skips.
+    from eospack.commit_protocols import faults
+
     if not faults.enabled():
         return action()
     return faults.run_call(call, action, error=_injected_error)
 
 
 def _injected_error(description: str) -> KafkaError:
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
     # CallFault.describe() reads "injected fault: <call> <mode>[ in batch <n>]".
     mode = description.removeprefix("injected fault: ").split(" ")[1]
     if mode == "stall":

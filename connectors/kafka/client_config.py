@@ -10,11 +10,10 @@ appear in errors.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
-
-from kafka import KafkaConsumer, KafkaProducer
 
 from eospack.options import option_error
 
@@ -60,10 +59,19 @@ _UNSETTABLE_KWARGS = frozenset(
 )
 
 Client = Literal["consumer", "producer"]
-_DEFAULTS: dict[Client, dict[str, Any]] = {
-    "consumer": dict(KafkaConsumer.DEFAULT_CONFIG),
-    "producer": dict(KafkaProducer.DEFAULT_CONFIG),
-}
+
+
+@functools.cache
+def _defaults(client: Client) -> dict[str, Any]:
+    """kafka-python's settings of ``client`` with their defaults, imported on first need:
+    options without ``kafka.*`` settings (other than the servers) never import kafka-python,
+    so Spark's planner processes that only parse them do not pay ~0.15 s for it."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    configs = {"consumer": KafkaConsumer.DEFAULT_CONFIG, "producer": KafkaProducer.DEFAULT_CONFIG}
+    return dict(configs[client])
+
+
 _ALWAYS_INT = ("receive_buffer_bytes", "send_buffer_bytes")
 
 
@@ -83,7 +91,6 @@ def kafka_client_params(
         params.update(parse_jaas(jaas, error))
     truststore_type = raw.pop("ssl.truststore.type", "PEM").upper()
     keystore_type = raw.pop("ssl.keystore.type", "PEM").upper()
-    defaults = _DEFAULTS[client]
     for kafka_name, value in raw.items():
         if kafka_name in refused:
             raise error(f"Option kafka.{kafka_name} is not supported: {refused[kafka_name]}")
@@ -101,7 +108,7 @@ def kafka_client_params(
             params["ssl_check_hostname"] = value.strip().lower() == "https"
             continue
         kwarg = _RENAMED_KAFKA_OPTIONS.get(kafka_name, kafka_name.replace(".", "_"))
-        if kwarg not in defaults or kwarg in _UNSETTABLE_KWARGS:
+        if kwarg not in _defaults(client) or kwarg in _UNSETTABLE_KWARGS:
             raise error(
                 f"Option kafka.{kafka_name} is not a {client} setting kafka-python supports:"
                 f" remove it (see the kafka.* table in the {readme_section} README)"
@@ -116,7 +123,7 @@ def kafka_value(
     """``value`` as the type kafka-python's default for ``kwarg`` has."""
     name = f"kafka.{kafka_name}"
     secret = kafka_name in SECRET_KAFKA_OPTIONS
-    default = _DEFAULTS[client].get(kwarg)
+    default = _defaults(client).get(kwarg)
     if kwarg in _ALWAYS_INT or (isinstance(default, int) and not isinstance(default, bool)):
         try:
             number = int(value.strip())

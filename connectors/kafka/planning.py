@@ -29,10 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+from typing import TYPE_CHECKING, Any
 
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import (
@@ -48,6 +45,9 @@ from eospack.connectors.kafka.options import (
     Subscription,
     TopicPartitionKey,
 )
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
 
 log = logging.getLogger(__name__)
 
@@ -412,6 +412,11 @@ class KafkaMetadata:
         )
 
     def _call(self, action: Callable[[KafkaConsumer], Any]) -> Any:
+        # kafka-python is imported here, by the one process that talks to the broker: Spark's
+        # planner processes that only build the source never pay its ~0.15 s import.
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
         try:
             if self._consumer is None:
                 self._consumer = KafkaConsumer(**self._options.metadata_consumer_config())
@@ -472,6 +477,8 @@ class KafkaMetadata:
         return self._list_offsets(tps, "end_offsets")
 
     def _list_offsets(self, tps: Iterable[TopicPartitionKey], method: str) -> PartitionOffsets:
+        from kafka import TopicPartition
+
         keys = [TopicPartition(t, p) for t, p in tps]
         if not keys:
             return {}
@@ -487,6 +494,8 @@ class KafkaMetadata:
         self, timestamps: Mapping[TopicPartitionKey, int]
     ) -> dict[TopicPartitionKey, int | None]:
         """The first offset at or after each timestamp, None where there is none."""
+        from kafka import TopicPartition
+
         query = {TopicPartition(t, p): ts for (t, p), ts in timestamps.items()}
         if not query:
             return {}
@@ -597,9 +606,11 @@ class OffsetPlanner:
         view = self.metadata.cluster_view(self.options.subscription)
         return ClusterSnapshot(view, self.metadata.latest(view.partitions))
 
-    def initial_batch(self, bound: OffsetBound) -> BatchOffsets:
-        """The start of the first batch, from the starting option, as a batch of nothing."""
-        view = self.metadata.cluster_view(self.options.subscription)
+    def initial_batch(self, bound: OffsetBound, view: ClusterView | None = None) -> BatchOffsets:
+        """The start of the first batch, from the starting option, as a batch of nothing;
+        over the partitions of ``view`` if given (one just taken), else of a fresh answer."""
+        if view is None:
+            view = self.metadata.cluster_view(self.options.subscription)
         self.metadata.check_assignment(self.options.subscription, view)
         offsets = self.resolve(bound, list(view.partitions), is_start=True)
         ids = {t: i for t, i in view.topic_ids.items() if i is not None}

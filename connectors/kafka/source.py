@@ -15,10 +15,11 @@ built-in Kafka source.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -32,7 +33,16 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
 from eospack.connectors.kafka.options import (
@@ -54,9 +64,37 @@ from eospack.connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
-from eospack.connectors.kafka.reader import output_schema, read_range
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
+
+_HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+_FIELDS = (
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("timestampType", IntegerType()),
+)
+
+
+def output_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka source schema (``headers`` last with includeHeaders), built here rather
+    than taken from the reader module: planner processes need the schema, and importing
+    the executor's reader (pyarrow, its decoders) would cost each of them ~0.1 s."""
+    headers = [StructField("headers", ArrayType(_HEADER))] if include_headers else []
+    return StructType([*_FIELDS, *headers])
+
+
+def read_range(options: KafkaSourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """The executor's reader, imported where a task first reads."""
+    from eospack.connectors.kafka import reader
+
+    return reader.read_range(options, offset_range)
 
 
 class KafkaInputPartition(InputPartition):
@@ -148,6 +186,10 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
     start is fixed and logged with the end offsets); ``partitions`` reads the plan back
     from the logged offset. For a batch it did not just plan (a replay after a restart) it
     asks the broker one thing: whether the batch's topics still have the same ids.
+
+    The initial offset is resolved once per query (Spark asks for it again to read batch 0),
+    as Spark's Kafka source does; under Trigger.AvailableNow it is resolved against the
+    partitions of the target taken just before, so a query start costs one metadata answer.
     """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
@@ -161,6 +203,7 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         self._latest: Mapping[TopicPartitionKey, int] | None = None
         self._available_now_target: ClusterSnapshot | None = None
         self._planned: OffsetsJson | None = None
+        self._initial: OffsetsJson | None = None
         self._pacer = TriggerPacer(options.max_trigger_delay_ms)
 
     @property
@@ -170,14 +213,19 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return self._planner
 
     def initialOffset(self) -> OffsetsJson:
-        bound = self.options.starting or OffsetBound("latest", "startingOffsets")
-        initial = self.planner.initial_batch(bound)
-        target = self._available_now_target
-        if target is not None:
-            # Resolved after the AvailableNow target was taken: the target must not be behind.
-            latest = {tp: max(end, initial.ends.get(tp, end)) for tp, end in target.latest.items()}
-            self._available_now_target = ClusterSnapshot(target.view, latest)
-        return initial.to_json()
+        if self._initial is None:
+            bound = self.options.starting or OffsetBound("latest", "startingOffsets")
+            target = self._available_now_target
+            initial = self.planner.initial_batch(bound, target.view if target else None)
+            if target is not None:
+                # Resolved after the AvailableNow target was taken: the target must not be
+                # behind.
+                latest = {
+                    tp: max(end, initial.ends.get(tp, end)) for tp, end in target.latest.items()
+                }
+                self._available_now_target = ClusterSnapshot(target.view, latest)
+            self._initial = initial.to_json()
+        return copy.deepcopy(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is not None:
