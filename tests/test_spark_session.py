@@ -3,15 +3,54 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import pyspark
 import pytest
 
-from eospack.spark import JavaNotFoundError, check_java
+from eospack.spark import JavaNotFoundError, check_java, worker_spark_home
 
 
 def test_session_runs_python_workers_with_this_interpreter(spark):
     executables = spark.sparkContext.parallelize([0], 1).map(lambda _: sys.executable).collect()
     assert executables == [sys.executable]
+
+
+def test_python_workers_import_the_installed_pyspark_not_its_zip(spark):
+    """pyspark.zip keeps no bytecode: every fresh worker process would compile pyspark."""
+    files = (
+        spark.sparkContext.parallelize([0], 1)
+        .map(lambda _: __import__("pyspark").__file__)
+        .collect()
+    )
+    assert files == [pyspark.__file__]
+
+
+def fake_pyspark_home(root: Path) -> Path:
+    home = root / "pyspark"
+    for folder in ("bin", "jars", "python/lib", "python/pyspark"):
+        (home / folder).mkdir(parents=True)
+    (home / "python" / "lib" / "pyspark.zip").write_bytes(b"")
+    return home
+
+
+def test_the_worker_spark_home_links_all_but_the_zipped_packages(tmp_path):
+    home = fake_pyspark_home(tmp_path)
+    made = worker_spark_home(home, tmp_path / "cache", configured="")
+    assert made is not None
+    assert sorted(entry.name for entry in made.iterdir()) == ["bin", "jars", "python"]
+    assert (made / "jars").resolve() == home / "jars"
+    assert [entry.name for entry in (made / "python").iterdir()] == ["pyspark"]
+    # Made once; SPARK_HOME naming the package itself is served the same.
+    assert worker_spark_home(home, tmp_path / "cache", configured=str(home)) == made
+
+
+def test_another_spark_home_or_one_without_the_zip_is_left_alone(tmp_path):
+    home = fake_pyspark_home(tmp_path)
+    other = str(tmp_path / "spark-4.3.0-bin-hadoop3")
+    assert worker_spark_home(home, tmp_path / "cache", configured=other) is None
+    (home / "python" / "lib" / "pyspark.zip").unlink()
+    assert worker_spark_home(home, tmp_path / "cache", configured="") is None
 
 
 def test_formats_are_registered_without_a_register_call(spark):
