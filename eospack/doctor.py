@@ -3,7 +3,8 @@
 Why: the two usual failures on a new machine, a missing or unsupported Java and formats
 that Spark's automatic lookup cannot see, otherwise show up as JVM stack traces
 (``[DATA_SOURCE_NOT_FOUND]``) only once a query runs. Each check prints one line saying
-what is wrong and what to do.
+what is wrong and what to do. A third line says which Kafka data path runs (the native
+extension, or the pure-Python reference where it could not be built).
 """
 
 from __future__ import annotations
@@ -74,9 +75,17 @@ def java_check(java_home: str | None = None) -> CheckResult:
     return CheckResult(True, f"java: Java {major} (Spark 4.3 needs {supported})")
 
 
+def data_path_check() -> CheckResult:
+    """The one line about the Kafka data path: the native extension, or the pure-Python
+    reference (slower, never wrong) and what is missing for the native one."""
+    from eospack.connectors.kafka import record_batches
+
+    return CheckResult(True, f"kafka data path: {record_batches.active_path()}")
+
+
 def run_doctor(output: TextIO | None = None, java_home: str | None = None) -> int:
     """Print one line per check (to stdout by default); return 0 when all passed, else 1."""
-    results = [java_check(java_home), formats_check(formats_visible_to_spark())]
+    results = [java_check(java_home), formats_check(formats_visible_to_spark()), data_path_check()]
     for result in results:
         print(result.line, file=output or sys.stdout, flush=True)
     return 0 if all(result.passed for result in results) else 1

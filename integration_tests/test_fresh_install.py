@@ -14,9 +14,11 @@ The venvs reuse this interpreter's dependencies (pyspark, pyarrow, ...) through 
 line naming its site-packages: such a path is appended to ``sys.path`` but the ``.pth``
 files inside it are not processed, so this project's own install does not leak in (checked
 by ``test_*_install_is_served_from_the_fresh_install``). Only eospack is built, with
-``--no-deps``, in pip's isolated build environment with the ``setuptools>=68`` that
-pyproject.toml requires, as users' pip does: this needs the package index (pip caches the
-setuptools wheel). ``--no-build-isolation`` would build with this venv's setuptools, 65.5
+``--no-deps``, in pip's isolated build environment with the ``setuptools>=68`` and
+``setuptools-rust`` that pyproject.toml requires, as users' pip does: this needs the package
+index (pip caches the wheels). The Rust extension compiles once per test session (a shared
+``CARGO_TARGET_DIR``); a third install builds on a PATH without cargo, as on a machine
+without Rust. ``--no-build-isolation`` would build with this venv's setuptools, 65.5
 here, which cannot build wheels without the ``wheel`` package.
 """
 
@@ -29,6 +31,7 @@ import sqlite3
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,18 @@ print("RESULT " + json.dumps({
     "sys_path": sys.path,
     "meta_path": [getattr(finder, "__module__", "") for finder in sys.meta_path],
 }))
+"""
+
+# The reference path decodes a record batch it encoded, where the extension is missing.
+REFERENCE_PROBE = """
+import json
+import pyarrow as pa
+from eospack.connectors.kafka import record_batches as rb
+rows = pa.RecordBatch.from_pydict({"value": pa.array([b"a", b"b", None], pa.binary())})
+settings = rb.EncodeSettings(1, 1 << 16, 1 << 20, "gzip", 1_700_000_000_000)
+(encoded,), _ = rb.encode(rows, settings, 0)
+decoded = rb.decode(bytes(encoded.data), 0, "t", 0, read_committed=True, include_headers=False)
+print("RESULT " + json.dumps({"native": rb.NATIVE is not None, "rows": decoded.batch.num_rows}))
 """
 
 # A Spark job as a user writes it: ``plain`` is SparkSession.builder without
@@ -130,6 +145,10 @@ class FreshInstall:
     venv: Path
     source: Path
     workdir: Path
+    cargo_target: Path
+    """Shared by the installs of one test session: the crate compiles once."""
+    compiler: bool = True
+    """False: a machine without Rust (cargo is taken off PATH)."""
 
     @property
     def python(self) -> Path:
@@ -148,7 +167,12 @@ class FreshInstall:
             if key not in {"PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
         }
         environment["VIRTUAL_ENV"] = str(self.venv)
-        environment["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{environment.get('PATH', '')}"
+        path = environment.get("PATH", "").split(os.pathsep)
+        if not self.compiler:
+            path = [entry for entry in path if not (Path(entry) / "cargo").exists()]
+        environment["PATH"] = os.pathsep.join([str(self.venv / "bin"), *path])
+        environment["CARGO_TARGET_DIR"] = str(self.cargo_target)
+        environment.pop("EOSPACK_NATIVE", None)
         return environment
 
     def run(self, arguments: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -214,12 +238,15 @@ def copy_project(destination: Path) -> Path:
         shutil.copytree(
             PROJECT / package,
             destination / package,
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so"),
         )
+    shutil.copytree(
+        PROJECT / "native", destination / "native", ignore=shutil.ignore_patterns("target")
+    )
     return destination
 
 
-def create_venv(root: Path) -> FreshInstall:
+def create_venv(root: Path, cargo_target: Path, compiler: bool = True) -> FreshInstall:
     """A new venv that sees this interpreter's site-packages, and its own working directory."""
     venv = root / "venv"
     subprocess.run(
@@ -227,7 +254,13 @@ def create_venv(root: Path) -> FreshInstall:
     )
     workdir = root / "work"
     workdir.mkdir()
-    install = FreshInstall(venv=venv, source=copy_project(root / "source"), workdir=workdir)
+    install = FreshInstall(
+        venv=venv,
+        source=copy_project(root / "source"),
+        workdir=workdir,
+        cargo_target=cargo_target,
+        compiler=compiler,
+    )
     (install.site_packages / "eospack-test-dependencies.pth").write_text(
         sysconfig.get_paths()["purelib"] + "\n"
     )
@@ -242,19 +275,30 @@ def pip(install: FreshInstall, *arguments: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def editable_install(tmp_path_factory: pytest.TempPathFactory) -> FreshInstall:
-    install = create_venv(tmp_path_factory.mktemp("editable"))
+def cargo_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cargo-target")
+
+
+@pytest.fixture(scope="module")
+def editable_install(tmp_path_factory: pytest.TempPathFactory, cargo_target: Path) -> FreshInstall:
+    install = create_venv(tmp_path_factory.mktemp("editable"), cargo_target)
     pip(install, "install", "--no-deps", "-e", str(install.source))
     return install
 
 
-@pytest.fixture(scope="module")
-def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> FreshInstall:
-    install = create_venv(tmp_path_factory.mktemp("wheel"))
+def install_wheel(install: FreshInstall) -> Path:
+    """``pip wheel .`` of the copy, installed; returns the wheel."""
     wheels = install.workdir.parent / "wheels"
     pip(install, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(install.source))
     (wheel,) = wheels.glob("eospack-*.whl")
     pip(install, "install", "--no-deps", str(wheel))
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel_install(tmp_path_factory: pytest.TempPathFactory, cargo_target: Path) -> FreshInstall:
+    install = create_venv(tmp_path_factory.mktemp("wheel"), cargo_target)
+    install_wheel(install)
     return install
 
 
@@ -285,7 +329,7 @@ def test_editable_install_is_served_from_the_fresh_install_by_an_import_hook(
 def test_doctor_says_spark_cannot_see_an_editable_install(editable_install: FreshInstall) -> None:
     exit_code, lines = doctor_lines(editable_install)
     assert exit_code == 1
-    assert len(lines) == 2 and lines[0].startswith("java: Java "), lines
+    assert len(lines) == 3 and lines[0].startswith("java: Java "), lines
     assert lines[1] == FORMATS_NOT_FOUND
 
 
@@ -308,8 +352,39 @@ def test_wheel_install_is_served_from_the_fresh_install(wheel_install: FreshInst
 def test_doctor_finds_everything_in_a_wheel_install(wheel_install: FreshInstall) -> None:
     exit_code, lines = doctor_lines(wheel_install)
     assert exit_code == 0
-    assert len(lines) == 2 and lines[0].startswith("java: Java "), lines
+    assert len(lines) == 3 and lines[0].startswith("java: Java "), lines
     assert lines[1] == FORMATS_FOUND.format(formats=", ".join(FORMATS))
+    assert lines[2] == "kafka data path: native (eospack._native 0.1.0, Rust)"
+
+
+def test_the_wheel_holds_the_native_extension(wheel_install: FreshInstall) -> None:
+    (wheel,) = (wheel_install.workdir.parent / "wheels").glob("eospack-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert [name for name in archive.namelist() if "_native" in name] == [
+            "eospack/_native.abi3.so",
+            "eospack/_native.pyi",
+        ]
+
+
+def test_without_a_rust_compiler_the_wheel_runs_the_reference_path_and_says_so(
+    tmp_path_factory: pytest.TempPathFactory, cargo_target: Path
+) -> None:
+    """A machine without cargo: the build skips the optional extension, the install works,
+    ``eospack doctor`` names the path and the fix, and both paths read the same records."""
+    install = create_venv(tmp_path_factory.mktemp("no-rust"), cargo_target, compiler=False)
+    wheel = install_wheel(install)
+    with zipfile.ZipFile(wheel) as archive:
+        assert not [name for name in archive.namelist() if name.endswith(".so")]
+    exit_code, lines = doctor_lines(install)
+    assert exit_code == 0
+    assert lines[2].startswith(
+        "kafka data path: pure Python (reference): the extension eospack._native is not built"
+    ), lines
+    assert lines[2].endswith(
+        "install a Rust compiler (https://rustup.rs) and reinstall eospack (pip install .)"
+    )
+    probe = install.run_python(REFERENCE_PROBE, timeout=120)
+    assert probe == {"native": False, "rows": 3}
 
 
 def test_plain_session_finds_and_writes_with_a_wheel_install(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import logging
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from eospack.cli import main
 from eospack.doctor import (
     FORMAT_MODULES,
     FORMATS_NOT_FOUND,
+    data_path_check,
     formats_check,
     formats_visible_to_spark,
     run_doctor,
@@ -70,7 +74,7 @@ def test_doctor_fails_when_spark_cannot_see_the_formats(monkeypatch: pytest.Monk
     output = io.StringIO()
     assert run_doctor(output) == 1
     lines = output.getvalue().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[0].startswith("java: Java ")
     assert lines[1] == FORMATS_NOT_FOUND
 
@@ -87,6 +91,42 @@ def test_doctor_fails_with_one_line_when_java_is_missing(tmp_path: Path) -> None
 def test_cli_doctor_passes_in_this_environment(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[0].startswith("java: Java ")
     assert lines[1].startswith("formats: found by Spark's automatic lookup")
+    from eospack.connectors.kafka import record_batches
+
+    assert lines[2] == f"kafka data path: {record_batches.active_path()}"
+
+
+@pytest.mark.skipif(
+    shutil.which("cargo") is None or os.environ.get("EOSPACK_NATIVE") == "0",
+    reason="no Rust compiler here: the reference path is the one that runs",
+)
+def test_a_machine_with_a_rust_compiler_runs_the_native_path() -> None:
+    """`make install` builds the extension wherever cargo is: CI runs the native path."""
+    from eospack.connectors.kafka import record_batches
+
+    assert record_batches.NATIVE is not None, record_batches.NATIVE_MISSING
+    assert record_batches.active_path().startswith("native (eospack._native ")
+
+
+def test_doctor_names_the_reference_path_and_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from eospack.connectors.kafka import record_batches
+
+    monkeypatch.setattr(record_batches, "NATIVE", None)
+    monkeypatch.setattr(record_batches, "NATIVE_MISSING", "the extension is not built")
+    monkeypatch.setattr(record_batches, "_warned", False)
+    assert data_path_check() == (
+        True,
+        "kafka data path: pure Python (reference): the extension is not built",
+    )
+    with caplog.at_level(logging.WARNING):
+        record_batches.warn_if_reference_path()
+        record_batches.warn_if_reference_path()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "eospack's Kafka data path is pure Python (reference): the extension is not built"
+    ]
