@@ -33,6 +33,7 @@ ALL = (
     "e2e",
     "event-latency",
     "kafka-sink",
+    "fixed-cost",
 )
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
@@ -60,6 +61,7 @@ def main() -> int:
         selected.discard("e2e")
     started = time.monotonic()
     from benchmarks import (
+        fixed_cost,
         jdbc_sink,
         kafka_sink,
         kafka_source,
@@ -86,7 +88,7 @@ def main() -> int:
         conf = {}
         jars = {}
         for name, wanted in (
-            ("spark-kafka", {"source", "recovery", "kafka-sink"}),
+            ("spark-kafka", {"source", "recovery", "kafka-sink", "fixed-cost"}),
             ("hadoop-aws", {"s3"}),
             ("postgresql-jdbc", {"jdbc", "recovery"}),
         ):
@@ -123,6 +125,11 @@ def main() -> int:
                     "source: the lz4 and zstd topics and the tuple-output contender are"
                     " measured in full runs only"
                 )
+        if "fixed-cost" in selected and "source" not in selected:
+            # The source benchmark measures the same row after its large topics.
+            fixed_cost.run(
+                report, spark, bootstrap, repetitions, spark_kafka=bool(jars.get("spark-kafka"))
+            )
         if "jdbc" in selected:
             sizes = [100_000] if quick else [100_000, 300_000, 1_000_000]
             jdbc_sink.run(
