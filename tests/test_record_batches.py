@@ -675,6 +675,22 @@ def test_headers_null_values_unicode_keys_and_empty_records(include_headers: boo
             assert "headers" not in decoded.batch.schema.names
 
 
+def test_a_record_with_a_null_header_key_is_corrupt_through_both_paths() -> None:
+    """A header key is a non-null string in Kafka's format: the Java consumer and
+    kafka-python refuse a record with length -1 there, rather than invent a key."""
+    data = bytearray(record_batch(0, [(0, b"k", b"v", [("h", b"x")])]))
+    key_at = data.index(b"\x02h", 61)  # the header key: varint length 1, then "h"
+    data[key_at : key_at + 2] = b"\x01"  # length -1 (null), the key's byte gone
+    data[61] -= 2  # the record's length varint: one byte shorter (zigzag: 2 per byte)
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">I", data, 17, calc_crc32c(bytes(data[21:])))
+    for native in (True, False):
+        with pytest.raises(CorruptRecordsError, match="header key"):
+            record_batches.decode(
+                bytes(data), 0, TOPIC, 0, read_committed=False, include_headers=True, native=native
+            )
+
+
 def test_empty_data_decodes_to_no_rows() -> None:
     decoded = decode_both(b"", 42)
     assert decoded.batch.num_rows == 0

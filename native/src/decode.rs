@@ -250,7 +250,7 @@ fn read_record(
     let header_count = cursor.varint()?;
     if request.include_headers {
         for _ in 0..header_count.max(0) {
-            let header_key = cursor.nullable_bytes()?.unwrap_or_default();
+            let header_key = cursor.nullable_bytes()?.ok_or("a header key is null")?;
             let header_key =
                 std::str::from_utf8(header_key).map_err(|_| "a header key is not UTF-8".to_string())?;
             columns.header_keys.append_value(header_key);
