@@ -1,38 +1,42 @@
 """1. replayable-kafka into a no-op sink versus Spark's own Kafka source (JVM) on the same
-broker and topic, in the same run; one plain kafka-python consumer is the ceiling row.
+broker and topic, in the same run; the ceiling is the extension alone, without Spark.
 
 Both Spark sources read with the same options (AvailableNow from the earliest offsets,
-``kafka.isolation.level=read_committed``, the noop sink); an lz4 and a zstd topic follow.
-Where the time of replayable-kafka goes is measured too: the reader alone (no Spark) on one
-partition, profiled with cProfile, split into kafka-python's fetching and record decoding,
-the Arrow conversion, and the rest.
+``kafka.isolation.level=read_committed``, the noop sink), alternating after a warm-up each;
+an lz4 and a zstd topic follow. The ceiling row is the executor's reader alone
+(``reader.read_range``: kafka-python fetches, ``record_batches.decode`` turns each fetched
+partition into one Arrow batch) on one partition in one process, next to the same reader on
+the same data with the pure-Python reference decoder (``record_batches.NATIVE`` set to
+None for the measurement) and with librdkafka (confluent-kafka) building the same Arrow
+columns from its messages. Where the reader's time goes is profiled with cProfile: waiting
+for the broker and socket reads, kafka-python's fetch handling, the native decode, the rest.
 
-Also measured at the largest size: the same source handing Spark one Python tuple per
-record instead of Arrow record batches (``replayable-kafka-tuples``, registered here for
-the benchmark only; its rows are built from the Arrow batches, so it slightly overstates a
+Also measured at 1M records: the same source handing Spark one Python tuple per record
+instead of Arrow record batches (``replayable-kafka-tuples``, registered here for the
+benchmark only; its rows are built from the Arrow batches, so it slightly overstates a
 native tuple reader).
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import importlib.util
 import pstats
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import kafka
 import pyarrow as pa
-from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from benchmarks.data import VALUE_BYTES, fill_topic
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
-from eospack.connectors.kafka import reader
+from eospack.connectors.kafka import reader, record_batches
 from eospack.connectors.kafka.options import parse_options
 from eospack.connectors.kafka.planning import OffsetRange
 from eospack.connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
@@ -40,8 +44,11 @@ from eospack.testing import await_query
 
 TIMEOUT = 900.0
 TUPLE_SOURCE = "replayable-kafka-tuples"
+TUPLE_SIZE = 1_000_000
 PARTITIONS = 4
 CODECS = ("lz4", "zstd")
+GOAL_SIZE = 1_000_000
+"""From this size on, the goal (>= 1.0x Spark's source) applies."""
 # The options both Spark sources get (Spark's own defaults to read_uncommitted).
 COMMON_OPTIONS = {"startingOffsets": "earliest", "kafka.isolation.level": "read_committed"}
 
@@ -79,33 +86,9 @@ def read_with_spark(spark, bootstrap: str, topic: str, source: str = "replayable
     await_query(query, TIMEOUT)
 
 
-def read_with_consumer(bootstrap: str, topic: str, expected: int) -> None:
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        fetch_max_bytes=64 * 1024 * 1024,
-    )
-    try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        ends = consumer.end_offsets(partitions)
-        seen = 0
-        deadline = time.monotonic() + TIMEOUT
-        while any(consumer.position(tp) < ends[tp] for tp in partitions):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"kafka-python read {seen} of {expected} records")
-            for messages in consumer.poll(timeout_ms=500, max_records=100_000).values():
-                seen += len(messages)
-        if seen != expected:
-            raise AssertionError(f"kafka-python read {seen} records, expected {expected}")
-    finally:
-        consumer.close()
-
-
 def read_partition_without_spark(bootstrap: str, topic: str, records: int) -> int:
-    """The executor's reader alone: partition 0 of ``topic`` through ``read_range``."""
+    """The executor's reader alone: partition 0 of ``topic`` through ``read_range`` (its
+    consumer is kept between calls, as a Python worker keeps it between tasks)."""
     options = parse_options(
         {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, **COMMON_OPTIONS}
     )
@@ -115,6 +98,19 @@ def read_partition_without_spark(bootstrap: str, topic: str, records: int) -> in
     if rows != records:
         raise AssertionError(f"read_range read {rows} records of {topic}-0, expected {records}")
     return rows
+
+
+@contextlib.contextmanager
+def reference_decoder() -> Iterator[None]:
+    """``record_batches.decode`` on its pure-Python reference path for the duration
+    (``EOSPACK_NATIVE=0`` is read once, at import)."""
+    native, missing = record_batches.NATIVE, record_batches.NATIVE_MISSING
+    record_batches.NATIVE = None
+    record_batches.NATIVE_MISSING = "the benchmark measures the reference path"
+    try:
+        yield
+    finally:
+        record_batches.NATIVE, record_batches.NATIVE_MISSING = native, missing
 
 
 def librdkafka_consumer(bootstrap: str) -> Any:
@@ -132,9 +128,9 @@ def librdkafka_consumer(bootstrap: str) -> Any:
 
 
 def read_partition_with_librdkafka(consumer: Any, topic: str, records: int) -> int:
-    """What the reader would do with librdkafka (confluent-kafka) decoding instead of
-    kafka-python: partition 0 into Arrow arrays of the same columns, 10,000 records a time.
-    ``consumer`` is made beforehand, as the reader keeps its consumer between tasks."""
+    """What the reader would do with librdkafka (confluent-kafka) instead: partition 0 into
+    Arrow arrays of the same columns, 10,000 records a time. ``consumer`` is made (and
+    connected by the warm-up) beforehand, as the reader keeps its consumer between tasks."""
     from confluent_kafka import TopicPartition as LibrdkafkaPartition
 
     rows = 0
@@ -146,37 +142,87 @@ def read_partition_with_librdkafka(consumer: Any, topic: str, records: int) -> i
         messages = consumer.consume(num_messages=10_000, timeout=0.5)
         if not messages:
             continue
+        count = len(messages)
         batch = pa.RecordBatch.from_arrays(
             [
                 pa.array([m.key() for m in messages], pa.binary()),
                 pa.array([m.value() for m in messages], pa.binary()),
+                pa.array([topic] * count, pa.string()),
+                pa.array([m.partition() for m in messages], pa.int32()),
                 pa.array([m.offset() for m in messages], pa.int64()),
                 pa.array([m.timestamp()[1] * 1000 for m in messages], pa.int64()),
+                pa.array([m.timestamp()[0] for m in messages], pa.int32()),
             ],
-            names=["key", "value", "offset", "timestamp"],
+            names=["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"],
         )
         rows += batch.num_rows
     consumer.unassign()
     return rows
 
 
+Timings = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def timed_with_cpu(run: Callable[[], object], repetitions: int, warmups: int) -> Timings:
+    """Wall-clock and this process's CPU seconds of ``run`` per repetition."""
+    wall: list[float] = []
+    cpu: list[float] = []
+    for index in range(warmups + repetitions):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        run()
+        if index >= warmups:
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - started_cpu)
+    return tuple(wall), tuple(cpu)
+
+
+PROFILE_PARTS = (
+    "waiting for the broker (selector)",
+    "socket reads",
+    "kafka-python fetch handling (protocol parsing, fetcher, consumer)",
+    "native decode (eospack._native)",
+    "Arrow import and slicing (pyarrow)",
+    "other (reader, record_batches wrapper, numpy)",
+)
+
+
+def _part(filename: str, function: str, kafka_package: str) -> str | None:
+    """The part a function's own time belongs to; None for a builtin without one of its own
+    (its time goes to its callers' parts)."""
+    if "poll' of 'select" in function or "select.select" in function or "selectors" in filename:
+        return PROFILE_PARTS[0]
+    if "recv" in function and "socket" in function:
+        return PROFILE_PARTS[1]
+    if "decode_records" in function:
+        return PROFILE_PARTS[3]
+    if filename.startswith(kafka_package):
+        return PROFILE_PARTS[2]
+    if "pyarrow" in filename or "pyarrow" in function or "_import_from_c" in function:
+        return PROFILE_PARTS[4]
+    if filename == "~":
+        return None
+    return PROFILE_PARTS[5]
+
+
 def profile_reader(bootstrap: str, topic: str, records: int) -> dict[str, float]:
-    """Seconds of the reader on one partition, by where they go (cProfile's own time)."""
+    """Seconds of the reader on one partition by part (cProfile's wall-clock own time; a
+    builtin's time goes to the parts of the functions that called it)."""
     profile = cProfile.Profile()
     profile.enable()
     read_partition_without_spark(bootstrap, topic, records)
     profile.disable()
     kafka_package = str(Path(kafka.__file__).parent)
-    split = {"kafka-python fetch and decode": 0.0, "Arrow conversion": 0.0, "other": 0.0}
+    split = dict.fromkeys(PROFILE_PARTS, 0.0)
     statistics = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     for (filename, _, function), row in statistics.items():
-        own_seconds = row[2]
-        if filename.startswith(kafka_package):
-            split["kafka-python fetch and decode"] += own_seconds
-        elif function in ("_to_arrow", "_headers") or "pyarrow" in f"{filename} {function}":
-            split["Arrow conversion"] += own_seconds
-        else:
-            split["other"] += own_seconds
+        own_seconds, callers = row[2], row[4]
+        part = _part(filename, function, kafka_package)
+        if part is not None:
+            split[part] += own_seconds
+            continue
+        for (caller_file, _, caller_function), edge in callers.items():
+            caller_part = _part(caller_file, caller_function, kafka_package) or PROFILE_PARTS[5]
+            split[caller_part] += edge[2]
     return split
 
 
@@ -192,7 +238,10 @@ def run(
 ) -> None:
     """``spark_kafka``: Spark's own format("kafka") is on the session's classpath;
     ``codec_size``: records of the lz4 and zstd topics (None: no codec topics);
-    ``tuple_output``: also measure the tuple-output contender at the largest size."""
+    ``tuple_output``: also measure the tuple-output contender (at 1M records, or the
+    largest size below)."""
+    say(f"source: eospack's Kafka data path is {record_batches.active_path()}")
+    report.notes.append(f"source: Kafka data path {record_batches.active_path()}")
     by_size: dict[int, Figure] = {}
     topics: dict[int, str] = {}
     for size in sizes:
@@ -212,35 +261,13 @@ def run(
             size,
             repetitions,
             spark_kafka,
-            target=1.0 if size >= 1_000_000 else None,
-        )
-        say("source: one kafka-python consumer (ceiling)")
-        plain = Figure(
-            "kafka-python consumer",
-            measure(lambda t=topic, n=size: read_with_consumer(bootstrap, t, n), repetitions),
-            size,
-        )
-        report.add(
-            Comparison("1. source vs kafka-python (ceiling)", f"{size:,}", by_size[size], plain)
-        )
-    largest = max(sizes)
-    if tuple_output:
-        spark.dataSource.register(TupleOutputKafkaSource)
-        say("source: replayable-kafka with tuple output instead of Arrow")
-        tuples = Figure(
-            "replayable-kafka, tuple output",
-            measure(lambda: read_with_spark(spark, bootstrap, topics[largest], TUPLE_SOURCE), 1),
-            largest,
-        )
-        report.add(
-            Comparison("1. source: Arrow vs tuple output", f"{largest:,}", by_size[largest], tuples)
+            target=1.0 if size >= GOAL_SIZE else None,
         )
     if codec_size:
         for codec in CODECS:
             topic = f"bench_source_{codec}_{codec_size}_{time.time_ns()}"
             say(f"source: producing {codec_size:,} records into a {codec} topic")
             fill_topic(bootstrap, topic, codec_size, PARTITIONS, compression=codec)
-            target = 1.0 if codec_size >= 1_000_000 else None
             _compare(
                 report,
                 spark,
@@ -250,8 +277,21 @@ def run(
                 codec_size,
                 repetitions,
                 spark_kafka,
-                target,
+                target=1.0 if codec_size >= GOAL_SIZE else None,
             )
+    if tuple_output:
+        size = max((s for s in sizes if s <= TUPLE_SIZE), default=min(sizes))
+        spark.dataSource.register(TupleOutputKafkaSource)
+        say(f"source: replayable-kafka with tuple output instead of Arrow [{size:,}]")
+        tuples = Figure(
+            "replayable-kafka, tuple output",
+            measure(lambda: read_with_spark(spark, bootstrap, topics[size], TUPLE_SOURCE), 1),
+            size,
+        )
+        report.add(
+            Comparison("1. source: Arrow vs tuple output", f"{size:,}", by_size[size], tuples)
+        )
+    largest = max(sizes)
     _where_the_time_goes(
         report,
         spark,
@@ -311,73 +351,74 @@ def _where_the_time_goes(
     spark_kafka: bool,
 ) -> None:
     """Three parts of a query's time: its fixed cost (the same query over a one-record
-    topic), the reader's own work (the executor's reader alone on one partition, profiled),
-    and what is left: Spark running the micro-batch around the reader."""
-    tiny = f"bench_source_one_record_{time.time_ns()}"
-    fill_topic(bootstrap, tiny, 1, partitions=1)
-    say("source: fixed cost per query (a one-record topic)")
-    fixed = Figure(
-        "replayable-kafka, one record",
-        measure(lambda: read_with_spark(spark, bootstrap, tiny), repetitions),
-        1,
-        "s",
-    )
-    if spark_kafka:
-        jvm_fixed = Figure(
-            "Spark's kafka source, one record",
-            measure(lambda: read_with_spark(spark, bootstrap, tiny, "kafka"), repetitions),
-            1,
-            "s",
-        )
-        report.add(
-            Comparison(
-                "1. source: fixed cost per query",
-                "1 record",
-                fixed,
-                jvm_fixed,
-                higher_is_better=False,
-            )
-        )
-    else:
-        report.add_figure("1. source: fixed cost per query", fixed)
+    topic, ``benchmarks.fixed_cost``), the reader's own work (the executor's reader alone on
+    one partition: native, reference and librdkafka; profiled), and what is left: Spark
+    running the micro-batch around the reader."""
+    from benchmarks import fixed_cost
+
+    fixed = fixed_cost.run(report, spark, bootstrap, repetitions, spark_kafka)
     per_partition = records // PARTITIONS
-    say(f"source: the reader alone on one partition ({per_partition:,} records), then profiled")
-    alone = Figure(
-        "reader alone, one partition, one process",
-        measure(lambda: read_partition_without_spark(bootstrap, topic, per_partition), 1),
-        per_partition,
+    size = f"{per_partition:,}, one partition"
+    say(f"source: the extension alone on one partition ({per_partition:,} records)")
+    wall, cpu = timed_with_cpu(
+        lambda: read_partition_without_spark(bootstrap, topic, per_partition), repetitions, 1
+    )
+    alone = Figure("the extension alone (read_range, native decode)", wall, per_partition)
+    alone_cpu = Figure("native, CPU time of the process", cpu, per_partition, "records/CPU s")
+    # The reference path is ~15x slower: one timed run on a warm consumer.
+    say(f"source: the same reader with the pure-Python reference decoder ({per_partition:,})")
+    with reference_decoder():
+        wall, cpu = timed_with_cpu(
+            lambda: read_partition_without_spark(bootstrap, topic, per_partition), 1, 0
+        )
+    reference = Figure("the same reader, pure-Python reference decoder", wall, per_partition)
+    reference_cpu = Figure(
+        "reference, CPU time of the process", cpu, per_partition, "records/CPU s"
+    )
+    report.add(Comparison("1. source ceiling: native vs reference decoder", size, alone, reference))
+    report.add(
+        Comparison(
+            "1. source ceiling: native vs reference, per CPU second",
+            size,
+            alone_cpu,
+            reference_cpu,
+        )
     )
     if importlib.util.find_spec("confluent_kafka") is not None:
+        say(f"source: librdkafka (confluent-kafka) to Arrow ({per_partition:,})")
         consumer = librdkafka_consumer(bootstrap)
         try:
             librdkafka = Figure(
-                "librdkafka (confluent-kafka) to Arrow, one partition",
+                "librdkafka (confluent-kafka) messages to Arrow",
+                # Per-message Python objects: one timed run after the warm-up.
                 measure(lambda: read_partition_with_librdkafka(consumer, topic, per_partition), 1),
                 per_partition,
             )
         finally:
             consumer.close()
-        report.add(
-            Comparison(
-                "1. source: reader's decoding, kafka-python vs librdkafka",
-                f"{per_partition:,}",
-                alone,
-                librdkafka,
-            )
-        )
-    else:
-        report.add_figure("1. source: reader without Spark", alone)
+        report.add(Comparison("1. source ceiling: native vs librdkafka", size, alone, librdkafka))
+    say("source: the extension alone, profiled")
     split = profile_reader(bootstrap, topic, per_partition)
+    reader.close_idle_consumers()
     total = sum(split.values()) or 1.0
-    shares = ", ".join(f"{name} {seconds / total:.0%}" for name, seconds in split.items())
+    shares = ", ".join(
+        f"{name} {seconds / total:.0%} ({seconds:.2f} s)" for name, seconds in split.items()
+    )
+    report.notes.append(
+        f"source ceiling, the extension alone on one partition ({per_partition:,} records,"
+        f" one process): {alone.describe()} wall clock, {alone_cpu.describe()} of the"
+        f" process (the broker runs on the same 2 cores); the reference decoder on the same"
+        f" data {reference.describe()} ({reference_cpu.describe()})."
+        f" cProfile of the native path ({total:.2f} s under the profiler): {shares}."
+    )
     # Two cores read two partitions at a time.
     reading = alone.median_seconds * PARTITIONS / 2
     rest = query.median_seconds - fixed.median_seconds - reading
     report.notes.append(
         f"source, where replayable-kafka's {query.median_seconds:.1f} s for {records:,} records"
         f" go: {fixed.median_seconds:.1f} s fixed cost per query (a one-record topic);"
-        f" ~{reading:.1f} s the reader's own work ({alone.describe()} on one core, {PARTITIONS}"
-        f" partitions on 2 cores; cProfile: {shares}); ~{max(rest, 0.0):.1f} s Spark running"
+        f" ~{reading:.1f} s the reader's own work ({PARTITIONS} partitions at the rate of the"
+        f" extension alone, two at a time on 2 cores); ~{max(rest, 0.0):.1f} s Spark running"
         " the micro-batch around it (task launch, Arrow hand-over from the Python worker to"
-        " the JVM, the noop sink)."
+        " the JVM, Arrow-to-row conversion, the noop sink)."
     )
