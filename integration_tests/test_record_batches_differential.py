@@ -834,6 +834,18 @@ def read_back_with_spark(spark: Any, servers: str, topic: str) -> list[ReadBack]
     )
 
 
+def executor_data_path(spark: Any) -> str:
+    """``record_batches.active_path()`` as the session's Python workers (the sink's tasks)
+    have it."""
+
+    def active_path(_: Any) -> str:
+        from eospack.connectors.kafka import record_batches
+
+        return record_batches.active_path()
+
+    return str(spark.sparkContext.parallelize([0], 1).map(active_path).collect()[0])
+
+
 @pytest.mark.parametrize("compression", SINK_CODECS)
 def test_what_the_native_encoder_writes_every_client_reads_identically(
     spark_kafka: Any, kafka: Any, tmp_path: Path, unique_name: str, compression: str
@@ -877,6 +889,7 @@ def test_what_the_native_encoder_writes_every_client_reads_identically(
         .start()
     )
     await_query(query, 180)
+    assert executor_data_path(spark_kafka).startswith("native"), "the sink ran the reference"
 
     by_kafka_python = read_back_with_kafka_python(servers, unique_name)
     by_librdkafka = read_back_with_librdkafka(servers, unique_name)
