@@ -112,18 +112,23 @@ def as_bytes(value: str | bytes | None) -> bytes | None:
 
 # --- generated rows ------------------------------------------------------------------------
 
-header_lists = st.one_of(
-    st.none(),
-    st.lists(
-        st.fixed_dictionaries(
-            {
-                "key": st.text(st.characters(codec="utf-8"), max_size=8),
-                "value": st.one_of(st.none(), st.binary(max_size=16)),
-            }
-        ),
-        max_size=4,
-    ),
+STRING_VALUED_HEADERS = pa.list_(
+    pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.string())]))
 )
+"""Spark's Kafka sink takes header values of type string too."""
+
+
+def header_lists(text_values: bool) -> st.SearchStrategy[list[dict[str, Any]] | None]:
+    values: st.SearchStrategy[Any] = (
+        st.text(st.characters(codec="utf-8"), max_size=8) if text_values else st.binary(max_size=16)
+    )
+    item = st.fixed_dictionaries(
+        {
+            "key": st.text(st.characters(codec="utf-8"), max_size=8),
+            "value": st.one_of(st.none(), values),
+        }
+    )
+    return st.one_of(st.none(), st.lists(item, max_size=4))
 
 
 def payloads(arrow_type: pa.DataType) -> st.SearchStrategy[str | bytes | None]:
@@ -167,8 +172,10 @@ def sink_rows(draw: st.DrawFn) -> tuple[pa.RecordBatch, int]:
             draw(st.lists(wanted, min_size=count, max_size=count)), pa.int32()
         )
     if draw(st.booleans()):
+        text_values = draw(st.booleans())
         columns["headers"] = pa.array(
-            draw(st.lists(header_lists, min_size=count, max_size=count)), HEADERS
+            draw(st.lists(header_lists(text_values), min_size=count, max_size=count)),
+            STRING_VALUED_HEADERS if text_values else HEADERS,
         )
     names = draw(st.permutations(list(columns)))
     return pa.RecordBatch.from_pydict({name: columns[name] for name in names}), partitions
@@ -197,7 +204,8 @@ def expected_records(rows: pa.RecordBatch) -> list[tuple[Any, ...]]:
         (
             as_bytes(key),
             as_bytes(value),
-            [{"key": item["key"], "value": item["value"]} for item in headers or []] or None,
+            [{"key": item["key"], "value": as_bytes(item["value"])} for item in headers or []]
+            or None,
         )
         for key, value, headers in zip(
             column.get("key", nothing), column["value"], column.get("headers", nothing), strict=True
