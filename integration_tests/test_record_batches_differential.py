@@ -7,7 +7,8 @@ gzip, snappy, lz4, zstd): null, empty and binary keys and values (both null at o
 the client allows), headers with unicode keys and null values (where the client allows),
 and a value over 1 MB in every partition. The Java producer also writes committed and
 aborted transactions interleaved with plain idempotent records; kafka-python a compacted
-topic whose offsets have gaps.
+topic whose offsets have gaps; and the broker itself rebuilds librdkafka's batches on a topic
+with compression.type=zstd and LogAppendTime.
 
 The raw record data of every Fetch response is captured from a kafka-python consumer (its
 fetcher's ``_parse_fetched_data`` is wrapped), read_uncommitted and read_committed (the
@@ -98,6 +99,8 @@ class Topics:
     sent: dict[str, list[Sent]] = field(default_factory=dict)
     compacted: str = ""
     compacted_offsets: dict[tuple[int, int], Sent] = field(default_factory=dict)
+    rewritten: str = ""
+    rewritten_between_ms: tuple[int, int] = (0, 0)
 
 
 def skip_without_native() -> None:
@@ -445,6 +448,7 @@ class Seen:
     responses: int = 0
     codecs: dict[int, set[str]] = field(default_factory=dict)
     control_batches: int = 0
+    log_append_time_batches: int = 0
     partial_batches: int = 0
     aborted_transactions: int = 0
 
@@ -461,6 +465,7 @@ class Seen:
             codec = CODECS[attributes & 0x07]
             self.codecs.setdefault(fetched.partition, set()).add(codec)
             self.control_batches += bool(attributes & 0x20)
+            self.log_append_time_batches += bool(attributes & 0x08)
             position = end
         self.partial_batches += position < len(raw)
 
@@ -610,6 +615,16 @@ def topics(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Top
 
     written.compacted = f"{stem}_compacted"
     written.compacted_offsets = fill_compacted_topic(servers, written.compacted, rng)
+
+    written.rewritten = f"{stem}_broker_rewritten"
+    rewriting = {"compression.type": "zstd", "message.timestamp.type": "LogAppendTime"}
+    create_topic(servers, written.rewritten, 2, {**large, **rewriting})
+    records = codec_records(rng, null_header_values=True, null_key_and_value=True)
+    records = [record for record in records if record.partition < 2]
+    started_ms = int(time.time() * 1000)
+    produce_with_librdkafka(servers, written.rewritten, records)
+    written.rewritten_between_ms = (started_ms, int(time.time() * 1000))
+    written.sent[written.rewritten] = records
     yield written
 
 
@@ -619,6 +634,7 @@ def test_every_codec_written_by_a_client_decodes_identically(
     topics: Topics, kafka: Any, client: str, isolation_level: str
 ) -> None:
     topic = next(name for name in topics.sent if name.endswith(f"_{client}"))
+    assert topic != topics.rewritten
     rows, seen = read_through_both_paths(kafka.endpoint.bootstrap_servers, topic, isolation_level)
     assert_same_rows(without_offsets(rows), expected(topics.sent[topic], False))
     # kafka-python sends a batch uncompressed when the codec gains nothing.
@@ -917,3 +933,22 @@ def test_what_the_native_encoder_writes_every_client_reads_identically(
             assert partition == wanted
         elif key is not None:
             assert partition == record_batches.NATIVE.partition_for_key(key, SINK_PARTITIONS)
+
+
+def test_batches_the_broker_rewrote_decode_identically(topics: Topics, kafka: Any) -> None:
+    """A topic with compression.type=zstd and LogAppendTime: the broker itself rebuilds the
+    producer's batches (gzip and uncompressed) as zstd, stamped with its append time, which
+    every record then carries."""
+    rows, seen = read_through_both_paths(
+        kafka.endpoint.bootstrap_servers, topics.rewritten, "read_uncommitted"
+    )
+    sent = topics.sent[topics.rewritten]
+    assert_same_rows([row[:4] for row in rows], [record.as_read()[:4] for record in sent])
+    assert seen.codecs == {0: {"zstd"}, 1: {"zstd"}}
+    assert seen.log_append_time_batches > 0
+    first, last = topics.rewritten_between_ms
+    assert all(first <= row[4] <= last for row in rows), (
+        first,
+        last,
+        sorted({row[4] for row in rows}),
+    )
