@@ -30,6 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from eospack.errors import EospackError
+
 log = logging.getLogger(__name__)
 
 HEADER_BYTES = 61
@@ -100,7 +102,7 @@ class DecodedRecords:
     leader_epoch: int
 
 
-class CorruptRecordsError(ValueError):
+class CorruptRecordsError(EospackError, ValueError):
     """Record data that fails its CRC or cannot be parsed or decompressed."""
 
 
@@ -253,7 +255,7 @@ class EncodeSettings:
     timestamp_ms: int
 
 
-class RecordRefusedError(ValueError):
+class RecordRefusedError(EospackError, ValueError):
     """A row that cannot become a record (too large, a partition the topic lacks)."""
 
 
