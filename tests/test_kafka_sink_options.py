@@ -143,3 +143,23 @@ def test_a_blank_identity_option_is_refused_not_taken_for_the_default(
     with pytest.raises(KafkaSinkOptionError) as raised:
         parse_options({**BASE, given: blank})
     assert str(raised.value).startswith(f"Option {name} is blank: leave it unset or use")
+
+
+@pytest.mark.parametrize(
+    ("given", "setting"),
+    [("none", None), ("NONE", None), ("gzip", "gzip"), ("LZ4", "lz4"), ("zstd", "zstd")],
+)
+def test_compression_type_is_taken_as_kafka_and_spark_spell_it(
+    given: str, setting: str | None
+) -> None:
+    """kafka-python refuses "none" (it wants None) in every task; Spark's sink takes it."""
+    options = parse_options({**BASE, "kafka.compression.type": given})
+    assert options.producer_config()["compression_type"] == setting
+
+
+def test_an_unknown_compression_type_is_refused_in_one_line() -> None:
+    with pytest.raises(KafkaSinkOptionError) as raised:
+        parse_options({**BASE, "kafka.compression.type": "brotli"})
+    assert str(raised.value) == (
+        "Option kafka.compression.type is brotli: use one of none, gzip, snappy, lz4, zstd"
+    )

@@ -129,6 +129,7 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
     params = kafka_client_params(
         kafka_options, "producer", REFUSED_PRODUCER_OPTIONS, KafkaSinkOptionError, "2pc-kafka"
     )
+    params = with_compression_type(params)
     return KafkaSinkOptions(
         bootstrap_servers=bootstrap,
         topic=topic,
@@ -140,3 +141,24 @@ def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
         producer_params=params,
         checkpoint_location=reader.text("checkpointLocation"),
     )
+
+
+COMPRESSION_TYPES = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def with_compression_type(
+    params: tuple[tuple[str, Any], ...],
+) -> tuple[tuple[str, Any], ...]:
+    """``kafka.compression.type`` as Kafka spells it (any case; ``none`` is no compression,
+    as in Spark's sink, which kafka-python spells None); anything else refused in one line."""
+    settings = dict(params)
+    if "compression_type" not in settings:
+        return params
+    codec = str(settings["compression_type"]).strip().lower()
+    if codec not in COMPRESSION_TYPES:
+        raise KafkaSinkOptionError(
+            f"Option kafka.compression.type is {settings['compression_type']}: use one of"
+            f" {', '.join(COMPRESSION_TYPES)}"
+        )
+    settings["compression_type"] = None if codec == "none" else codec
+    return tuple(settings.items())
