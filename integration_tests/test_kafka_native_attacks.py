@@ -342,7 +342,7 @@ def test_ranges_read_natively_equal_kafka_pythons_consumer_on_interleaved_transa
     assert reference and not any(b"-aborted-" in (value or b"") for _, value in reference)
     end = end_offsets(servers, unique_name, "read_committed")[0]
 
-    mismatches = []
+    mismatches: list[tuple[Any, ...]] = []
     for _ in range(30):
         start = generator.randrange(0, end)
         stop = generator.randrange(start, end + 1)
@@ -354,11 +354,14 @@ def test_ranges_read_natively_equal_kafka_pythons_consumer_on_interleaved_transa
         fetch_bytes = generator.choice([None, 100, 1000, 5000])
         if fetch_bytes:
             raw["kafka.max.partition.fetch.bytes"] = str(fetch_bytes)
+        options = parse_source_options(raw)
+        batches = list(reader.read_range(options, OffsetRange(unique_name, 0, start, stop)))
+        schema = reader.output_schema(options.include_headers).fieldNames()
+        if any(batch.schema.names != schema for batch in batches):
+            mismatches.append((start, stop, fetch_bytes, "columns", options.include_headers))
         got = [
             pair
-            for batch in reader.read_range(
-                parse_source_options(raw), OffsetRange(unique_name, 0, start, stop)
-            )
+            for batch in batches
             for pair in zip(
                 batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True
             )
