@@ -8,10 +8,11 @@ batches; ``append`` puts each into the producer's accumulator as a ready batch, 
 sender stamps with the producer's state when it drains it (``EncodedRecords`` stands in for
 kafka-python's ``MemoryRecordsBuilder``).
 
-Delivery is checked per batch: its produce future's errback records the first failure
-(``on_error``). A batch the broker refuses as too large is split by kafka-python into
-smaller batches of its own; the batch's per-record futures exist only then
-(``EncodedProducerBatch``), so each piece's failure is still seen.
+Delivery is checked per batch: its produce future's outcome (kafka-python completes it
+"successfully" with a per-record error function for a refused, expired or aborted batch)
+records the first failure (``on_error``). A batch the broker refuses as too large is split
+by kafka-python into smaller batches of its own; the batch's per-record futures exist only
+then (``EncodedProducerBatch``), so each piece's failure is still seen.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class BatchSender:
             manager.maybe_add_partition_to_transaction(tp)
             self.added.add(tp)
         batch = EncodedProducerBatch(tp, encoded, self.on_error)
+        batch.produce_future.add_callback(self._check_outcome, topic)
         batch.produce_future.add_errback(self.on_error, topic)
         accumulator = self.producer._accumulator
         with accumulator._tp_lock(tp):
@@ -156,6 +158,15 @@ class BatchSender:
             oldest, size = self.in_flight.popleft()
             self._wait_for(oldest)
             self.buffered -= size
+
+    def _check_outcome(self, topic: str, result: tuple[int, int, Any]) -> None:
+        """kafka-python completes a batch's produce future successfully even when the batch
+        failed (refused, expired, aborted): the failure comes as a function giving each
+        record's error, which only per-record futures apply. One record's error is the
+        batch's."""
+        record_errors = result[2]
+        if record_errors is not None:
+            self.on_error(topic, record_errors(0))
 
     def _wait_for(self, batch: ProducerBatch) -> None:
         """Until the batch is done, or split (kafka-python then drops it and sends its

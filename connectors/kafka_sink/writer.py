@@ -115,6 +115,10 @@ def send_rows(
         refused.raise_first()
     sender.flush()
     refused.raise_first()
+    manager = producer._transaction_manager
+    if manager is not None and manager.has_error():
+        failure = manager.last_error or kafka_errors.KafkaError("the transaction failed")
+        raise send_error(options.topic or "(several)", failure)
     return sent
 
 
