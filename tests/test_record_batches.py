@@ -767,3 +767,25 @@ def test_murmur2_partition_equals_kafka_pythons_default_partitioner(
     assert record_batches.NATIVE.partition_for_key(key, partitions) == default_partition(
         key, partitions
     )
+
+
+@pytest.mark.skipif(record_batches.NATIVE is None, reason="the native path is not built")
+def test_a_header_key_that_is_not_utf8_reads_as_sparks_source_reads_it() -> None:
+    """Spark's own source makes a Java String of the key bytes: malformed UTF-8 becomes
+    U+FFFD. The native path does the same instead of failing the range on every retry."""
+    rows = pa.RecordBatch.from_pydict(
+        {
+            "value": pa.array([b"v"], pa.binary()),
+            "headers": pa.array([[{"key": "hX", "value": b"1"}]], record_batches.HEADERS),
+        }
+    )
+    settings = record_batches.EncodeSettings(1, 1 << 16, 1 << 20, "none", 1_700_000_000_000)
+    (encoded,), _ = record_batches.encode(rows, settings, 0, native=True)
+    data = bytearray(encoded.data)
+    at = data.index(b"hX")
+    data[at + 1] = 0xFF
+    record_batches.reference_set_producer_state(data, -1, -1, -1, False)  # the CRC again
+    decoded = record_batches.decode(
+        bytes(data), 0, "t", 0, read_committed=True, include_headers=True, native=True
+    )
+    assert decoded.batch.column("headers").to_pylist() == [[{"key": "h\ufffd", "value": b"1"}]]

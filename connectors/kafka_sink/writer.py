@@ -98,7 +98,7 @@ def send_rows(
             partitions = producer.partitions_for(topic)
             settings = EncodeSettings(
                 partitions=len(partitions),
-                max_batch_bytes=batch_bytes,
+                max_batch_bytes=min(batch_bytes, int(producer.config["max_request_size"])),
                 max_record_bytes=int(producer.config["max_request_size"]),
                 compression=compression,
                 timestamp_ms=int(time.time() * 1000),

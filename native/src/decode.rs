@@ -251,9 +251,8 @@ fn read_record(
     if request.include_headers {
         for _ in 0..header_count.max(0) {
             let header_key = cursor.nullable_bytes()?.ok_or("a header key is null")?;
-            let header_key =
-                std::str::from_utf8(header_key).map_err(|_| "a header key is not UTF-8".to_string())?;
-            columns.header_keys.append_value(header_key);
+            // As Spark's own source (Java's String of UTF-8): malformed bytes become U+FFFD.
+            columns.header_keys.append_value(String::from_utf8_lossy(header_key));
             columns.header_values.append_option(cursor.nullable_bytes()?);
         }
         columns.header_offsets.push(columns.header_keys.len() as i32);
