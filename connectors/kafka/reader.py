@@ -37,47 +37,33 @@ from kafka.errors import (
     UnsupportedCodecError,
 )
 from kafka.protocol.consumer.offsets import IsolationLevel
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from eospack.connectors.kafka import record_batches
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
 from eospack.connectors.kafka.options import KafkaSourceOptions
 from eospack.connectors.kafka.planning import OffsetRange, report_data_loss
+from eospack.connectors.kafka.source import output_schema
+
+__all__ = [
+    "DecodedPartitionRecords",
+    "close_idle_consumers",
+    "codec_missing_error",
+    "decoding_partition_records",
+    "output_schema",
+    "read_range",
+]
 
 log = logging.getLogger(__name__)
 
-HEADER_TYPE = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-_BASE_FIELDS = [
-    StructField("key", BinaryType()),
-    StructField("value", BinaryType()),
-    StructField("topic", StringType()),
-    StructField("partition", IntegerType()),
-    StructField("offset", LongType()),
-    StructField("timestamp", TimestampType()),
-    StructField("timestampType", IntegerType()),
-]
-SCHEMA = StructType(_BASE_FIELDS)
-SCHEMA_WITH_HEADERS = StructType([*_BASE_FIELDS, StructField("headers", ArrayType(HEADER_TYPE))])
-
 # Without progress for this long, ask the broker whether offsets were lost.
 _STALL_CHECK_MS = 2_000
-_MAX_POLL_WAIT_MS = 500
+_MAX_POLL_WAIT_MS = 50
+"""Short: kafka-python's poll waits out its timeout when a fetch moved the position but
+returned no record (a range ending in a transaction marker or an aborted transaction), so
+a long one delayed each such range by it; the loop checks the position between polls."""
 
 _idle_consumers: dict[tuple[tuple[str, Any], ...], KafkaConsumer] = {}
-
-
-def output_schema(include_headers: bool) -> StructType:
-    return SCHEMA_WITH_HEADERS if include_headers else SCHEMA
 
 
 def _acquire(options: KafkaSourceOptions) -> tuple[tuple[tuple[str, Any], ...], KafkaConsumer]:
