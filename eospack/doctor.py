@@ -78,9 +78,9 @@ def java_check(java_home: str | None = None) -> CheckResult:
 def data_path_check() -> CheckResult:
     """The one line about the Kafka data path: the native extension, or the pure-Python
     reference (slower, never wrong) and what is missing for the native one."""
-    from eospack.connectors.kafka import record_batches
+    from eospack.connectors.kafka import native_path
 
-    return CheckResult(True, f"kafka data path: {record_batches.active_path()}")
+    return CheckResult(True, f"kafka data path: {native_path.active_path()}")
 
 
 def run_doctor(output: TextIO | None = None, java_home: str | None = None) -> int:

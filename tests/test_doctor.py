@@ -114,18 +114,18 @@ def test_a_machine_with_a_rust_compiler_runs_the_native_path() -> None:
 def test_doctor_names_the_reference_path_and_what_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from eospack.connectors.kafka import record_batches
+    from eospack.connectors.kafka import native_path
 
-    monkeypatch.setattr(record_batches, "NATIVE", None)
-    monkeypatch.setattr(record_batches, "NATIVE_MISSING", "the extension is not built")
-    monkeypatch.setattr(record_batches, "_warned", False)
+    monkeypatch.setattr(native_path, "NATIVE", None)
+    monkeypatch.setattr(native_path, "NATIVE_MISSING", "the extension is not built")
+    monkeypatch.setattr(native_path, "_warned", False)
     assert data_path_check() == (
         True,
         "kafka data path: pure Python (reference): the extension is not built",
     )
     with caplog.at_level(logging.WARNING):
-        record_batches.warn_if_reference_path()
-        record_batches.warn_if_reference_path()
+        native_path.warn_if_reference_path()
+        native_path.warn_if_reference_path()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "eospack's Kafka data path is pure Python (reference): the extension is not built"

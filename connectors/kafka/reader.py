@@ -38,7 +38,7 @@ from kafka.errors import (
 )
 from kafka.protocol.consumer.offsets import IsolationLevel
 
-from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka import native_path, record_batches
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
 from eospack.connectors.kafka.options import KafkaSourceOptions
@@ -94,7 +94,7 @@ def read_range(options: KafkaSourceOptions, offset_range: OffsetRange) -> Iterat
     """Yield the records of ``offset_range`` as Arrow record batches in offset order."""
     if offset_range.size == 0:
         return
-    record_batches.warn_if_reference_path()
+    native_path.warn_if_reference_path()
     key, consumer = _acquire(options)
     healthy = False
     try:

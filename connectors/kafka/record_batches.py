@@ -20,16 +20,18 @@ that could not build the extension, with one warning per query).
 from __future__ import annotations
 
 import logging
-import os
 from collections import namedtuple
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from eospack.connectors.kafka.native_path import (
+    NATIVE,
+    active_path,
+)
 from eospack.errors import EospackError
 
 log = logging.getLogger(__name__)
@@ -56,40 +58,6 @@ ARROW_SCHEMA_WITH_HEADERS = pa.schema([*_FIELDS, pa.field("headers", HEADERS)])
 """The source's rows, as Spark's own Kafka source has them (pyspark's Arrow types)."""
 
 AbortedTransaction = namedtuple("AbortedTransaction", ["producer_id", "first_offset"])
-
-
-def _load_native() -> tuple[ModuleType | None, str]:
-    if os.environ.get("EOSPACK_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "EOSPACK_NATIVE=0 selects the reference path"
-    try:
-        import eospack._native as _native
-    except ImportError as error:
-        return None, (
-            f"the extension eospack._native is not built ({error}): install a Rust compiler"
-            " (https://rustup.rs) and reinstall eospack (pip install .)"
-        )
-    return _native, ""
-
-
-NATIVE, NATIVE_MISSING = _load_native()
-
-
-def active_path() -> str:
-    """One line for ``eospack doctor`` and the query-start warning."""
-    if NATIVE is not None:
-        return f"native (eospack._native {NATIVE.__version__}, Rust)"
-    return f"pure Python (reference): {NATIVE_MISSING}"
-
-
-_warned = False
-
-
-def warn_if_reference_path() -> None:
-    """Once per process: say the data path is the slow reference, and what is missing."""
-    global _warned
-    if NATIVE is None and not _warned:
-        _warned = True
-        log.warning("eospack's Kafka data path is %s", active_path())
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from eospack.connectors.kafka import native_path
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
 from eospack.connectors.kafka.options import (
     KafkaSourceOptions,
@@ -131,6 +132,7 @@ class ReplayableKafkaDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self._check_schema(schema)
+        native_path.warn_if_reference_path()
         return ReplayableKafkaStreamReader(self.kafka_options)
 
 

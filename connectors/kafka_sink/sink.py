@@ -36,7 +36,7 @@ from pyspark.sql.types import (
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter, derive_sink_id
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka import native_path
 from eospack.connectors.kafka_sink.checkpoint_record import check_against_record
 from eospack.connectors.kafka_sink.options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
@@ -69,7 +69,7 @@ class TwoPhaseKafkaDataSource(DataSource):
                 "outputMode complete is not supported by 2pc-kafka: use append"
             )
         check_schema(options, schema)
-        record_batches.warn_if_reference_path()
+        native_path.warn_if_reference_path()
         facts = cluster_facts(options)
         options = replace(options, cluster_id=facts.cluster_id)
         check_against_record(options)
