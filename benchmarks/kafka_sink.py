@@ -21,7 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from benchmarks.data import parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, say
-from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka import native_path
 from eospack.services.kafka_tools import create_topic
 from eospack.testing import await_query
 
@@ -76,8 +76,8 @@ def run(
     """``spark_kafka``: the session has the jars of Spark's own Kafka connector. The
     contenders alternate round by round (the first round warms each up), so that machine
     load drifting during the run hits them alike."""
-    say(f"kafka sink: eospack's Kafka data path is {record_batches.active_path()}")
-    report.notes.append(f"kafka sink: Kafka data path {record_batches.active_path()}")
+    say(f"kafka sink: eospack's Kafka data path is {native_path.active_path()}")
+    report.notes.append(f"kafka sink: Kafka data path {native_path.active_path()}")
     directory = parquet_directory(workdir / f"kafka-sink-rows-{rows}", rows)
     size = f"{rows:,} records"
     contenders: dict[str, dict[str, str]] = {

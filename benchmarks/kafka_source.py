@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 
 from benchmarks.data import VALUE_BYTES, fill_topic
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
-from eospack.connectors.kafka import reader, record_batches
+from eospack.connectors.kafka import native_path, reader, record_batches
 from eospack.connectors.kafka.options import parse_options
 from eospack.connectors.kafka.planning import OffsetRange
 from eospack.connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
@@ -107,13 +107,12 @@ def read_partition_without_spark(bootstrap: str, topic: str, records: int) -> in
 def reference_decoder() -> Iterator[None]:
     """``record_batches.decode`` on its pure-Python reference path for the duration
     (``EOSPACK_NATIVE=0`` is read once, at import)."""
-    native, missing = record_batches.NATIVE, record_batches.NATIVE_MISSING
+    native = record_batches.NATIVE
     record_batches.NATIVE = None
-    record_batches.NATIVE_MISSING = "the benchmark measures the reference path"
     try:
         yield
     finally:
-        record_batches.NATIVE, record_batches.NATIVE_MISSING = native, missing
+        record_batches.NATIVE = native
 
 
 def librdkafka_consumer(bootstrap: str) -> Any:
@@ -271,8 +270,8 @@ def run(
     ``codec_size``: records of the lz4 and zstd topics (None: no codec topics);
     ``tuple_output``: also measure the tuple-output contender (at 1M records, or the
     largest size below)."""
-    say(f"source: eospack's Kafka data path is {record_batches.active_path()}")
-    report.notes.append(f"source: Kafka data path {record_batches.active_path()}")
+    say(f"source: eospack's Kafka data path is {native_path.active_path()}")
+    report.notes.append(f"source: Kafka data path {native_path.active_path()}")
     by_size: dict[int, Figure] = {}
     topics: dict[int, str] = {}
     for size in sizes:
