@@ -38,7 +38,7 @@ from kafka.errors import (
 )
 from kafka.protocol.consumer.offsets import IsolationLevel
 
-from eospack.connectors.kafka import native_path, record_batches
+from eospack.connectors.kafka import native_path, record_batches, socket_reads
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
 from eospack.connectors.kafka.options import KafkaSourceOptions
@@ -70,6 +70,7 @@ def _acquire(options: KafkaSourceOptions) -> tuple[tuple[tuple[str, Any], ...], 
     key = options.consumer_cache_key()
     consumer = _idle_consumers.pop(key, None)
     if consumer is None:
+        socket_reads.use_large_reads()
         consumer = KafkaConsumer(**options.consumer_config())
     consumer._fetcher.PartitionRecords = decoding_partition_records(options.include_headers)
     return key, consumer
