@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 
 from eospack.commit_protocols import derive_sink_id, faults, parse_transaction_id, sink_prefix
@@ -32,6 +33,7 @@ from eospack.connectors.kafka_sink.options import KafkaSinkOptions
 from eospack.connectors.kafka_sink.transactions import (
     PreparedTransaction,
     TransactionFencedError,
+    admin_client,
     commit_prepared,
     fence,
     lost_transactions,
@@ -48,6 +50,14 @@ class KafkaResource(TransactionalResource):
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options
         self.config = options.client_config()
+        self._admin: KafkaAdminClient | None = None
+
+    def admin(self) -> KafkaAdminClient:
+        """One admin client for this commit's transaction calls (the liveness check and
+        every piece's EndTxn), made on first use, closed with the resource."""
+        if self._admin is None:
+            self._admin = admin_client(self.config)
+        return self._admin
 
     def _with_ledger(self, sink_id: str, step: Callable[[Ledger], Result]) -> Result:
         """Run ``step`` on the process's shared ledger of the sink. A ledger that another
@@ -148,7 +158,7 @@ class KafkaResource(TransactionalResource):
         ]
         lost = self._call(
             "check_prepared",
-            lambda: lost_transactions(self.config, prepared),
+            lambda: lost_transactions(self.config, prepared, self.admin()),
             decision.batch_id,
         )
         if lost:
@@ -168,7 +178,9 @@ class KafkaResource(TransactionalResource):
         prepared = PreparedTransaction.from_json(piece.handle)
         try:
             self._call(
-                "commit_piece", lambda: commit_prepared(self.config, prepared), piece.batch_id
+                "commit_piece",
+                lambda: commit_prepared(self.config, prepared, self.admin()),
+                piece.batch_id,
             )
         except TransactionFencedError as error:
             raise DecidedPieceLostError(
@@ -206,3 +218,6 @@ class KafkaResource(TransactionalResource):
 
     def close(self) -> None:
         """The shared ledgers stay open for the next commit of this process."""
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
