@@ -320,7 +320,7 @@ def reference_encode(
         batch = open_batches.pop(partition)
         records = sizes.pop(partition)
         data = bytearray(batch.build())
-        struct_pack_leader_epoch(data)
+        write_no_leader_epoch(data)
         done.append(EncodedBatch(partition, records, data))
 
     def full(partition: int, key: bytes | None, value: bytes | None, headers: Any) -> bool:
@@ -375,7 +375,7 @@ def reference_encode(
     return done, sticky
 
 
-def struct_pack_leader_epoch(data: bytearray) -> None:
+def write_no_leader_epoch(data: bytearray) -> None:
     """kafka-python writes partition leader epoch 0 where the Java producer writes -1 (the
     broker sets it either way); the reference writes -1 too, so both paths give equal
     bytes. The CRC does not cover the field."""
