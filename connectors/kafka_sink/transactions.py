@@ -120,6 +120,14 @@ RETRIED_ERRORS = (
     kafka_errors.CoordinatorNotAvailableError,
 )
 """EndTxn answers asking to try again (the last two after finding the coordinator again)."""
+RETRIED_FAILURES = (
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.NodeNotReadyError,
+    kafka_errors.RequestTimedOutError,
+    kafka_errors.KafkaTimeoutError,
+    *RETRIED_ERRORS,
+)
+"""Failures of the lookup or the request itself (no answer) that a retry may get past."""
 
 
 def commit_prepared(
@@ -149,37 +157,59 @@ def commit_prepared(
 async def _end_transaction(
     admin: KafkaAdminClient, prepared: PreparedTransaction, commit: bool, deadline: float
 ) -> None:
+    """EndTxn until the coordinator answers for good or ``deadline`` passes: every wait is
+    bounded by what is left of it (a request kafka-python would wait its
+    ``request_timeout_ms`` for is cut short), and a connection that fails, a node not ready
+    or a coordinator not known yet (a broker restarting) are retried like the retried
+    answers; ending again is idempotent. A timeout is never taken for a fence."""
     from kafka.protocol.metadata import CoordinatorType
     from kafka.protocol.producer.transaction import EndTxnRequest
 
-    key = (CoordinatorType.TRANSACTION, prepared.transactional_id)
+    manager = admin._manager
+    transactional_id = prepared.transactional_id
+    key = (CoordinatorType.TRANSACTION, transactional_id)
     while True:
-        coordinator = await admin._find_coordinator_id(
-            prepared.transactional_id, key_type=CoordinatorType.TRANSACTION
-        )
-        request = EndTxnRequest(
-            transactional_id=prepared.transactional_id,
-            producer_id=prepared.producer_id,
-            producer_epoch=prepared.epoch,
-            committed=commit,
-            max_version=3,
-        )
-        response = await admin._manager.send(request, node_id=coordinator)
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise kafka_errors.KafkaTimeoutError(
+                f"ending transaction {transactional_id} took over {END_TIMEOUT_MS // 1000} s:"
+                " the broker did not answer"
+            )
+        try:
+            lookup = manager.call_soon(
+                admin._find_coordinator_id, transactional_id, CoordinatorType.TRANSACTION
+            )
+            coordinator = await manager.wait_for(lookup, left_ms)
+            request = EndTxnRequest(
+                transactional_id=transactional_id,
+                producer_id=prepared.producer_id,
+                producer_epoch=prepared.epoch,
+                committed=commit,
+                max_version=3,
+            )
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            response = await manager.send(request, node_id=coordinator, request_timeout_ms=left_ms)
+        except kafka_errors.KafkaError as failure:
+            if not isinstance(failure, RETRIED_FAILURES) and not failure.retriable:
+                raise
+            manager.cluster._coordinators.pop(key, None)
+            await admin._net.sleep(0.1)
+            continue
         error = kafka_errors.for_code(response.error_code)
         if error is kafka_errors.NoError:
             return
         if issubclass(error, FENCED_ERRORS):
             raise TransactionFencedError(
-                f"transaction {prepared.transactional_id} (producer {prepared.producer_id},"
+                f"transaction {transactional_id} (producer {prepared.producer_id},"
                 f" epoch {prepared.epoch}) cannot be committed: {error.__name__}; it was"
                 " aborted (fenced, or open longer than transaction.timeout.ms)"
             )
-        if not issubclass(error, RETRIED_ERRORS) or time.monotonic() > deadline:
-            raise error(f"EndTxn of transaction {prepared.transactional_id}")
+        if not issubclass(error, RETRIED_ERRORS):
+            raise error(f"EndTxn of transaction {transactional_id}")
         if issubclass(
             error, (kafka_errors.NotCoordinatorError, kafka_errors.CoordinatorNotAvailableError)
         ):
-            admin._manager.cluster._coordinators.pop(key, None)
+            manager.cluster._coordinators.pop(key, None)
         await admin._net.sleep(0.02)
 
 
