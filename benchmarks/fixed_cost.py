@@ -15,18 +15,16 @@ offsets, reading, the logs' commits).
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping
 
 from benchmarks.data import fill_topic
 from benchmarks.harness import Comparison, Figure, Report, say
-from eospack.testing import await_query
+from benchmarks.kafka_source import read_with_spark
 
 TIMEOUT = 120.0
 GOAL_SECONDS = 1.5
 # The options both sources get, as in benchmarks.kafka_source.
-COMMON_OPTIONS = {"startingOffsets": "earliest", "kafka.isolation.level": "read_committed"}
 BATCH_PHASES = (
     "latestOffset",
     "getBatch",
@@ -41,18 +39,7 @@ def timed_query(spark, bootstrap: str, topic: str, source: str) -> tuple[float, 
     """Seconds of one AvailableNow query over ``topic`` (start to end, as a user waits for
     it) and seconds by phase: "outside batches" and batch 0's durations."""
     started = time.perf_counter()
-    query = (
-        spark.readStream.format(source)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .options(**COMMON_OPTIONS)
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-fixed-cost-"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, TIMEOUT)
+    query = read_with_spark(spark, bootstrap, topic, source)
     seconds = time.perf_counter() - started
     progress = [dict(p["durationMs"]) for p in query.recentProgress]
     in_batches = sum(p.get("triggerExecution", 0) for p in progress) / 1000

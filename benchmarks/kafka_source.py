@@ -74,7 +74,8 @@ class TupleOutputKafkaSource(ReplayableKafkaDataSource):
         return TupleOutputStreamReader(self.kafka_options)
 
 
-def read_with_spark(spark, bootstrap: str, topic: str, source: str = "replayable-kafka") -> None:
+def read_with_spark(spark, bootstrap: str, topic: str, source: str = "replayable-kafka") -> Any:
+    """One AvailableNow query of ``topic`` into the noop sink, awaited; returns it."""
     query = (
         spark.readStream.format(source)
         .option("kafka.bootstrap.servers", bootstrap)
@@ -87,6 +88,7 @@ def read_with_spark(spark, bootstrap: str, topic: str, source: str = "replayable
         .start()
     )
     await_query(query, TIMEOUT)
+    return query
 
 
 def read_partition_without_spark(bootstrap: str, topic: str, records: int) -> int:
