@@ -130,3 +130,25 @@ def test_doctor_names_the_reference_path_and_what_is_missing(
     assert warnings == [
         "eospack's Kafka data path is pure Python (reference): the extension is not built"
     ]
+
+
+def test_eospack_native_0_selects_the_reference_path_in_a_new_process() -> None:
+    """The documented switch: the decision is taken at import, so a new interpreter."""
+    import subprocess
+
+    probe = (
+        "from eospack.connectors.kafka import native_path, record_batches;"
+        "print(native_path.active_path()); print(record_batches.NATIVE is None)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "EOSPACK_NATIVE": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert completed.stdout.splitlines() == [
+        "pure Python (reference): EOSPACK_NATIVE=0 selects the reference path",
+        "True",
+    ]

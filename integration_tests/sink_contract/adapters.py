@@ -756,6 +756,7 @@ class Kafka(SinkAdapter):
         DocumentedOption("kafka.security.protocol", "PLAINTEXT"),
         DocumentedOption("kafka.linger.ms", "5"),
         DocumentedOption("kafka.compression.type", "gzip"),
+        DocumentedOption("kafka.batch.size", "65536"),
         DocumentedOption("kafka.retry.backoff.ms", "20"),
         DocumentedOption("kafka.transaction.timeout.ms", "60000"),
         DocumentedOption("deliveryGuarantee", EXACTLY_ONCE),
