@@ -79,10 +79,18 @@ def demo(arguments: argparse.Namespace) -> int:
     return run_demo(arguments)
 
 
-def doctor(_: argparse.Namespace) -> int:
-    from eospack.doctor import run_doctor
+def doctor(arguments: argparse.Namespace) -> int:
+    from eospack.doctor import java_check, run_doctor
 
-    return run_doctor()
+    if not arguments.session or not java_check().passed:
+        return run_doctor()
+    from eospack.spark import local_session
+
+    spark = local_session(app_name="eospack-doctor")
+    try:
+        return run_doctor(spark=spark)
+    finally:
+        spark.stop()
 
 
 DURATION_UNITS_SECONDS = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
@@ -324,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="check, without starting Spark, that Java fits and that Spark's automatic lookup"
         " finds eospack's formats",
+    )
+    doctor_parser.add_argument(
+        "--session",
+        action="store_true",
+        help="also start the session eospack.spark.local_session makes and check its"
+        " settings (worker reuse, Python daemon, Spark home); in your own job call"
+        " eospack.doctor.run_doctor(spark=spark)",
     )
     doctor_parser.set_defaults(handler=doctor)
 

@@ -4,14 +4,22 @@ Why: the two usual failures on a new machine, a missing or unsupported Java and 
 that Spark's automatic lookup cannot see, otherwise show up as JVM stack traces
 (``[DATA_SOURCE_NOT_FOUND]``) only once a query runs. Each check prints one line saying
 what is wrong and what to do. A third line says which Kafka data path runs (the native
-extension, or the pure-Python reference where it could not be built).
+extension, or the pure-Python reference where it could not be built). Given a running
+session (``run_doctor(spark=...)``, or ``eospack doctor --session`` for the one
+:func:`eospack.spark.local_session` starts) it also reports the settings behind a
+micro-batch's fixed cost (:func:`session_checks`).
 """
 
 from __future__ import annotations
 
+import os
 import pkgutil
 import sys
-from typing import NamedTuple, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, TextIO
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # The modules Spark's lookup imports, and the format each one's DefaultSource names.
 FORMAT_MODULES = {
@@ -83,9 +91,72 @@ def data_path_check() -> CheckResult:
     return CheckResult(True, f"kafka data path: {native_path.active_path()}")
 
 
-def run_doctor(output: TextIO | None = None, java_home: str | None = None) -> int:
-    """Print one line per check (to stdout by default); return 0 when all passed, else 1."""
+PYTHON_DAEMON = "eospack.python_daemon"
+DAEMON_MODULE_SETTING = "spark.python.daemon.module"
+WORKER_REUSE_SETTING = "spark.python.worker.reuse"
+
+
+def session_checks(settings: dict[str, str], spark_home: str | None) -> list[CheckResult]:
+    """Lines about a running session's settings that a micro-batch pays for, from its
+    ``settings`` (Spark's conf) and the ``SPARK_HOME`` its Python workers are started from.
+
+    Each is what :func:`eospack.spark.local_session` sets, and why (README, "Running on a
+    cluster"): worker reuse, eospack's Python daemon (a reused worker's cleanup after each
+    task walks only that task's objects), and a Spark home whose workers do not compile
+    pyspark from ``pyspark.zip``. A failed line costs time, never correctness.
+    """
+    results = []
+    if settings.get(WORKER_REUSE_SETTING, "true").lower() == "true":
+        results.append(CheckResult(True, "python workers: reused between tasks"))
+    else:
+        results.append(
+            CheckResult(
+                False,
+                f"python workers: {WORKER_REUSE_SETTING}=false starts a Python process for"
+                f" every task: set {WORKER_REUSE_SETTING}=true",
+            )
+        )
+    daemon = settings.get(DAEMON_MODULE_SETTING, "pyspark.daemon")
+    if daemon == PYTHON_DAEMON:
+        results.append(CheckResult(True, f"python daemon: {PYTHON_DAEMON}"))
+    else:
+        results.append(
+            CheckResult(
+                False,
+                f"python daemon: {daemon} makes each reused worker walk its whole heap after"
+                f" every task (30-80 ms a task): set {DAEMON_MODULE_SETTING}={PYTHON_DAEMON}",
+            )
+        )
+    if spark_home and (Path(spark_home) / "python" / "lib" / "pyspark.zip").is_file():
+        results.append(
+            CheckResult(
+                False,
+                f"spark home: {spark_home} puts python/lib/pyspark.zip first on every Python"
+                " worker's path (each new worker compiles pyspark, ~0.7 s): start Spark with"
+                " eospack.spark.local_session or a SPARK_HOME without python/lib",
+            )
+        )
+    else:
+        results.append(CheckResult(True, "spark home: Python workers import the installed pyspark"))
+    return results
+
+
+def running_session_checks(spark: SparkSession) -> list[CheckResult]:
+    """:func:`session_checks` for ``spark``: its conf, and the SPARK_HOME of this driver."""
+    settings = dict(spark.sparkContext.getConf().getAll())
+    return session_checks(settings, os.environ.get("SPARK_HOME"))
+
+
+def run_doctor(
+    output: TextIO | None = None,
+    java_home: str | None = None,
+    spark: SparkSession | None = None,
+) -> int:
+    """Print one line per check (to stdout by default); return 0 when all passed, else 1.
+    With ``spark``, the running session's settings are checked as well."""
     results = [java_check(java_home), formats_check(formats_visible_to_spark()), data_path_check()]
+    if spark is not None:
+        results += running_session_checks(spark)
     for result in results:
         print(result.line, file=output or sys.stdout, flush=True)
     return 0 if all(result.passed for result in results) else 1

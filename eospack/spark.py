@@ -152,6 +152,7 @@ def local_session(
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.daemon.module", "eospack.python_daemon")
     )
     settings = dict(conf or {})
     jars = [settings.get("spark.jars", ""), *(str(jar) for jar in extra_jars)]

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,4 +152,43 @@ def test_eospack_native_0_selects_the_reference_path_in_a_new_process() -> None:
     assert completed.stdout.splitlines() == [
         "pure Python (reference): EOSPACK_NATIVE=0 selects the reference path",
         "True",
+    ]
+
+
+LOCAL_SESSION_SETTINGS = {"spark.python.daemon.module": "eospack.python_daemon"}
+
+
+def test_the_settings_local_session_makes_pass(tmp_path: Path) -> None:
+    results = doctor.session_checks(LOCAL_SESSION_SETTINGS, str(tmp_path))
+    assert [result.passed for result in results] == [True, True, True]
+    assert [result.line for result in results] == [
+        "python workers: reused between tasks",
+        "python daemon: eospack.python_daemon",
+        "spark home: Python workers import the installed pyspark",
+    ]
+
+
+def test_each_costly_setting_gets_one_line_naming_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "python" / "lib").mkdir(parents=True)
+    (tmp_path / "python" / "lib" / "pyspark.zip").write_bytes(b"")
+    settings = {"spark.python.worker.reuse": "false"}
+    results = doctor.session_checks(settings, str(tmp_path))
+    assert [result.passed for result in results] == [False, False, False]
+    fixes = (
+        "set spark.python.worker.reuse=true",
+        "set spark.python.daemon.module=eospack.python_daemon",
+        "eospack.spark.local_session",
+    )
+    for result, fix in zip(results, fixes, strict=True):
+        assert fix in result.line and "\n" not in result.line
+
+
+def test_doctor_reports_a_running_session(spark: Any) -> None:
+    output = io.StringIO()
+    assert run_doctor(output, spark=spark) == 0
+    lines = output.getvalue().splitlines()
+    assert lines[3:] == [
+        "python workers: reused between tasks",
+        "python daemon: eospack.python_daemon",
+        "spark home: Python workers import the installed pyspark",
     ]
