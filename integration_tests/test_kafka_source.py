@@ -181,6 +181,27 @@ def test_batch_read_min_partitions_splits_ranges_without_loss_or_overlap(spark, 
     assert keyed_rows(df) == expected_rows(unique_name, records)
 
 
+@pytest.mark.parametrize(("min_records", "tasks"), [(None, 2), ("1", 5), ("100000", 1)])
+def test_small_ranges_share_tasks_up_to_min_records_per_partition(
+    spark, kafka, unique_name, min_records, tasks
+):
+    """Five ranges of 120, 120, 120, 120 and 9,990 records: the default (10,000) packs
+    the four small ones into one task and leaves the large one alone; 1 packs nothing (one
+    task per range, as Spark); 100,000 packs all. Every row once whatever the packing."""
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=5)
+    records = make_records(4, 120) + [
+        Record(4, record.key, record.value) for record in make_records(1, 9_990, "big")
+    ]
+    produce_sealed(servers, unique_name, records)
+    options = {"minRecordsPerPartition": min_records} if min_records else {}
+
+    df = read_batch(spark, servers, subscribe=unique_name, **options)
+
+    assert df.rdd.getNumPartitions() == tasks
+    assert keyed_rows(df) == expected_rows(unique_name, records)
+
+
 def test_streaming_reads_several_topics_and_partitions(spark, kafka, unique_name, tmp_path):
     servers = servers_of(kafka)
     first, second = f"{unique_name}_a", f"{unique_name}_b"

@@ -21,6 +21,7 @@ from eospack.connectors.kafka.planning import (
     available_records,
     offsets_from_json,
     offsets_to_json,
+    pack_ranges,
     plan_ranges,
     rate_limit,
     split_ranges,
@@ -409,6 +410,37 @@ def test_split_ranges_follows_min_partitions() -> None:
         OffsetRange("t", 0, 80, 100),
         OffsetRange("t", 2, 0, 20),
     ]
+
+
+def test_small_ranges_share_a_partition_up_to_min_records() -> None:
+    ranges = [
+        OffsetRange("t", 0, 0, 600),
+        OffsetRange("t", 1, 0, 500),
+        OffsetRange("t", 2, 0, 1_000),
+        OffsetRange("t", 3, 0, 400),
+        OffsetRange("t", 4, 0, 300),
+    ]
+    assert pack_ranges(ranges, 1_000, None) == [
+        (ranges[0],),  # 600 + 500 would exceed 1,000
+        (ranges[2],),  # 1,000 or more: a partition of its own
+        (ranges[1], ranges[3]),
+        (ranges[4],),  # 500 + 400 + 300 would exceed it
+    ]
+    assert pack_ranges(ranges, 10_000, None) == [tuple(ranges)]
+
+
+def test_packing_is_off_for_one_record_and_with_min_partitions() -> None:
+    ranges = [OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 7, 9)]
+    one_each = [(ranges[0],), (ranges[1],)]
+    assert pack_ranges(ranges, 1, None) == one_each
+    assert pack_ranges(ranges, 10_000, 2) == one_each
+
+
+def test_min_records_per_partition_is_a_positive_integer() -> None:
+    assert parse_options(BASE).min_records_per_partition == 10_000
+    assert parse_options({**BASE, "minRecordsPerPartition": "1"}).min_records_per_partition == 1
+    with pytest.raises(KafkaSourceOptionError, match="minRecordsPerPartition"):
+        parse_options({**BASE, "minRecordsPerPartition": "0"})
 
 
 def test_plan_ranges_new_partitions_start_at_earliest() -> None:

@@ -25,6 +25,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -58,10 +59,12 @@ log = logging.getLogger(__name__)
 
 # Without progress for this long, ask the broker whether offsets were lost.
 _STALL_CHECK_MS = 2_000
+_MIN_POLL_WAIT_MS = 2
 _MAX_POLL_WAIT_MS = 50
-"""Short: kafka-python's poll waits out its timeout when a fetch moved the position but
-returned no record (a range ending in a transaction marker or an aborted transaction), so
-a long one delayed each such range by it; the loop checks the position between polls."""
+"""Polls start short and double while nothing moves: kafka-python's poll waits out its
+whole timeout when a fetch moved the position but returned no record (a range ending in
+a transaction marker or an aborted transaction), so a fixed 50 ms made each such range
+cost 50-100 ms; the loop checks the position between polls."""
 
 _idle_consumers: dict[tuple[tuple[str, Any], ...], KafkaConsumer] = {}
 
@@ -126,11 +129,10 @@ class _RangeReader:
         consumer.seek(tp, self.position)
         last_progress = time.monotonic()
         last_check = last_progress
+        wait_ms = _MIN_POLL_WAIT_MS
         while self.position < end:
             try:
-                polled = broker_call(
-                    "kafka.poll", lambda: consumer.poll(timeout_ms=_MAX_POLL_WAIT_MS)
-                )
+                polled = broker_call("kafka.poll", partial(consumer.poll, timeout_ms=wait_ms))
             except OffsetOutOfRangeError:
                 if not self._check_lost_offsets(force=True, seek=True):
                     raise
@@ -149,7 +151,9 @@ class _RangeReader:
             if position > self.position:
                 self.position = position
                 last_progress = last_check = now
+                wait_ms = _MIN_POLL_WAIT_MS
                 continue
+            wait_ms = min(wait_ms * 2, _MAX_POLL_WAIT_MS)
             if (now - last_check) * 1000 >= _STALL_CHECK_MS:
                 last_check = now
                 if self._check_lost_offsets(force=True, seek=True):

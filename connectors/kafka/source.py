@@ -62,6 +62,7 @@ from eospack.connectors.kafka.planning import (
     TriggerPacer,
     available_records,
     offsets_to_json,
+    pack_ranges,
     rate_limit,
     split_ranges,
 )
@@ -91,18 +92,31 @@ def output_schema(include_headers: bool) -> StructType:
     return StructType([*_FIELDS, *headers])
 
 
-def read_range(options: KafkaSourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
-    """The executor's reader, imported where a task first reads."""
+def read_ranges(
+    options: KafkaSourceOptions, offset_ranges: Sequence[OffsetRange]
+) -> Iterator[pa.RecordBatch]:
+    """The executor's reader (imported where a task first reads), range after range."""
     from eospack.connectors.kafka import reader
 
-    return reader.read_range(options, offset_range)
+    for offset_range in offset_ranges:
+        yield from reader.read_range(options, offset_range)
 
 
 class KafkaInputPartition(InputPartition):
-    """One Spark task: one offset range of one topic-partition."""
+    """One Spark task: offset ranges of topic-partitions (one, or small ones packed)."""
 
-    def __init__(self, offset_range: OffsetRange) -> None:
-        self.offset_range = offset_range
+    def __init__(self, offset_ranges: Sequence[OffsetRange]) -> None:
+        self.offset_ranges = tuple(offset_ranges)
+
+
+def input_partitions(
+    options: KafkaSourceOptions, ranges: Sequence[OffsetRange]
+) -> list[KafkaInputPartition]:
+    """One Spark partition per packed group of ``ranges`` (see ``pack_ranges``)."""
+    return [
+        KafkaInputPartition(group)
+        for group in pack_ranges(ranges, options.min_records_per_partition, options.min_partitions)
+    ]
 
 
 class ReplayableKafkaDataSource(DataSource):
@@ -173,11 +187,11 @@ class ReplayableKafkaBatchReader(DataSourceReader):
                     f" {end[tp]}: fix startingOffsets/endingOffsets"
                 )
             ranges.append(OffsetRange(tp[0], tp[1], start[tp], end[tp]))
-        return [KafkaInputPartition(r) for r in split_ranges(ranges, self.options.min_partitions)]
+        return input_partitions(self.options, split_ranges(ranges, self.options.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)
-        return read_range(self.options, partition.offset_range)
+        return read_ranges(self.options, partition.offset_ranges)
 
 
 class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -282,11 +296,11 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
     def partitions(self, start: OffsetsJson, end: OffsetsJson) -> Sequence[InputPartition]:
         # A batch planned by this reader's latestOffset was checked then; others are replays.
         replay = end != self._planned
-        return [KafkaInputPartition(r) for r in self.planner.ranges(start, end, replay)]
+        return input_partitions(self.options, self.planner.ranges(start, end, replay))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)
-        return read_range(self.options, partition.offset_range)
+        return read_ranges(self.options, partition.offset_ranges)
 
     def commit(self, end: OffsetsJson) -> None:
         """Nothing to do: Spark's commit log is the only record of consumed offsets."""
