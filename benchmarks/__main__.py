@@ -34,6 +34,7 @@ ALL = (
     "event-latency",
     "kafka-sink",
     "fixed-cost",
+    "micro-batch",
 )
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
@@ -66,6 +67,7 @@ def main() -> int:
         kafka_sink,
         kafka_source,
         latency,
+        micro_batch,
         pipeline,
         s3_sink,
         stateful,
@@ -88,14 +90,21 @@ def main() -> int:
         conf = {}
         jars = {}
         for name, wanted in (
-            ("spark-kafka", {"source", "recovery", "kafka-sink", "fixed-cost"}),
+            (
+                "spark-kafka",
+                {"source", "recovery", "kafka-sink", "fixed-cost", "micro-batch", "event-latency"},
+            ),
             ("hadoop-aws", {"s3"}),
-            ("postgresql-jdbc", {"jdbc", "recovery"}),
+            ("postgresql-jdbc", {"jdbc", "recovery", "micro-batch", "event-latency"}),
         ):
             if wanted & selected:
                 jars[name] = peer_jars(name, report)
         if jars.get("hadoop-aws"):
             conf.update(s3_sink.s3a_settings(s3.endpoint))
+        event_log = workdir / "event-log"
+        if "micro-batch" in selected:
+            event_log.mkdir()
+            conf.update(micro_batch.event_log_settings(event_log))
         session_started = time.monotonic()
         spark = local_session(
             app_name="eospack-benchmarks",
@@ -169,8 +178,22 @@ def main() -> int:
             pipeline.recovery(
                 report, bootstrap, postgres, repetitions, warm_up=not quick, peer_jars=peer
             )
+        if "micro-batch" in selected:
+            micro_batch.run(
+                report,
+                spark,
+                bootstrap,
+                postgres,
+                workdir,
+                event_log,
+                batches=5 if quick else 10,
+                spark_peer=bool(jars.get("spark-kafka") and jars.get("postgresql-jdbc")),
+            )
         if "event-latency" in selected:
-            latency.run(report, bootstrap, postgres, quick)
+            latency_peer = [*jars.get("spark-kafka", []), *jars.get("postgresql-jdbc", [])]
+            if not (jars.get("spark-kafka") and jars.get("postgresql-jdbc")):
+                latency_peer = []
+            latency.run(report, bootstrap, postgres, quick, latency_peer)
         if "e2e" in selected:
             events = 20_000 if quick else 150_000
             pipeline.end_to_end(report, bootstrap, postgres, events, repetitions)

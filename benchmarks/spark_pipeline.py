@@ -4,10 +4,12 @@ Spark's own Kafka source (JVM), ``groupBy(key).count()`` (Spark's state store, n
 and Spark's JDBC writer in ``foreachBatch``: two long-running queries over one DataFrame
 with a ``processingTime`` trigger, like ``eospack.demo.pipeline``. At-least-once (the
 writer appends; a replayed batch is written again), so it bounds what a fresh Spark driver
-costs before its first commit without any Python data source, planner or worker.
+costs before its first commit without any Python data source, planner or worker. Its rows
+carry the micro-batch id (``batch_id``), as the demo's history table does, so the latency
+benchmark can tell when each batch became visible.
 
     python -m benchmarks.spark_pipeline --bootstrap-servers ... --topic ... --jdbc-url ...
-        --checkpoint-dir DIR --jars JAR,JAR,...
+        --checkpoint-dir DIR --jars JAR,JAR,... [--name NAME] [--tables history]
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(name, required=True)
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--max-offsets-per-trigger", default="2000")
+    parser.add_argument("--name", default="spark_peer", help="prefix of its tables")
+    parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES))
+    parser.add_argument("--trigger-interval", default="500 milliseconds")
     arguments = parser.parse_args(argv)
+    from pyspark.sql.functions import lit
+
     from eospack.spark import local_session
 
     milestone("imports")
@@ -50,21 +57,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def writer(table: str) -> Callable[[DataFrame, int], None]:
         def write(batch: DataFrame, batch_id: int) -> None:
-            batch.write.jdbc(
+            batch.withColumn("batch_id", lit(batch_id)).write.jdbc(
                 arguments.jdbc_url,
-                f"spark_peer_{table}",
+                f"{arguments.name}_{table}",
                 mode="append",
                 properties={"user": arguments.jdbc_user, "driver": "org.postgresql.Driver"},
             )
 
         return write
 
-    for table in TABLES:
+    for table in arguments.tables:
         (
             counts.writeStream.outputMode("update")
             .foreachBatch(writer(table))
             .option("checkpointLocation", str(arguments.checkpoint_dir / table))
-            .trigger(processingTime="500 milliseconds")
+            .trigger(processingTime=arguments.trigger_interval)
             .start()
         )
     milestone("queries")
