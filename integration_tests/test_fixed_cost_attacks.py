@@ -31,6 +31,7 @@ from eospack.services.kafka_tools import (
     Record,
     create_topic,
     delete_records,
+    delete_topic,
     end_offsets,
     produce_sealed,
     transactional_producer,
@@ -398,7 +399,7 @@ def test_a_packed_range_held_by_an_open_transaction_ends_with_its_outcome(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("fetch_max_wait_ms", [None, "100"])
+@pytest.mark.parametrize("fetch_max_wait_ms", [None, pytest.param("100", marks=pytest.mark.chaos)])
 def test_a_packed_range_stuck_on_an_open_transaction_times_out_naming_it(
     real_kafka: Any, unique_name: str, fetch_max_wait_ms: str | None
 ) -> None:
@@ -435,3 +436,88 @@ def test_a_packed_range_stuck_on_an_open_transaction_times_out_naming_it(
         f"fetch.max.wait.ms={fetch_max_wait_ms or 'default 5'}: stuck {reading.wall_seconds:.2f}"
         f" s wall, {reading.cpu_seconds:.3f} s CPU on the reading thread"
     )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_packed_task_whose_first_range_was_deleted_with_its_topic_reads_the_next(
+    real_kafka: Any, unique_name: str, fail_on_data_loss: bool
+) -> None:
+    """The first range of a task belongs to a topic deleted after planning; the second to
+    a topic that is still there. failOnDataLoss=false: the task reads the second range
+    whole with the same pooled consumer; true: it fails naming the deleted range."""
+    servers = servers_of(real_kafka)
+    gone, kept = f"{unique_name}_gone", f"{unique_name}_kept"
+    for topic in (gone, kept):
+        create_topic(servers, topic, partitions=1)
+        produce_sealed(servers, topic, records_of(1, 10))
+    delete_topic(servers, gone)
+    options = parse_options(
+        {
+            "kafka.bootstrap.servers": servers,
+            "subscribe": f"{gone},{kept}",
+            "failOnDataLoss": str(fail_on_data_loss).lower(),
+            "kafka.request.timeout.ms": "3000",
+            "kafkaConsumer.pollTimeoutMs": "30000",
+        }
+    )
+    ranges = [OffsetRange(gone, 0, 0, 10), OffsetRange(kept, 0, 0, 10)]
+    kafka_reader.close_idle_consumers()
+    try:
+        if fail_on_data_loss:
+            with pytest.raises(KafkaDataLossError, match=rf"{gone}-0 \[0, 10\)"):
+                list(read_ranges(options, ranges))
+            return
+        batches = list(read_ranges(options, ranges))
+    finally:
+        kafka_reader.close_idle_consumers()
+    assert [topic for batch in batches for topic in batch.column("topic").to_pylist()] == [
+        kept
+    ] * 10
+    assert offsets_read(batches) == [(0, i) for i in range(10)]
+
+
+@pytest.mark.timeout(120)
+def test_a_poll_timeout_shorter_than_the_stall_check_still_reports_data_loss(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """kafkaConsumer.pollTimeoutMs=1000 (below the reader's 2 s stall check) and a range
+    planned beyond the partition's end, failOnDataLoss=false: the lost offsets are data
+    loss (skipped with a warning), not a read timeout that fails the task on every replay."""
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+    produce_sealed(servers, unique_name, records_of(1, 10))
+    options = options_for(
+        servers,
+        unique_name,
+        failOnDataLoss="false",
+        **{"kafkaConsumer.pollTimeoutMs": "1000"},
+    )
+    kafka_reader.close_idle_consumers()
+    try:
+        batches = list(read_ranges(options, [OffsetRange(unique_name, 0, 5, 30)]))
+    finally:
+        kafka_reader.close_idle_consumers()
+    assert offsets_read(batches) == [(0, i) for i in range(5, 10)]
+
+
+@pytest.mark.timeout(120)
+def test_a_poll_timeout_shorter_than_the_stall_check_names_the_open_transaction(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """kafkaConsumer.pollTimeoutMs=1000 and a read_committed range held by a transaction
+    that stays open: the timeout names the transaction, not the brokers."""
+    servers = servers_of(real_kafka)
+    create_topic(servers, unique_name, partitions=1)
+    produce_sealed(servers, unique_name, records_of(1, 5))
+    producer = open_transaction(servers, unique_name, 0, 3)
+    options = options_for(servers, unique_name, **{"kafkaConsumer.pollTimeoutMs": "1000"})
+    kafka_reader.close_idle_consumers()
+    try:
+        with pytest.raises(KafkaReadTimeoutError) as raised:
+            list(read_ranges(options, [OffsetRange(unique_name, 0, 0, 8)]))
+    finally:
+        producer.abort_transaction()
+        producer.close()
+        kafka_reader.close_idle_consumers()
+    assert "a transaction open at that offset is not decided yet" in str(raised.value)

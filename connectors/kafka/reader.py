@@ -130,6 +130,9 @@ class _RangeReader:
         last_progress = time.monotonic()
         last_check = last_progress
         wait_ms = _MIN_POLL_WAIT_MS
+        # A poll timeout shorter than the stall check checks before it gives up: lost
+        # offsets are data loss, and a wait on an open transaction is named as such.
+        stall_check_ms = min(_STALL_CHECK_MS, self.options.poll_timeout_ms)
         while self.position < end:
             try:
                 polled = broker_call("kafka.poll", partial(consumer.poll, timeout_ms=wait_ms))
@@ -154,7 +157,7 @@ class _RangeReader:
                 wait_ms = _MIN_POLL_WAIT_MS
                 continue
             wait_ms = min(wait_ms * 2, _MAX_POLL_WAIT_MS)
-            if (now - last_check) * 1000 >= _STALL_CHECK_MS:
+            if (now - last_check) * 1000 >= stall_check_ms:
                 last_check = now
                 if self._check_lost_offsets(force=True, seek=True):
                     last_progress = now
