@@ -277,9 +277,7 @@ def run(
     spark_peer: bool,
 ) -> None:
     """Steady and empty batches of both queries; the comparisons and the phase table."""
-    contenders = [
-        (("eospack", eospack_query), ("eospack", partial(eospack_query, run="empty")))
-    ]
+    contenders = [(("eospack", eospack_query), ("eospack", partial(eospack_query, run="empty")))]
     if spark_peer:
         contenders.append(
             (

@@ -347,9 +347,9 @@ def pack_ranges(
     a small batch over many topic-partitions spent most of its read stage starting tasks.
     Ranges are taken in the order given and added to the current partition while it stays
     within ``min_records`` offsets; a range of ``min_records`` or more gets its own. Never
-    splits a range, and packs nothing when ``min_partitions`` asks for more tasks (its
-    split ranges each keep a task). The same ranges always give the same partitions, so a
-    replayed batch reads what the first run read.
+    splits a range, and packs nothing when ``min_partitions`` is set (the user asked for
+    tasks; its split ranges each keep one). A replay may be packed otherwise than its first
+    attempt (other options after a restart): the sinks commit named pieces, not tasks.
     """
     if min_partitions:
         return [(offset_range,) for offset_range in ranges]
