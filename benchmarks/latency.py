@@ -152,36 +152,47 @@ class VisibilityWatcher(threading.Thread):
             self.error = error
 
 
-def batch_ranges(checkpoint: Path, topic: str) -> dict[int, dict[int, tuple[int, int]]]:
-    """Batch id -> partition -> [start, end) offsets, from the query's offset log.
+class OffsetLog:
+    """Batch id -> partition -> [start, end) offsets, read from a query's offset log.
 
-    replayable-kafka's offsets carry each batch's starts (``@starts``); Spark's Kafka
+    Read again on every :meth:`ranges` call and remembered: Spark deletes all but the last
+    100 batches' offset files (``minBatchesToRetain``), and a run has more batches than
+    that. replayable-kafka's offsets carry each batch's starts (``@starts``); Spark's Kafka
     source's hold ends only, so a batch starts where the one before ended (0 for the
     first: both pipelines start at the earliest offsets of a new topic).
     """
-    ranges: dict[int, dict[int, tuple[int, int]]] = {}
-    if not (checkpoint / "offsets").is_dir():
+
+    def __init__(self, checkpoint: Path, topic: str) -> None:
+        self.checkpoint, self.topic = checkpoint, topic
+        self.logged: dict[int, dict[str, Any]] = {}
+
+    def ranges(self) -> dict[int, dict[int, tuple[int, int]]]:
+        directory = self.checkpoint / "offsets"
+        if directory.is_dir():
+            for entry in directory.iterdir():
+                if not entry.name.isdigit() or int(entry.name) in self.logged:
+                    continue
+                try:
+                    lines = entry.read_text(encoding="utf-8").splitlines()
+                except FileNotFoundError:
+                    continue  # purged by Spark since the listing
+                if len(lines) > 2:
+                    self.logged[int(entry.name)] = json.loads(lines[2])
+        ranges: dict[int, dict[int, tuple[int, int]]] = {}
+        previous: dict[str, int] = {}
+        for batch in sorted(self.logged):
+            offsets = self.logged[batch]
+            ends = {partition: int(end) for partition, end in offsets.get(self.topic, {}).items()}
+            starts = offsets.get("@starts", {}).get(self.topic)
+            if starts is None:
+                starts = {partition: previous.get(partition, 0) for partition in ends}
+            ranges[batch] = {
+                int(partition): (int(starts[partition]), end)
+                for partition, end in ends.items()
+                if partition in starts
+            }
+            previous = ends
         return ranges
-    logged = {}
-    for entry in (checkpoint / "offsets").iterdir():
-        if entry.name.isdigit():
-            lines = entry.read_text(encoding="utf-8").splitlines()
-            if len(lines) > 2:
-                logged[int(entry.name)] = json.loads(lines[2])
-    previous: dict[str, int] = {}
-    for batch in sorted(logged):
-        offsets = logged[batch]
-        ends = {partition: int(end) for partition, end in offsets.get(topic, {}).items()}
-        starts = offsets.get("@starts", {}).get(topic)
-        if starts is None:
-            starts = {partition: previous.get(partition, 0) for partition in ends}
-        ranges[batch] = {
-            int(partition): (int(starts[partition]), end)
-            for partition, end in ends.items()
-            if partition in starts
-        }
-        previous = ends
-    return ranges
 
 
 def creation_times(bootstrap: str, topic: str) -> dict[tuple[int, int], float]:
@@ -293,14 +304,14 @@ def run_guarantee(
                 extra=["--tables", "history", "--trigger-interval", TRIGGER_INTERVAL],
             )
         watcher.start()
-        checkpoint = workdir / name / "history"
+        offset_log = OffsetLog(workdir / name / "history", topic)
 
         def caught_up() -> bool:
             if driver is not None and driver.poll() is not None:
                 raise RuntimeError(f"pipeline exited early:\n{driver.output(3000)}")
             if watcher.error is not None:
                 raise RuntimeError(f"polling PostgreSQL failed: {watcher.error}")
-            ranges = batch_ranges(checkpoint, topic)
+            ranges = offset_log.ranges()
             covered = sum(
                 end - start
                 for batch, partitions in ranges.items()
@@ -321,7 +332,7 @@ def run_guarantee(
         producer.close()
         wait_until(caught_up, TIMEOUT, "the backlog to drain", poll=0.01)
         capacity = backlog / (max(watcher.visible_at.values()) - backlog_started)
-        ranges = batch_ranges(checkpoint, topic)
+        ranges = offset_log.ranges()
     finally:
         watcher.stopped.set()
         watcher.join(10)
