@@ -84,13 +84,17 @@ def doctor(arguments: argparse.Namespace) -> int:
 
     if not arguments.session or not java_check().passed:
         return run_doctor()
+    from pyspark import SparkContext
+
     from eospack.spark import local_session
 
+    started_here = SparkContext._active_spark_context is None
     spark = local_session(app_name="eospack-doctor")
     try:
         return run_doctor(spark=spark)
     finally:
-        spark.stop()
+        if started_here:
+            spark.stop()
 
 
 DURATION_UNITS_SECONDS = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}

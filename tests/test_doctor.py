@@ -192,3 +192,16 @@ def test_doctor_reports_a_running_session(spark: Any) -> None:
         "python daemon: eospack.python_daemon",
         "spark home: Python workers import the installed pyspark",
     ]
+
+
+def test_cli_doctor_session_checks_the_running_session(
+    spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", "--session"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:] == [
+        "python workers: reused between tasks",
+        "python daemon: eospack.python_daemon",
+        "spark home: Python workers import the installed pyspark",
+    ]
+    assert not spark.sparkContext._jsc.sc().isStopped()  # a session it did not start

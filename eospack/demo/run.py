@@ -43,6 +43,10 @@ PIPELINE_DEADLINE_SECONDS = 600.0
 CHUNKS_PER_SECOND = 4
 CATCH_UP_OFFSETS_PER_TRIGGER = 10_000
 """Per query and micro-batch: a restarted counter catches up in a batch or two."""
+DEMO_TRIGGER_INTERVAL = "2 seconds"
+"""Two drivers share the machine: with 500 ms triggers (the pipeline's default) count_2's
+micro-batches kept both of a 2-core machine's cores busy, and a restarted count_1, which
+starts a JVM and a dozen Python processes, waited about 45 s for them to commit again."""
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +54,11 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", type=int, default=50, help="distinct keys (50)")
     parser.add_argument("--partitions", type=int, default=4, help="topic partitions (4)")
     parser.add_argument("--crashes", type=int, default=3, help="SIGKILLs of count_1 (3)")
+    parser.add_argument(
+        "--trigger-interval",
+        default=DEMO_TRIGGER_INTERVAL,
+        help=f"processingTime of the pipelines' queries ({DEMO_TRIGGER_INTERVAL})",
+    )
     parser.add_argument("--seed", type=int, default=7, help="random seed (7)")
     parser.add_argument(
         "--produce-seconds",
@@ -242,6 +251,8 @@ def _run(
             arguments.guarantee,
             "--max-offsets-per-trigger",
             str(CATCH_UP_OFFSETS_PER_TRIGGER),
+            "--trigger-interval",
+            arguments.trigger_interval,
             *output.pipeline_arguments(name),
         ]
         return DriverProcess(
