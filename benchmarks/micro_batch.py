@@ -1,4 +1,4 @@
-"""9. A micro-batch's fixed cost, phase by phase: the demo pipeline's query against Spark's own.
+"""10. A micro-batch's fixed cost, phase by phase: the demo pipeline's query against Spark's own.
 
 Both queries run in the benchmark's session, one after the other, with a ``processingTime``
 trigger of 500 ms: eospack's (replayable-kafka -> running_count -> 2pc-jdbc, exactly-once)
@@ -339,7 +339,7 @@ def report_costs(
     eospack_empty = figure("eospack, no new input", empty["eospack"])
     report.add(
         Comparison(
-            "9. micro-batch cost",
+            "10. micro-batch cost",
             "no new input",
             eospack_empty,
             Figure("the goal", (EMPTY_GOAL_SECONDS,), 1, "s"),
@@ -350,7 +350,7 @@ def report_costs(
     if "Spark's own" in steady:
         report.add(
             Comparison(
-                "9. micro-batch cost",
+                "10. micro-batch cost",
                 "no new input",
                 eospack_empty,
                 figure("Spark's own pipeline", empty["Spark's own"]),
@@ -359,7 +359,7 @@ def report_costs(
         )
         report.add(
             Comparison(
-                "9. micro-batch cost",
+                "10. micro-batch cost",
                 f"{ROWS_PER_BATCH:,} rows",
                 figure("eospack", steady["eospack"]),
                 figure("Spark's own pipeline", steady["Spark's own"]),
