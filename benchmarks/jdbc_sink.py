@@ -68,6 +68,60 @@ def write_with_spark_jdbc(spark, directory: Path, postgres, table: str) -> None:
     await_query(query, TIMEOUT)
 
 
+DROPPING_FORMAT = "bench-drop-arrow"
+
+
+def register_dropping_sink(spark: Any) -> None:
+    """A Python streaming sink that takes Spark's Arrow batches and drops them.
+
+    The handoff ceiling of any Python sink: Spark reading the input, planning the write,
+    converting rows to Arrow for a Python writer, and a driver commit that does nothing.
+    Defined inside this function so that cloudpickle ships it to the workers by value.
+    """
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+
+    class DroppingWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            pass
+
+        def abort(self, messages: Any, batchId: int) -> None:
+            pass
+
+    class DroppingSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return DROPPING_FORMAT
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> DroppingWriter:
+            return DroppingWriter()
+
+    spark.dataSource.register(DroppingSink)
+
+
+def write_to_nowhere(spark: Any, directory: Path, sink: str, rows: int) -> None:
+    """The same stream into ``sink`` (``noop``, Spark's, or the dropping Python sink)."""
+    query = (
+        parquet_stream(spark, directory)
+        .writeStream.format(sink)
+        .option("checkpointLocation", tempfile.mkdtemp(prefix=f"bench-{sink}-"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, TIMEOUT)
+    read = sum(progress["numInputRows"] for progress in query.recentProgress)
+    if read != rows:
+        raise AssertionError(f"{sink}: {read} rows read, expected {rows}")
+
+
 def copy_with_psycopg(directory: Path, url: str, table: str) -> None:
     """The ceiling: the same CSV encoding as the sink, one process, one COPY."""
     with psycopg.connect(url) as connection, connection.cursor() as cursor:
@@ -157,6 +211,29 @@ def _run_size(
         rows,
     )
     size = f"{rows:,} rows"
+    register_dropping_sink(spark)
+    ceilings = {}
+    for label, sink in (
+        ("Python sink that drops its Arrow batches (Spark's handoff)", DROPPING_FORMAT),
+        ("Spark's noop sink", "noop"),
+    ):
+        say(f"jdbc ceiling: the same stream into {label}")
+        ceilings[sink] = Figure(
+            label,
+            measure(lambda sink=sink: write_to_nowhere(spark, directory, sink, rows), repetitions),
+            rows,
+        )
+    for label in ("2pc-jdbc prepared", "2pc-jdbc at-least-once"):
+        handoff = ceilings[DROPPING_FORMAT]
+        report.add(Comparison("2. jdbc sink vs handoff ceiling", size, figures[label], handoff))
+    report.add(
+        Comparison(
+            "2. handoff ceiling vs Spark alone",
+            size,
+            ceilings[DROPPING_FORMAT],
+            ceilings["noop"],
+        )
+    )
     if spark_writer:
         say("jdbc: Spark's JDBC writer in foreachBatch (batchsize 10000)")
         spark_writer = Figure(
