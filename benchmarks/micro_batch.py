@@ -53,9 +53,8 @@ PHASES = (
 
 @dataclass(frozen=True)
 class BatchCost:
-    """Milliseconds per phase of one micro-batch, and its input rows."""
+    """Milliseconds per phase of one micro-batch."""
 
-    rows: int
     phases: dict[str, float]
 
 
@@ -165,16 +164,12 @@ def measure_query(
 
         progress = wait_until(ran, TIMEOUT, f"{query.name}'s next batch", poll=0.02)
         costs.append((progress["batchId"], progress["numInputRows"], dict(progress["durationMs"])))
-    stages = wait_until(
-        lambda: (
-            (found := event_log_stages(event_log, str(query.id)))
-            and all(batch in found for batch, _, _ in costs)
-            and found
-        ),
-        TIMEOUT,
-        "the event log to hold every measured batch",
-        poll=0.2,
-    )
+
+    def logged() -> dict[int, tuple[float, float, float]] | None:
+        found = event_log_stages(event_log, str(query.id))
+        return found if all(batch in found for batch, _, _ in costs) else None
+
+    stages = wait_until(logged, TIMEOUT, "the event log to hold every measured batch", poll=0.2)
     result = []
     for batch, rows, durations in costs:
         if not wanted(rows):
@@ -184,7 +179,7 @@ def measure_query(
         phases["read stage"] = first
         phases["state and write stages"] = later
         phases["driver"] = max(float(durations.get("addBatch", 0)) - wall, 0.0)
-        result.append(BatchCost(rows, phases))
+        result.append(BatchCost(phases))
     if not result:
         raise RuntimeError(f"{query.name}: no batch of the wanted size ran")
     return result
@@ -277,20 +272,16 @@ def run(
     spark_peer: bool,
 ) -> None:
     """Steady and empty batches of both queries; the comparisons and the phase table."""
-    contenders = [(("eospack", eospack_query), ("eospack", partial(eospack_query, run="empty")))]
+    # (label, topic name, the query for steady batches, the query for empty ones)
+    contenders = [("eospack", "eospack", eospack_query, partial(eospack_query, run="empty"))]
     if spark_peer:
-        contenders.append(
-            (
-                ("Spark's own", spark_query),
-                ("Spark's own", partial(spark_query, isolation="read_committed")),
-            )
-        )
+        read_committed = partial(spark_query, isolation="read_committed")
+        contenders.append(("Spark's own", "spark", spark_query, read_committed))
     else:
         report.notes.append("micro-batch: Spark's own pipeline left out (jars missing)")
     steady: dict[str, list[BatchCost]] = {}
     empty: dict[str, list[BatchCost]] = {}
-    for (label, steady_query), (_, empty_query) in contenders:
-        name = "eospack" if label == "eospack" else "spark"
+    for label, name, steady_query, empty_query in contenders:
         topic = f"bench_batch_{name}_{int(time.time())}"
         create_topic(bootstrap, topic, PARTITIONS)
         fed = [0]
