@@ -317,6 +317,11 @@ def test_a_commit_applied_before_a_broker_restart_is_retried_idempotently_after_
     private_kafka.kill()
     private_kafka.start()
     commit_prepared(config, prepared)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        assert broker_state(admin, prepared) is BrokerTransactionState.COMPLETE_COMMIT
+    finally:
+        admin.close()
     expected = expected_values(f"{unique_name}-1", 3)
     seen: list[list[str]] = []
 
@@ -324,7 +329,27 @@ def test_a_commit_applied_before_a_broker_restart_is_retried_idempotently_after_
         seen.append(committed_values(bootstrap, unique_name))
         return seen[-1] == expected
 
-    wait_until(committed_now, timeout=30, description="the committed records")
+    try:
+        wait_until(committed_now, timeout=30, description="the committed records")
+    except TimeoutError as timeout:
+        if broker_skipped_markers(private_kafka, prepared.transactional_id):
+            pytest.xfail(
+                "Kafka's own race: the restarted coordinator completed the commit but skipped"
+                " its markers (the partition's leader was not in its metadata yet), so the"
+                " records stay invisible to read_committed; our retried EndTxn was answered"
+            )
+        raise AssertionError(f"committed records {seen[-1]}, expected {expected}") from timeout
+
+
+def broker_skipped_markers(broker: ApacheKafka, transactional_id: str) -> bool:
+    """Whether the broker's log says its transaction coordinator skipped the markers of
+    ``transactional_id`` (Kafka 4.3 takes a partition whose leader its metadata cache does
+    not know yet, right after a restart, for a deleted one)."""
+    skipped = "Couldn't find leader endpoint for partitions"
+    return any(
+        skipped in line and transactional_id in line
+        for line in broker.log_file.read_text(errors="replace").splitlines()
+    )
 
 
 @pytest.mark.timeout(120)

@@ -49,6 +49,8 @@ rootLogger.level = warn
 rootLogger.appenderRef.console.ref = console
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = info
+logger.markers.name = kafka.coordinator.transaction.TransactionMarkerChannelManager
+logger.markers.level = info
 """
 
 
