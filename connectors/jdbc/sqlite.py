@@ -125,7 +125,8 @@ class SqliteDialect(Dialect):
     # DDL ---------------------------------------------------------------------------------
 
     def decimal_type(self, data_type: T.DecimalType) -> str:
-        return "NUMERIC"
+        """TEXT: a NUMERIC column would turn decimals into 15-digit doubles."""
+        return "TEXT"
 
     def create_stage_sql(
         self, stage: TableName, target: TableName, columns: list[str]
