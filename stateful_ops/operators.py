@@ -41,7 +41,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
+from eospack.stateful_ops.base import (
+    DEFAULT_KEY_GROUPS,
+    MARKER_COLUMN,
+    Clock,
+    StatefulOperator,
+    canonical,
+)
 from eospack.stateful_ops.errors import OperatorDefinitionError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.validation import (
@@ -57,6 +63,7 @@ EVENT_US = "__so_event_us"
 PARTIAL_COUNT = "__so_partial_count"
 NESTED_TYPES = (ArrayType, MapType, StructType)
 _NEW_ROWS = "__so_new_rows"
+_KEY_CODE = "__so_key_code"
 
 
 def _long(name: str) -> StructField:
@@ -99,6 +106,19 @@ class RunningCount(StatefulOperator):
         count = partial_counts(list(self.keys), settings_marker=self.emit_settings_markers)
         return keys.mapInArrow(count, StructType(fields))
 
+    def fold(self, frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
+        """Partial counts are passed on as they are (one row per key and input partition):
+        ``update`` sums a key's rows, so a second group-by here would only cost time."""
+        if PARTIAL_COUNT not in self.input_schema.names:
+            return super().fold(frames)
+        columns = [*self.keys, PARTIAL_COUNT]
+        parts = [frame[columns] for frame in frames if len(frame)]
+        if not parts:
+            return super().fold(iter([]))
+        rows = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        rows = canonical(rows, self.key_schema.fields)
+        return rows.rename(columns={PARTIAL_COUNT: _NEW_ROWS})
+
     def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
         grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
         counts = grouped[PARTIAL_COUNT].sum() if PARTIAL_COUNT in rows else grouped.size()
@@ -107,18 +127,39 @@ class RunningCount(StatefulOperator):
     def update(
         self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Stored keys keep their order, new keys follow in order of arrival; ``rows`` may
+        hold a key more than once (once per input partition)."""
         keys = list(self.keys)
-        incoming = rows.assign(count=0, version=0)
-        stored = state.assign(**{_NEW_ROWS: 0})
-        both = pd.concat([stored, incoming], ignore_index=True)
-        merged = both.groupby(keys, dropna=False, sort=False, as_index=False)[
-            ["count", "version", _NEW_ROWS]
-        ].sum()
-        changed = merged[_NEW_ROWS] > 0
-        merged["count"] = merged["count"] + merged[_NEW_ROWS]
-        merged["version"] = merged["version"] + changed.astype("int64")
-        new_state = merged[[*keys, "count", "version"]]
-        return new_state, new_state[changed.to_numpy()]
+        both = pd.concat([state[keys], rows[keys]], ignore_index=True)
+        codes, firsts = key_codes(both, keys)
+        stored = len(state)
+        new_rows = np.bincount(
+            codes[stored:],
+            weights=rows[_NEW_ROWS].to_numpy(dtype=np.float64),
+            minlength=len(firsts),
+        ).astype(np.int64)  # float64 sums are exact below 2**53 rows
+        count = np.zeros(len(firsts), dtype=np.int64)
+        version = np.zeros(len(firsts), dtype=np.int64)
+        count[codes[:stored]] = state["count"].to_numpy(dtype=np.int64)
+        version[codes[:stored]] = state["version"].to_numpy(dtype=np.int64)
+        changed = new_rows > 0
+        new_state = both.iloc[firsts].reset_index(drop=True)
+        new_state["count"] = count + new_rows
+        new_state["version"] = version + changed
+        return new_state, new_state[changed]
+
+
+def key_codes(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the number of its key (nulls are a key), numbered in order of first
+    appearance; and per key number, the position of its first row."""
+    if len(keys) == 1:
+        codes, _ = pd.factorize(frame[keys[0]], use_na_sentinel=False)
+    else:
+        codes = frame.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
+    codes = np.asarray(codes, dtype=np.int64)
+    first = np.ones(len(codes), dtype=bool)
+    first[1:] = codes[1:] > np.maximum.accumulate(codes)[:-1]
+    return codes, np.flatnonzero(first)
 
 
 def partial_counts(
@@ -479,14 +520,18 @@ class Deduplicate(StatefulOperator):
         live = state if now_us is None else state[state["expires_at_us"] > now_us]
         if not len(rows):
             return live, self.empty_output()
-        seen = pd.MultiIndex.from_frame(rows[keys]).isin(pd.MultiIndex.from_frame(live[keys]))
-        fresh = rows[~seen]
+        # Keys numbered by first appearance, live keys first: a row's key is remembered
+        # exactly when its number is below len(live).
+        codes, _ = key_codes(pd.concat([live[keys], rows[keys]], ignore_index=True), keys)
+        row_codes = codes[len(live) :]
+        unseen = row_codes >= len(live)
+        fresh = rows[unseen].assign(**{_KEY_CODE: row_codes[unseen]})
         if self.event_time is not None:
             fresh = fresh.sort_values(EVENT_US, kind="stable")
             expires = fresh[EVENT_US] + self.ttl_us
         else:
             expires = pd.Series(clock.processing_time_ms * 1000 + self.ttl_us, index=fresh.index)
-        first = ~fresh.duplicated(subset=keys, keep="first")
+        first = ~fresh[_KEY_CODE].duplicated(keep="first")
         emitted = fresh[first.to_numpy()]
         remembered = emitted[keys].assign(expires_at_us=expires[first.to_numpy()].astype("int64"))
         new_state = pd.concat([live, remembered], ignore_index=True)

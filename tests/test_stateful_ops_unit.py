@@ -7,6 +7,7 @@ hands them to pandas (integers with nulls as float64, strings as object with Non
 
 from __future__ import annotations
 
+import collections
 import datetime
 from collections.abc import Sequence
 from typing import Any
@@ -173,6 +174,77 @@ def test_running_count_sums_partial_counts() -> None:
         spark_frame({"k": ["a"], PARTIAL_COUNT: [1]}),
     ]
     assert rows(group.call(frames)) == [("a", 8, 2)]
+
+
+@pytest.mark.parametrize("partial", [True, False], ids=["partial-counts", "rows"])
+def test_running_count_matches_a_dictionary_over_random_batches(partial: bool) -> None:
+    """Composite keys with nulls, a key in several frames of a batch, keys coming back:
+    every batch's output and the final state equal a plain dictionary's counts."""
+    seed = int(np.random.default_rng().integers(1 << 31))
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    fields = [KEYED["k"], KEYED["n"]]
+    schema = StructType(fields + ([_long(PARTIAL_COUNT)] if partial else [KEYED["v"]]))
+    group = Group(bound(RunningCount(["k", "n"]), ["k", "n"], schema))
+    expected: dict[tuple[Any, Any], list[int]] = {}
+    for _ in range(6):
+        frames: list[pd.DataFrame] = []
+        batch: collections.Counter[tuple[Any, Any]] = collections.Counter()
+        for _ in range(int(rng.integers(1, 4))):
+            size = int(rng.integers(0, 30))
+            keys = [["a", "b", None][int(rng.integers(0, 3))] for _ in range(size)]
+            numbers = [None if rng.random() < 0.2 else int(rng.integers(0, 4)) for _ in range(size)]
+            weights = [int(rng.integers(1, 5)) if partial else 1 for _ in range(size)]
+            for key, number, weight in zip(keys, numbers, weights, strict=True):
+                batch[(key, number)] += weight
+            data: dict[str, list[Any]] = {
+                "k": keys,
+                "n": [np.nan if x is None else x for x in numbers],
+            }
+            data[PARTIAL_COUNT if partial else "v"] = weights if partial else [0.0] * size
+            frames.append(spark_frame(data))
+        for pair, added in batch.items():
+            count, version = expected.get(pair, [0, 0])
+            expected[pair] = [count + added, version + 1]
+        emitted = [
+            (k, None if pd.isna(n) else int(n), c, v) for k, n, c, v in rows(group.call(frames))
+        ]
+        assert sorted(emitted, key=repr) == sorted(
+            [(*pair, *expected[pair]) for pair in batch], key=repr
+        )
+    assert group.value is not None
+    stored = group.operator.load_value(group.value)
+    assert sorted(
+        [(k, None if pd.isna(n) else int(n), c, v) for k, n, c, v in rows(stored)], key=repr
+    ) == sorted([(*pair, *value) for pair, value in expected.items()], key=repr)
+
+
+def test_deduplicate_matches_a_dictionary_over_random_batches() -> None:
+    """Composite keys with nulls: a row is emitted exactly when its key is not remembered,
+    once per key and batch (the first row), and remembered until its ttl passes."""
+    seed = int(np.random.default_rng().integers(1 << 31))
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    group = Group(bound(Deduplicate(["k", "n"], "10 seconds"), ["k", "n"], KEYED))
+    expires: dict[tuple[Any, Any], int] = {}
+    for batch in range(8):
+        now_ms = 1_000_000 + batch * 4_000
+        size = int(rng.integers(0, 25))
+        keys = [["a", "b", None][int(rng.integers(0, 3))] for _ in range(size)]
+        numbers = [None if rng.random() < 0.2 else int(rng.integers(0, 3)) for _ in range(size)]
+        values = list(range(batch * 100, batch * 100 + size))
+        frame = spark_frame(
+            {"k": keys, "n": [np.nan if x is None else x for x in numbers], "v": values}
+        )
+        expires = {key: at for key, at in expires.items() if at > now_ms * 1000}
+        wanted = []
+        for key, number, value in zip(keys, numbers, values, strict=True):
+            if (key, number) not in expires:
+                expires[(key, number)] = (now_ms + 10_000) * 1000
+                wanted.append((key, number, float(value)))
+        out = group.call([frame], now_ms=now_ms)
+        got = [(k, None if pd.isna(n) else int(n), float(v)) for k, n, v in rows(out)]
+        assert got == sorted(wanted, key=repr)
 
 
 def test_empty_batch_keeps_state_and_emits_nothing() -> None:
