@@ -327,6 +327,11 @@ class Dialect(ABC):
         """The gids of this database's prepared transactions that start with ``prefix``."""
         return []
 
+    def leave_autocommit(self, connection: Connection) -> None:
+        """Before ``begin_prepared`` on a connection opened with ``autocommit=True`` (a
+        two-phase transaction needs a connection that does not commit by itself)."""
+        connection.autocommit = False
+
     def begin_prepared(self, connection: Connection, gid: str) -> None:
         """Begin the two-phase transaction ``gid`` on a connection without autocommit."""
         raise self._no_prepared_transactions()

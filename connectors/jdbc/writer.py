@@ -81,11 +81,11 @@ class TaskWriter:
         rows_iterator = _non_empty(batches)
         if rows_iterator is None:
             return empty
-        connection = self.dialect.connect(self.options, autocommit=False)
+        # Autocommit: the checks below are single reads, each one round trip without a
+        # transaction around it; the piece's own transaction is begun explicitly.
+        connection = self.dialect.connect(self.options, autocommit=True)
         try:
-            decided = self._decided(connection, task)
-            connection.commit()  # ends the read's transaction (psycopg opens one; SQLite none)
-            if decided:
+            if self._decided(connection, task):
                 return empty
             if self.plan.protocol == "prepared":
                 rows, handle = self._prepare_transaction(connection, task, piece_id, rows_iterator)
@@ -113,6 +113,7 @@ class TaskWriter:
     ) -> tuple[int, dict[str, str]]:
         """Write the rows in the two-phase transaction ``piece_id`` and PREPARE it."""
         self._roll_back_stale(connection, task)
+        self.dialect.leave_autocommit(connection)
         self.dialect.begin_prepared(connection, piece_id)
         rows = self._write(connection, piece_id, batches)
         xid = self.dialect.current_transaction_id(connection)
@@ -159,7 +160,6 @@ class TaskWriter:
             if (parsed := parse_transaction_id(gid)) is not None
         ]
         stale = stale_pieces(task, listed)
-        connection.commit()
         if not stale:
             return
         resource = open_resource(self.options, self.plan)
