@@ -1,9 +1,10 @@
 """PostgreSQL's binary COPY format encoded straight from Arrow (``pgpq``, Rust), driven by
 the target table's column types.
 
-Why: the CSV path (``pyarrow.csv`` text parsed again by the server) cost most of a task's
-time; binary COPY sends each value in the column type's own wire format, which the server
-reads without parsing text (about 2x the rows per second of CSV here).
+Why: with CSV (``pyarrow.csv`` text that the server parses again) a COPY of 1M rows of
+(bigint, text, double, timestamptz) cost 0.2 s of client and 0.8-0.9 s of server CPU
+here; binary COPY sends each value in its type's wire format, which the server stores
+without parsing: 0.1 s and 0.45 s, 1.6-1.9x the rows per second of one connection.
 
 Binary COPY is strict: the server reads each field with the *column's* receive function,
 so an Arrow int32 sent to a ``bigint`` column would be refused (or, worse, misread). The
