@@ -385,6 +385,8 @@ def test_a_value_the_column_refuses_fails_the_task_naming_the_column_and_leaves_
     ]
     assert lines, str(caught.value)[-3000:]
     assert "too long!" not in lines[0] and "nul" not in lines[0].split("column")[1]
+    if "\x00" in bad:
+        assert "PostgreSQL text cannot hold a NUL character" in lines[0]
     assert pg_leftovers(url, unique_name) == (0, 0)
     with psycopg.connect(url) as connection:
         assert connection.execute(f'SELECT count(*) FROM "{unique_name}"').fetchone() == (0,)

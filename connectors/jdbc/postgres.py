@@ -390,10 +390,15 @@ def refused_value_error(
     named = [name for name in columns if rest == name or rest.startswith(f"{name}: ")]
     column = max(named, key=len) if named else rest.split(":")[0]
     reason = (error.diag.message_primary or type(error).__name__).splitlines()[0]
+    fix = "make the DataFrame's values fit the column's type, or change the column"
+    if error.sqlstate == "22021" and "0x00" in reason:
+        fix = (
+            "PostgreSQL text cannot hold a NUL character: remove them first"
+            " (regexp_replace(col, '\\\\x00', ''))"
+        )
     return JdbcWriteError(
         f"2pc-jdbc could not write column {column!r} of {str(table)!r} (row {row} of the"
-        f" task): {reason} (SQLSTATE {error.sqlstate}): make the DataFrame's values fit the"
-        " column's type, or change the column"
+        f" task): {reason} (SQLSTATE {error.sqlstate}): {fix}"
     )
 
 
