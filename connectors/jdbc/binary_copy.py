@@ -148,7 +148,15 @@ function a domain's own uses before checking its constraints)."""
 
 
 def column_types(cursor: Any, table_sql: str) -> dict[str, str]:
-    """Column name -> type name (``int8``, ``varchar``, ``_int4`` for an array...)."""
+    """Column name -> type name (``int8``, ``varchar``, ``_int4`` for an array...).
+
+    Takes the COPY's own table lock (``ROW EXCLUSIVE``, in the caller's transaction)
+    before reading the catalog: otherwise an ``ALTER ... TYPE`` committed between this
+    read and the COPY (which then waits for its lock) makes the server read the values
+    with the new type's receive function, and a ``bigint`` 1 sent to a column that became
+    ``double precision`` is stored as 5e-324 without an error.
+    """
+    cursor.execute(f"LOCK TABLE {table_sql} IN ROW EXCLUSIVE MODE")
     return dict(cursor.execute(COLUMN_TYPES_SQL, (table_sql,)).fetchall())
 
 
