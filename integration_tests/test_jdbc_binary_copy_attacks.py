@@ -331,7 +331,11 @@ OVERFLOWS = [
     pytest.param("integer", "BIGINT", pa.int64(), 2**31, id="bigint-into-integer"),
     pytest.param("smallint", "INT", pa.int32(), 32768, id="int-into-smallint"),
     pytest.param("integer", "BOOLEAN", pa.bool_(), True, id="boolean-into-integer"),
+    pytest.param("domain", "INT", pa.int32(), -1, id="domain-check-binary"),
+    pytest.param("json", "STRING", pa.string(), '{"a": ', id="invalid-json-binary"),
+    pytest.param("uuid", "STRING", pa.string(), "not-a-uuid", id="invalid-uuid-csv"),
 ]
+GOOD = {"json": "{}", "uuid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "boolean": False}
 
 
 @pytest.mark.parametrize(("column_type", "spark_type", "kind", "bad"), OVERFLOWS)
@@ -339,13 +343,17 @@ OVERFLOWS = [
 def test_a_value_a_narrower_column_cannot_hold_fails_naming_the_column_and_never_wraps(
     spark, postgres, tmp_path, unique_name, column_type, spark_type, kind, bad
 ):
-    """The CSV fallback's range and syntax checks: the value is refused by the server, the
-    task fails with one line naming the column, nothing lands (not a wrapped integer, not
-    a boolean turned into 1)."""
+    """The CSV fallback's range and syntax checks and the binary receive functions' own
+    (a domain's CHECK, json's syntax): the value is refused by the server, the task fails
+    with one line naming the column, nothing lands (not a wrapped integer, not a boolean
+    turned into 1, not invalid JSON)."""
     url = postgres.endpoint.url
     with psycopg.connect(url, autocommit=True) as connection:
+        if column_type == "domain":
+            column_type = f'"{unique_name}_positive"'
+            connection.execute(f"CREATE DOMAIN {column_type} AS integer CHECK (VALUE > 0)")
         connection.execute(f'CREATE TABLE "{unique_name}" (id bigint, "Narrow Col" {column_type})')
-    good = False if kind == pa.bool_() else 1
+    good = GOOD.get(column_type, GOOD["boolean"] if kind == pa.bool_() else 1)
     write_file(
         tmp_path / "in",
         pa.table({"id": [1, 2], "Narrow Col": pa.array([good, bad], kind)}),
@@ -366,3 +374,75 @@ def test_a_value_a_narrower_column_cannot_hold_fails_naming_the_column_and_never
     assert lines, str(caught.value)[-3000:]
     assert pg_fetch(url, f'SELECT count(*) FROM "{unique_name}"') == [(0,)]
     assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+@pytest.mark.timeout(180)
+def test_an_upsert_into_a_schema_qualified_table_of_awkward_shape_reads_its_own_catalog(
+    spark, postgres, tmp_path, unique_name
+):
+    """Pins the catalog lookup and the staging table's types on a table of awkward shape: a
+    quoted schema-qualified name with upper case and a space, a decoy of the same name in
+    ``public`` whose types would choose other (wrong) binary encodings, DataFrame columns
+    in another order than the table's, a NOT NULL column with a default and a generated
+    column the DataFrame lacks, a domain with a CHECK, ``varchar(5)`` and ``numeric(6,2)``
+    (a decimal(10,4) is rounded as the server rounds text): the upsert goes through the
+    staging table inside a prepared transaction."""
+    url = postgres.endpoint.url
+    schema_name = f"Other {unique_name[-8:]}"
+    table = f'"{schema_name}"."Shape T"'
+    domain = f'"{schema_name}"."positive"'
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema_name}"')
+        connection.execute(f"CREATE DOMAIN {domain} AS integer CHECK (VALUE > 0)")
+        connection.execute(
+            'CREATE TABLE IF NOT EXISTS public."Shape T" ("Id" bigint PRIMARY KEY,'
+            ' "the value" text, "Positive" bigint, note bytea)'
+        )
+        connection.execute(
+            f'CREATE TABLE {table} ("Id" bigint PRIMARY KEY, "the value" numeric(6,2),'
+            " created timestamptz NOT NULL DEFAULT now(),"
+            ' doubled bigint GENERATED ALWAYS AS ("Id" * 2) STORED,'
+            f' "Positive" {domain}, note varchar(5))'
+        )
+        connection.execute(
+            f'INSERT INTO {table} ("Id", "the value", "Positive", note) VALUES (1, 9, 9, \'old\')'
+        )
+    write_file(
+        tmp_path / "in",
+        pa.table(
+            {
+                "note": ["ab", "five5"],
+                "the value": pa.array(
+                    [Decimal("1.2345"), Decimal("-1.2350")], pa.decimal128(10, 4)
+                ),
+                "Positive": pa.array([7, 2147483647], pa.int32()),
+                "Id": [1, 2],
+            }
+        ),
+    )
+    try:
+        run(
+            spark,
+            tmp_path / "in",
+            tmp_path / "checkpoint",
+            "note STRING, `the value` DECIMAL(10,4), Positive INT, Id BIGINT",
+            pg_options(
+                postgres.endpoint,
+                f"{schema_name}.Shape T",
+                protocol="prepared",
+                writeMode="upsert",
+                upsertKeys="Id",
+            ),
+        )
+        rows = pg_fetch(
+            url,
+            f'SELECT "Id", "the value"::text, "Positive", note, doubled, created IS NOT NULL'
+            f' FROM {table} ORDER BY "Id"',
+        )
+        assert rows == [(1, "1.23", 7, "ab", 2, True), (2, "-1.24", 2147483647, "five5", 4, True)]
+        assert pg_fetch(url, 'SELECT count(*) FROM public."Shape T"') == [(0,)]
+        assert pg_fetch(url, "SELECT count(*) FROM pg_prepared_xacts") == [(0,)]
+    finally:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(f'DROP SCHEMA "{schema_name}" CASCADE')
+            connection.execute('DROP TABLE IF EXISTS public."Shape T"')
