@@ -366,8 +366,10 @@ class _IdleConnections:
     PostgreSQL connection costs a server process and cold catalog caches, 4-7 ms of a
     commit's 12-18 ms at small batches. Guarantees: a connection is handed to one user at
     a time; it is reused only if it is open, idle outside any transaction and the server
-    has sent nothing since (checked on the socket without a round trip: a terminated
-    session or a stopped server has), and only within ``MAX_IDLE_SECONDS``; else it
+    has sent nothing since (checked on the socket: a terminated session or a stopped
+    server has), it answers one round trip (a server whose address moved away at a
+    failover sends nothing, but answers nothing either), and only within
+    ``MAX_IDLE_SECONDS``; else it
     is closed and the caller connects anew. A connection of any other kind (SQLite's,
     opened in microseconds) is closed, not kept. The protocol never relies on a session:
     every decision is one statement or one transaction, so reuse changes no outcome.
@@ -385,10 +387,23 @@ class _IdleConnections:
         if kept is None:
             return None
         connection, since = kept
-        if time.monotonic() - since <= self.MAX_IDLE_SECONDS and self.usable(connection):
+        if time.monotonic() - since <= self.MAX_IDLE_SECONDS and self.answers(connection):
             return connection
         _close_quietly(connection)
         return None
+
+    @classmethod
+    def answers(cls, connection: Any) -> bool:
+        """Usable, and answers one round trip: a server that went away without a word (its
+        address moved to another host at a failover, a NAT forgot the session) leaves
+        nothing on the socket, and the commit's first statement would fail on it."""
+        if not cls.usable(connection):
+            return False
+        try:
+            connection.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
 
     def give_back(self, options: JdbcSinkOptions, connection: Any) -> None:
         if not self.usable(connection):
