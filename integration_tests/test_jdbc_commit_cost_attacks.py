@@ -246,3 +246,93 @@ def test_the_commit_after_a_silent_failover_connects_anew(
         assert slot.is_decided and slot.same_pieces(BatchDecision(sink_id, 0, (piece,)))
     finally:
         second.close()
+
+
+# The one-statement decision (4cae125): a lost answer, and a zombie driver ---------------
+
+
+def slot_of(resource: JdbcResource, sink_id: str, batch_id: int) -> tuple[str, frozenset[str]]:
+    found = resource.find_decision(sink_id, batch_id)
+    assert found is not None
+    return found.status, found.transaction_ids()
+
+
+@pytest.mark.timeout(60)
+def test_a_decision_applied_with_its_answer_lost_is_rolled_forward_by_the_abort(
+    postgres: Any, unique_name: str, call_faults: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The autocommitted INSERT took the slot, then the connection dropped before its
+    answer: the commit raises, Spark's abort (same messages) must find the decision its
+    own and commit it, and the replay of the batch by a restarted run must add nothing."""
+    from eospack.commit_protocols import faults
+
+    monkeypatch.setattr(faults, "_DIRECTORY", str(call_faults))
+    faults.arm(call_faults, "jdbc.decide", "after", batch_id=3)
+    resource = resource_for(postgres, unique_name)
+    sink_id = resource.options.sink_id
+    assert sink_id is not None
+    try:
+        ours = [
+            prepare_piece(postgres, unique_name, sink_id, 3, p, "0xfirstx3", [p]) for p in range(2)
+        ]
+        with pytest.raises(psycopg.OperationalError):
+            TwoPhaseCommitCoordinator(resource, "2pc-jdbc").commit(ours, 3)
+        resource.close()
+        assert [fault["call"] for fault in faults.injected(call_faults)] == ["jdbc.decide"]
+
+        resource = resource_for(postgres, unique_name)
+        TwoPhaseCommitCoordinator(resource, "2pc-jdbc").abort(ours, 3)
+        assert table_ids(postgres, unique_name) == [0, 1]
+        assert slot_of(resource, sink_id, 3) == ("done", {p.transaction_id for p in ours})
+
+        replay = [
+            prepare_piece(postgres, unique_name, sink_id, 3, p, "0xsecondx3", [10 + p])
+            for p in range(2)
+        ]
+        assert TwoPhaseCommitCoordinator(resource, "2pc-jdbc").commit(replay, 3) is None
+        assert table_ids(postgres, unique_name) == [0, 1]
+        assert left_prepared(postgres, sink_id) == []
+    finally:
+        resource.close()
+        roll_back_all(postgres, sink_id)
+
+
+@pytest.mark.parametrize("zombie_first", [True, False])
+@pytest.mark.timeout(60)
+def test_a_zombie_driver_deciding_the_same_batch_with_other_pieces_is_refused(
+    postgres: Any, unique_name: str, zombie_first: bool
+) -> None:
+    """The driver of a crashed run (same sinkId, still alive) decides batch 3 with its
+    pieces while the restarted run's driver commits batch 3 with others, both through the
+    one-statement INSERT on an empty slot: exactly one set of pieces is applied, the other
+    is rolled back, and nothing is left prepared."""
+    current = resource_for(postgres, unique_name)
+    zombie = resource_for(postgres, unique_name)
+    sink_id = current.options.sink_id
+    assert sink_id is not None
+    try:
+        theirs = [
+            prepare_piece(postgres, unique_name, sink_id, 3, p, "0xzombiex3", [p]) for p in range(2)
+        ]
+        ours = [
+            prepare_piece(postgres, unique_name, sink_id, 3, p, "0xcurrentx3", [10 + p])
+            for p in range(2)
+        ]
+        first, second = (theirs, ours) if zombie_first else (ours, theirs)
+        first_resource, second_resource = (zombie, current) if zombie_first else (current, zombie)
+        taken = first_resource.record_decision(BatchDecision(sink_id, 3, tuple(first)))
+        assert taken.is_decided and taken.same_pieces(BatchDecision(sink_id, 3, tuple(first)))
+        refused = second_resource.record_decision(BatchDecision(sink_id, 3, tuple(second)))
+        assert refused.same_pieces(BatchDecision(sink_id, 3, tuple(first)))
+
+        TwoPhaseCommitCoordinator(second_resource, "2pc-jdbc").commit(second, 3)
+        TwoPhaseCommitCoordinator(first_resource, "2pc-jdbc").commit(first, 3)
+
+        expected = [0, 1] if zombie_first else [10, 11]
+        assert table_ids(postgres, unique_name) == expected
+        assert slot_of(current, sink_id, 3) == ("done", {p.transaction_id for p in first})
+        assert left_prepared(postgres, sink_id) == []
+    finally:
+        current.close()
+        zombie.close()
+        roll_back_all(postgres, sink_id)
