@@ -31,6 +31,7 @@ from eospack.commit_protocols import (
 from eospack.connectors.jdbc.options import parse_options
 from eospack.connectors.jdbc.planning import plan_sink
 from eospack.connectors.jdbc.resource import JdbcResource, open_resource
+from eospack.testing import wait_until
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
 
@@ -157,11 +158,16 @@ class _FailoverProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.generation = 0
+        self.silently = False
         self.closing = False
         self.threads = [threading.Thread(target=self._accept, daemon=True)]
         self.threads[0].start()
 
-    def fail_over(self) -> None:
+    def fail_over(self, silently: bool = False) -> None:
+        """Cut the relayed sessions; ``silently``: what their clients send afterwards is
+        swallowed, never answered (a network partition, a firewall that dropped the
+        session), instead of being reset."""
+        self.silently = silently
         self.generation += 1
 
     def close(self) -> None:
@@ -198,6 +204,8 @@ class _FailoverProxy:
                     continue
                 for source in readable:
                     data = source.recv(65536)
+                    if source is client and server is None and self.silently and data:
+                        continue
                     if source is client and server is None:
                         client.setsockopt(
                             socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
@@ -336,3 +344,42 @@ def test_a_zombie_driver_deciding_the_same_batch_with_other_pieces_is_refused(
         current.close()
         zombie.close()
         roll_back_all(postgres, sink_id)
+
+
+@pytest.mark.timeout(60)
+def test_the_commit_after_a_silent_partition_does_not_hang_on_the_kept_connection(
+    postgres: Any, unique_name: str, failover_proxy: _FailoverProxy
+) -> None:
+    """A kept connection whose server became unreachable without a word (a network
+    partition, a firewall that forgot the session) must not be lent: the commit would
+    wait on it without bound (TCP retransmission, about 15 min on Linux), where a new
+    connection reaches the server or fails within connect_timeout."""
+    url = postgres.endpoint.jdbc_url
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    proxied = url.replace(host_port, f"127.0.0.1:{failover_proxy.port}", 1)
+    first = resource_for(postgres, unique_name, url=proxied)
+    sink_id = first.options.sink_id
+    assert sink_id is not None
+    first.close()
+    failover_proxy.fail_over(silently=True)
+
+    outcome: list[object] = []
+
+    def next_commit() -> None:
+        try:
+            resource = resource_for(postgres, unique_name, url=proxied)
+            try:
+                outcome.append(resource.unfinished_decisions(sink_id))
+            finally:
+                resource.close()
+        except Exception as error:  # the outcome is asserted below
+            outcome.append(error)
+
+    thread = threading.Thread(target=next_commit, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: outcome, 8, "the commit after the partition to answer")
+    finally:
+        failover_proxy.close()  # ends the wait on the dead session, if any
+        thread.join(timeout=10)
+    assert outcome == [[]]

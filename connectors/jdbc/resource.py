@@ -367,8 +367,9 @@ class _IdleConnections:
     commit's 12-18 ms at small batches. Guarantees: a connection is handed to one user at
     a time; it is reused only if it is open, idle outside any transaction and the server
     has sent nothing since (checked on the socket: a terminated session or a stopped
-    server has), it answers one round trip (a server whose address moved away at a
-    failover sends nothing, but answers nothing either), and only within
+    server has), it answers one round trip within ``ROUND_TRIP_SECONDS`` (a server
+    whose address moved away at a failover, or a partition, sends nothing but does not
+    answer either), and only within
     ``MAX_IDLE_SECONDS``; else it
     is closed and the caller connects anew. A connection of any other kind (SQLite's,
     opened in microseconds) is closed, not kept. The protocol never relies on a session:
@@ -376,6 +377,7 @@ class _IdleConnections:
     """
 
     MAX_IDLE_SECONDS = 60.0
+    ROUND_TRIP_SECONDS = 2.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -394,16 +396,32 @@ class _IdleConnections:
 
     @classmethod
     def answers(cls, connection: Any) -> bool:
-        """Usable, and answers one round trip: a server that went away without a word (its
-        address moved to another host at a failover, a NAT forgot the session) leaves
-        nothing on the socket, and the commit's first statement would fail on it."""
+        """Usable, and answers one round trip within ``ROUND_TRIP_SECONDS``: a server
+        that went away without a word leaves nothing on the socket, and the commit's first
+        statement would be reset (its address moved to another host at a failover) or wait
+        without bound (a network partition, a firewall that forgot the session). A
+        connection that does not answer in time is closed: a new one costs milliseconds."""
         if not cls.usable(connection):
             return False
+        pgconn = connection.pgconn
+        deadline = time.monotonic() + cls.ROUND_TRIP_SECONDS
         try:
-            connection.execute("SELECT 1")
-        except psycopg.Error:
+            pgconn.send_query(b"SELECT 1")
+            while True:
+                while pgconn.is_busy():
+                    remaining = deadline - time.monotonic()
+                    readable, _, _ = select.select([pgconn.socket], [], [], max(remaining, 0))
+                    if not readable:
+                        return False
+                    pgconn.consume_input()
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                    return False
+        except (OSError, ValueError, psycopg.Error):
             return False
-        return True
+        return pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
     def give_back(self, options: JdbcSinkOptions, connection: Any) -> None:
         if not self.usable(connection):
