@@ -14,6 +14,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -383,3 +384,52 @@ def test_the_commit_after_a_silent_partition_does_not_hang_on_the_kept_connectio
         failover_proxy.close()  # ends the wait on the dead session, if any
         thread.join(timeout=10)
     assert outcome == [[]]
+
+
+# The connection kept across a change of options (4cae125) ------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_kept_for_options_no_longer_used_is_closed_once_idle_too_long(
+    postgres: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query restarts in the same process with another ledgerTable (or user, password,
+    url): the connection kept for the old options is never asked for again. It must not
+    stay logged in for the life of the process (a server session and a connection slot
+    per change, the old user's session after a password change, a database that cannot
+    be dropped)."""
+    from eospack.connectors.jdbc import resource as resource_module
+
+    monkeypatch.setattr(resource_module._IdleConnections, "MAX_IDLE_SECONDS", 0.3)
+    old = resource_for(postgres, unique_name)
+    old_backend = int(old.connection.info.backend_pid)
+    old.close()
+    closed_at = time.monotonic()
+    wait_until(
+        lambda: time.monotonic() > closed_at + 0.5,
+        5,
+        "the old options' connection to be idle longer than MAX_IDLE_SECONDS",
+    )
+
+    options = parse_options(
+        {
+            "url": postgres.endpoint.jdbc_url,
+            "user": postgres.endpoint.user,
+            "dbtable": unique_name,
+            "protocol": "prepared",
+            "createTableIfNotExists": "true",
+            "sinkId": old.options.sink_id or "",
+            "ledgerTable": f"{unique_name}_ledger",
+        }
+    )
+    new = open_resource(options, plan_sink(options, SCHEMA))
+    new.close()
+
+    def old_session_ended() -> bool:
+        with psycopg.connect(postgres.endpoint.url, autocommit=True) as connection:
+            row = connection.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (old_backend,)
+            ).fetchone()
+        return row == (0,)
+
+    wait_until(old_session_ended, 10, "the old options' idle session to be closed")

@@ -370,7 +370,8 @@ class _IdleConnections:
     server has), it answers one round trip within ``ROUND_TRIP_SECONDS`` (a server
     whose address moved away at a failover, or a partition, sends nothing but does not
     answer either), and only within
-    ``MAX_IDLE_SECONDS``; else it
+    ``MAX_IDLE_SECONDS`` (one kept longer, e.g. for options a restart no longer uses, is
+    closed at the next give-back); else it
     is closed and the caller connects anew. A connection of any other kind (SQLite's,
     opened in microseconds) is closed, not kept. The protocol never relies on a session:
     every decision is one statement or one transaction, so reuse changes no outcome.
@@ -427,11 +428,21 @@ class _IdleConnections:
         if not self.usable(connection):
             _close_quietly(connection)
             return
+        now = time.monotonic()
         with self._lock:
-            replaced = self._idle.get(options)
-            self._idle[options] = (connection, time.monotonic())
-        if replaced is not None:
-            _close_quietly(replaced[0])
+            previous = self._idle.pop(options, None)
+            # Kept for options no longer used (a restart with another ledgerTable, user,
+            # password or url): closed here, or they would stay logged in for ever.
+            stale = [
+                key for key, (_, since) in self._idle.items() if now - since > self.MAX_IDLE_SECONDS
+            ]
+            closing = [self._idle.pop(key)[0] for key in stale]
+            if previous is not None:
+                closing.append(previous[0])
+            self._idle[options] = (connection, now)
+        for kept in closing:
+            if kept is not connection:
+                _close_quietly(kept)
 
     @staticmethod
     def usable(connection: Any) -> bool:
