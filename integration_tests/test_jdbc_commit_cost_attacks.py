@@ -433,3 +433,41 @@ def test_a_connection_kept_for_options_no_longer_used_is_closed_once_idle_too_lo
         return row == (0,)
 
     wait_until(old_session_ended, 10, "the old options' idle session to be closed")
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_connection_the_server_ends_after_the_decision_is_not_kept_and_abort_rolls_forward(
+    postgres: Any, unique_name: str
+) -> None:
+    """The server ends the kept session between the decision and the first COMMIT
+    PREPARED (an administrator, a pooler, a failover): the commit fails, the broken
+    connection must not be lent to Spark's abort, which commits the decided batch once."""
+    resource = resource_for(postgres, unique_name)
+    sink_id = resource.options.sink_id
+    assert sink_id is not None
+    try:
+        ours = [
+            prepare_piece(postgres, unique_name, sink_id, 3, p, "0xrunx3", [p]) for p in range(2)
+        ]
+        ended = int(resource.connection.info.backend_pid)
+        commit_piece = resource.commit_piece
+
+        def ended_before_commit(piece: PreparedPiece) -> None:
+            with psycopg.connect(postgres.endpoint.url, autocommit=True) as connection:
+                connection.execute("SELECT pg_terminate_backend(%s)", (ended,))
+            commit_piece(piece)
+
+        resource.commit_piece = ended_before_commit  # type: ignore[method-assign]
+        with pytest.raises(psycopg.OperationalError):
+            TwoPhaseCommitCoordinator(resource, "2pc-jdbc").commit(ours, 3)
+        resource.close()
+
+        resource = resource_for(postgres, unique_name)
+        assert int(resource.connection.info.backend_pid) != ended
+        TwoPhaseCommitCoordinator(resource, "2pc-jdbc").abort(ours, 3)
+        assert table_ids(postgres, unique_name) == [0, 1]
+        assert slot_of(resource, sink_id, 3) == ("done", {p.transaction_id for p in ours})
+        assert left_prepared(postgres, sink_id) == []
+    finally:
+        resource.close()
+        roll_back_all(postgres, sink_id)

@@ -365,15 +365,14 @@ class _IdleConnections:
     Why: Spark runs every commit of a query in the same Python worker, and a new
     PostgreSQL connection costs a server process and cold catalog caches, 4-7 ms of a
     commit's 12-18 ms at small batches. Guarantees: a connection is handed to one user at
-    a time; it is reused only if it is open, idle outside any transaction and the server
-    has sent nothing since (checked on the socket: a terminated session or a stopped
-    server has), it answers one round trip within ``ROUND_TRIP_SECONDS`` (a server
-    whose address moved away at a failover, or a partition, sends nothing but does not
-    answer either), and only within
-    ``MAX_IDLE_SECONDS`` (one kept longer, e.g. for options a restart no longer uses, is
-    closed at the next give-back); else it
-    is closed and the caller connects anew. A connection of any other kind (SQLite's,
-    opened in microseconds) is closed, not kept. The protocol never relies on a session:
+    a time; it is reused only if it is open, idle outside any transaction, the server has
+    sent nothing since (checked on the socket: a terminated session or a stopped server
+    has), it answers one round trip within ``ROUND_TRIP_SECONDS`` (a server whose address
+    moved away at a failover, or a partition, sends nothing but answers nothing either),
+    and only within ``MAX_IDLE_SECONDS`` (one kept longer, e.g. for options a restart no
+    longer uses, is closed at the next give-back); else it is closed and the caller
+    connects anew. A connection of any other kind (SQLite's, opened in microseconds) is
+    closed, not kept. The protocol never relies on a session:
     every decision is one statement or one transaction, so reuse changes no outcome.
     """
 
