@@ -138,6 +138,9 @@ class Dialect(ABC):
     """Whether an orphaned piece can hold row locks that a commit would wait on."""
     supports_prepared_transactions: ClassVar[bool] = False
     """Whether pieces can be prepared transactions (``protocol=prepared``)."""
+    stage_keeps_column_types: ClassVar[bool] = False
+    """Whether ``create_stage_sql`` copies the target's declared types (with their
+    lengths and scales), so a stage made before an ALTER of the target is stale."""
     column_types: ClassVar[Mapping[type[T.DataType], str]]
     """Spark type -> SQL type, checked in order (decimals: ``decimal_type``)."""
 

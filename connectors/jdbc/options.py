@@ -117,6 +117,7 @@ class JdbcSinkOptions:
             "application_name": APPLICATION_NAME,
         }
         kwargs.update(dict(self.url.parameters))
+        kwargs["client_encoding"] = "UTF8"  # rows go as UTF-8, whatever the database's encoding
         if self.user:
             kwargs["user"] = self.user
         if self.password:

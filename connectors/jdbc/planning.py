@@ -145,7 +145,7 @@ def _prepare_tables(
             f" ({keys})) or fix upsertKeys"
         )
     if protocol == "staging" or options.write_mode == "upsert":
-        _ensure_stage(options, dialect, schema, stage, connection)
+        _ensure_stage(options, dialect, schema, stage, connection, existing)
     if options.exactly_once and dialect.table_columns(connection, options.ledger_table) is None:
         for statement in dialect.ledger_ddl(options.ledger_table):
             connection.execute(statement)
@@ -178,13 +178,25 @@ def _ensure_stage(
     schema: StructType,
     stage: TableName,
     connection: Connection,
+    target_columns: dict[str, tuple[str, bool]],
 ) -> None:
+    """The staging table has the DataFrame's columns with the target's current types (a
+    stage left with a column's old type would round or refuse rows the target now takes):
+    an empty stale stage is recreated, one holding rows is refused."""
     wanted = {PIECE_COLUMN, *schema.fieldNames()}
     existing = dialect.table_columns(connection, stage)
-    if existing is not None and set(existing) != wanted:
+    stale = existing is not None and (
+        set(existing) != wanted
+        or (
+            dialect.stage_keeps_column_types
+            and any(existing[name][0] != target_columns[name][0] for name in schema.fieldNames())
+        )
+    )
+    if existing is not None and stale:
         if connection.execute(f"SELECT 1 FROM {stage.sql()} LIMIT 1").fetchone() is not None:
             raise JdbcSchemaError(
-                f"staging table {str(stage)!r} still holds rows of a query with other columns:"
+                f"staging table {str(stage)!r} still holds rows of a query with other columns"
+                " or column types:"
                 " finish that query first (restart it from its checkpoint) or drop the table"
             )
         connection.execute(f"DROP TABLE {stage.sql()}")

@@ -69,6 +69,7 @@ class PostgresDialect(Dialect):
     lock_clause = " FOR UPDATE"
     orphans_can_block_commit = True
     supports_prepared_transactions = True
+    stage_keeps_column_types = True
     column_types = {
         T.LongType: "bigint",
         T.IntegerType: "integer",
