@@ -13,9 +13,9 @@ Commit order for batch N (``commit(messages, N)``), each step durable before the
    (the answer of an earlier write was lost), the decision is ours.
 3. Commit every piece (idempotent, verified: a piece that is gone without having been
    committed is ``DecidedPieceLostError``), then mark the decision done.
-4. Recover: finish unfinished decisions, roll back stray pieces of batches <= N. A
-   resource whose leftovers can block the commit (``orphans_can_block_commit``) recovers
-   before the decision instead, and once per commit: the leftovers are listed once.
+4. Recover: finish unfinished decisions, roll back stray pieces of batches <= N (again
+   where ``orphans_can_block_commit`` recovered before the decision: a zombie task may
+   have prepared since, and after a query's last batch nothing else would roll it back).
 
 The one rule every path keeps: **a piece named by a decision is never rolled back, by
 anyone.** Rolling a piece back is allowed only after ``fence`` has made sure that no
@@ -146,11 +146,7 @@ class TwoPhaseCommitCoordinator:
                 f" {', '.join(fenced)} were rolled back by an abort or a recovery before the"
                 " decision; restart the query from its checkpoint: Spark replays the batch"
             )
-        if not self.resource.orphans_can_block_commit:
-            # Otherwise ``_recover_before`` listed and finished everything of batches <= N
-            # that was not ours: a second listing would find only what a zombie task
-            # prepared since, which the next commit's recovery rolls back as well.
-            self.recover(sink_id, up_to_batch=batch_id)
+        self.recover(sink_id, up_to_batch=batch_id)
         fault_point(AFTER_COMMIT, batch_id)
         if not applied:
             logger.info(

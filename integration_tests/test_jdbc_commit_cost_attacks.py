@@ -101,12 +101,6 @@ def table_ids(postgres: Any, table: str) -> list[int]:
 # A zombie task preparing after the single listing (2ba39b3) ----------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="2ba39b3 hole: a zombie task's piece prepared after the one leftover listing of a"
-    " commit stays prepared (holding its row and table locks, and the xmin horizon) until"
-    " the next commit; after a query's last batch that is until the next run",
-)
 @pytest.mark.timeout(60)
 def test_a_zombie_piece_prepared_after_the_single_listing_is_not_left_behind(
     postgres: Any, unique_name: str

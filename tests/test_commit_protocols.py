@@ -211,26 +211,6 @@ def test_orphans_are_rolled_back_before_the_decision_because_they_may_hold_its_l
     assert resource.status("s1", 3) == DONE
 
 
-@pytest.mark.parametrize("orphans_can_block_commit", [True, False])
-def test_a_commit_lists_the_leftovers_once(resource, orphans_can_block_commit):
-    """Issue 28: listing leftovers is a commit's fixed cost. A resource whose leftovers can
-    block the commit lists them before the decision and not again afterwards (what a
-    zombie prepares later is the next commit's leftover); the others list them after."""
-    resource.orphans_can_block_commit = orphans_can_block_commit
-    listings = []
-    listed = resource.prepared_pieces
-    resource.prepared_pieces = lambda sink_id: listings.append(sink_id) or listed(sink_id)
-    earlier = resource.prepare("s1", 2, 1, attempt="0xcrashedrunx1")
-    current = [resource.prepare("s1", 3, p, attempt="0xthisrunx3") for p in range(2)]
-
-    TwoPhaseCommitCoordinator(resource).commit(current, 3)
-
-    assert listings == ["s1"]
-    assert resource.rolled_back == [earlier.transaction_id]
-    assert sorted(resource.committed) == sorted(p.transaction_id for p in current)
-    assert resource.status("s1", 3) == DONE
-
-
 def test_abort_rolls_back_what_the_tasks_prepared(resource):
     pieces = [resource.prepare("s1", 1, p) for p in range(2)]
 
