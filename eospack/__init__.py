@@ -14,16 +14,168 @@ the same keys into that source's one shared, unsynchronised environment map; a l
 insert leaves the map one entry short of its size, and every later task that carries the
 source fails with "Task not serializable: Illegal size N of collection, expected N+1".
 Registering fills in those keys before any query runs, so later writers only overwrite.
+In local mode it also checks, once per process, that the Python Spark's workers start can
+import eospack (:func:`eospack.doctor.require_worker_python`).
+
+The public face is ``__all__``: what users import from ``eospack`` and what keeps its name
+and meaning between releases; everything else (the submodules' other names) is internal.
+Spark's Python workers import this package, so its public names resolve lazily (PEP 562
+``__getattr__``): ``import eospack`` loads neither pyspark.sql, pandas nor the connectors.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from eospack.errors import EospackError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from eospack.commit_protocols.identity import SinkIdentityError
+    from eospack.commit_protocols.resource import DecidedPieceLostError
+    from eospack.connectors.jdbc.errors import (
+        JdbcConnectionError,
+        JdbcSchemaError,
+        JdbcSinkOptionError,
+        JdbcWriteError,
+    )
+    from eospack.connectors.kafka.errors import (
+        KafkaBrokerUnreachableError,
+        KafkaCodecMissingError,
+        KafkaDataLossError,
+        KafkaReadTimeoutError,
+        KafkaSourceOptionError,
+    )
+    from eospack.connectors.kafka_sink.errors import KafkaSendError, PreparedTransactionLostError
+    from eospack.connectors.kafka_sink.ledger import LedgerFencedError
+    from eospack.connectors.kafka_sink.options import KafkaSinkOptionError
+    from eospack.connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
+    from eospack.doctor import WorkerPythonError
+    from eospack.savepoint import RestoredCheckpoint
+    from eospack.services.base import ServiceStartError
+    from eospack.spark import JavaNotFoundError, local_session
+    from eospack.stateful_ops import (
+        Clock,
+        OperatorDefinitionError,
+        StatefulOperator,
+        StatefulOpsError,
+        StateSchemaMismatchError,
+        deduplicate,
+        running_aggregate,
+        running_count,
+        sessionize,
+    )
+    from eospack.supervisor import (
+        ExponentialDelay,
+        FailureRate,
+        FixedDelay,
+        PermanentQueryError,
+        RestartsExhaustedError,
+        supervise,
+    )
+
 __version__ = "0.1.0"
+
+# Each lazily resolved public name and the module that defines it.
+_HOMES = {
+    "local_session": "eospack.spark",
+    "JavaNotFoundError": "eospack.spark",
+    "supervise": "eospack.supervisor",
+    "ExponentialDelay": "eospack.supervisor",
+    "FailureRate": "eospack.supervisor",
+    "FixedDelay": "eospack.supervisor",
+    "PermanentQueryError": "eospack.supervisor",
+    "RestartsExhaustedError": "eospack.supervisor",
+    "running_count": "eospack.stateful_ops",
+    "running_aggregate": "eospack.stateful_ops",
+    "deduplicate": "eospack.stateful_ops",
+    "sessionize": "eospack.stateful_ops",
+    "StatefulOperator": "eospack.stateful_ops",
+    "Clock": "eospack.stateful_ops",
+    "StatefulOpsError": "eospack.stateful_ops",
+    "OperatorDefinitionError": "eospack.stateful_ops",
+    "StateSchemaMismatchError": "eospack.stateful_ops",
+    "RestoredCheckpoint": "eospack.savepoint",
+    "WorkerPythonError": "eospack.doctor",
+    "ServiceStartError": "eospack.services.base",
+    "DecidedPieceLostError": "eospack.commit_protocols.resource",
+    "SinkIdentityError": "eospack.commit_protocols.identity",
+    "JdbcSinkOptionError": "eospack.connectors.jdbc.errors",
+    "JdbcConnectionError": "eospack.connectors.jdbc.errors",
+    "JdbcSchemaError": "eospack.connectors.jdbc.errors",
+    "JdbcWriteError": "eospack.connectors.jdbc.errors",
+    "KafkaSourceOptionError": "eospack.connectors.kafka.errors",
+    "KafkaBrokerUnreachableError": "eospack.connectors.kafka.errors",
+    "KafkaDataLossError": "eospack.connectors.kafka.errors",
+    "KafkaReadTimeoutError": "eospack.connectors.kafka.errors",
+    "KafkaCodecMissingError": "eospack.connectors.kafka.errors",
+    "KafkaSinkOptionError": "eospack.connectors.kafka_sink.options",
+    "KafkaSendError": "eospack.connectors.kafka_sink.errors",
+    "PreparedTransactionLostError": "eospack.connectors.kafka_sink.errors",
+    "LedgerFencedError": "eospack.connectors.kafka_sink.ledger",
+    "S3OptionError": "eospack.connectors.s3.errors",
+    "S3AccessError": "eospack.connectors.s3.errors",
+    "S3WriteError": "eospack.connectors.s3.errors",
+}
+
+__all__ = [
+    "Clock",
+    "DecidedPieceLostError",
+    "EospackError",
+    "ExponentialDelay",
+    "FailureRate",
+    "FixedDelay",
+    "JavaNotFoundError",
+    "JdbcConnectionError",
+    "JdbcSchemaError",
+    "JdbcSinkOptionError",
+    "JdbcWriteError",
+    "KafkaBrokerUnreachableError",
+    "KafkaCodecMissingError",
+    "KafkaDataLossError",
+    "KafkaReadTimeoutError",
+    "KafkaSendError",
+    "KafkaSinkOptionError",
+    "KafkaSourceOptionError",
+    "LedgerFencedError",
+    "OperatorDefinitionError",
+    "PermanentQueryError",
+    "PreparedTransactionLostError",
+    "RestartsExhaustedError",
+    "RestoredCheckpoint",
+    "S3AccessError",
+    "S3OptionError",
+    "S3WriteError",
+    "ServiceStartError",
+    "SinkIdentityError",
+    "StateSchemaMismatchError",
+    "StatefulOperator",
+    "StatefulOpsError",
+    "WorkerPythonError",
+    "deduplicate",
+    "local_session",
+    "register",
+    "running_aggregate",
+    "running_count",
+    "sessionize",
+    "supervise",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's home module on first use (PEP 562); see the module docstring."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'eospack' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def register(spark: SparkSession) -> None:
@@ -38,6 +190,10 @@ def register(spark: SparkSession) -> None:
     whether it resolves each format and registers the missing ones with
     ``spark.dataSource.register``, which sends the class to the server; the server must
     import eospack to load it. Connect registrations last as long as the Connect session.
+
+    A classic session in local mode is first checked once per process for a worker Python
+    that cannot import eospack: :class:`WorkerPythonError`, one line naming that Python and
+    the fix, instead of a ``ModuleNotFoundError`` trace from the first query's workers.
     """
     from pyspark_2pc_jdbc import DefaultSource as JdbcSource
     from pyspark_2pc_kafka import DefaultSource as KafkaSinkSource
@@ -50,6 +206,9 @@ def register(spark: SparkSession) -> None:
             if not connect_server_resolves(spark, source.name()):
                 spark.dataSource.register(source)
         return
+    from eospack.doctor import require_worker_python
+
+    require_worker_python(spark)
     manager = spark._jsparkSession.sessionState().dataSourceManager()  # type: ignore[attr-defined]
     for source in sources:
         if not manager.dataSourceExists(source.name()):

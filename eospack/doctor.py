@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import os
 import pkgutil
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TextIO
+
+from eospack.errors import EospackError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -91,21 +95,102 @@ def data_path_check() -> CheckResult:
     return CheckResult(True, f"kafka data path: {native_path.active_path()}")
 
 
+WORKER_PYTHON_SETTING = "spark.pyspark.python"
+WORKER_PYTHON_VARIABLE = "PYSPARK_PYTHON"
+
+
+class WorkerPythonError(EospackError, RuntimeError):
+    """The Python that Spark's local workers start cannot import eospack."""
+
+
+def worker_python(
+    context_python: str | None, settings: Mapping[str, str], environment: Mapping[str, str]
+) -> str:
+    """The Python executable Spark's workers start for eospack's formats and operators.
+
+    pyspark decides it once, when the SparkContext starts: ``PYSPARK_PYTHON`` from the
+    driver's environment, else ``python3`` on PATH (``pyspark/core/context.py``,
+    ``sc.pythonExec``); under ``spark-submit`` the ``spark.pyspark.python`` setting is
+    copied into that variable before the driver starts (Spark's ``PythonRunner``).
+    ``context_python`` is that decision when a context exists and wins; without one, the
+    same order is applied to ``settings`` and ``environment``.
+    """
+    if context_python:
+        return context_python
+    return (
+        settings.get(WORKER_PYTHON_SETTING) or environment.get(WORKER_PYTHON_VARIABLE) or "python3"
+    )
+
+
+def worker_python_problem(python: str) -> str | None:
+    """None when ``python`` (a path or a name on PATH) can import eospack, else the one line
+    saying which Python the workers start and how to point them at this one. The current
+    interpreter is not started again (it imported eospack already); any other costs one
+    ``python -c "import eospack"`` (100-300 ms)."""
+    fix = (
+        f"set {WORKER_PYTHON_VARIABLE}={sys.executable} before the session starts"
+        f" (or {WORKER_PYTHON_SETTING}={sys.executable} with spark-submit)"
+    )
+    if python == sys.executable:
+        return None
+    try:
+        completed = subprocess.run(
+            [python, "-c", "import eospack"], capture_output=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"worker python: {python} cannot be started ({type(error).__name__}): {fix}"
+    if completed.returncode != 0:
+        return f"worker python: {python} (what Spark's workers start) cannot import eospack: {fix}"
+    return None
+
+
+def worker_python_check(python: str) -> CheckResult:
+    """The one line about the Python Spark's workers start (see :func:`worker_python`)."""
+    problem = worker_python_problem(python)
+    if problem is not None:
+        return CheckResult(False, problem)
+    return CheckResult(True, f"worker python: {python} imports eospack")
+
+
+_checked_worker_pythons: set[str] = set()
+
+
+def require_worker_python(spark: SparkSession) -> None:
+    """Raise WorkerPythonError, one line, when ``spark`` is a local-mode session whose
+    workers start a Python that cannot import eospack (they would otherwise fail at the
+    first batch with a long ``ModuleNotFoundError`` trace). Checked once per Python per
+    process; sessions on a cluster are not checked (their workers run elsewhere)."""
+    context = spark.sparkContext
+    if not (context.master or "").startswith("local"):
+        return
+    python = worker_python(getattr(context, "pythonExec", None), {}, os.environ)
+    if python in _checked_worker_pythons:
+        return
+    problem = worker_python_problem(python)
+    if problem is not None:
+        raise WorkerPythonError(problem)
+    _checked_worker_pythons.add(python)
+
+
 PYTHON_DAEMON = "eospack.python_daemon"
 DAEMON_MODULE_SETTING = "spark.python.daemon.module"
 WORKER_REUSE_SETTING = "spark.python.worker.reuse"
 
 
-def session_checks(settings: dict[str, str], spark_home: str | None) -> list[CheckResult]:
+def session_checks(
+    settings: dict[str, str], spark_home: str | None, workers_python: str | None = None
+) -> list[CheckResult]:
     """Lines about a running session's settings that a micro-batch pays for, from its
-    ``settings`` (Spark's conf) and the ``SPARK_HOME`` its Python workers are started from.
+    ``settings`` (Spark's conf) and the ``SPARK_HOME`` its Python workers are started from;
+    with ``workers_python`` (the Python its workers start), first a line saying whether that
+    Python imports eospack (a failed one breaks every query, see :func:`worker_python_check`).
 
     Each is what :func:`eospack.spark.local_session` sets, and why (README, "Running on a
     cluster"): worker reuse, eospack's Python daemon (a reused worker's cleanup after each
     task walks only that task's objects), and a Spark home whose workers do not compile
     pyspark from ``pyspark.zip``. A failed line costs time, never correctness.
     """
-    results = []
+    results = [] if workers_python is None else [worker_python_check(workers_python)]
     if settings.get(WORKER_REUSE_SETTING, "true").lower() == "true":
         results.append(CheckResult(True, "python workers: reused between tasks"))
     else:
@@ -142,9 +227,14 @@ def session_checks(settings: dict[str, str], spark_home: str | None) -> list[Che
 
 
 def running_session_checks(spark: SparkSession) -> list[CheckResult]:
-    """:func:`session_checks` for ``spark``: its conf, and the SPARK_HOME of this driver."""
-    settings = dict(spark.sparkContext.getConf().getAll())
-    return session_checks(settings, os.environ.get("SPARK_HOME"))
+    """:func:`session_checks` for ``spark``: its conf, the SPARK_HOME of this driver, and
+    (in local mode, where the workers run on this machine) the Python its workers start."""
+    context = spark.sparkContext
+    settings = dict(context.getConf().getAll())
+    python = None
+    if (context.master or "").startswith("local"):
+        python = worker_python(getattr(context, "pythonExec", None), settings, os.environ)
+    return session_checks(settings, os.environ.get("SPARK_HOME"), python)
 
 
 def run_doctor(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import eospack
 from eospack import doctor
 from eospack.cli import main
 from eospack.doctor import (
@@ -188,6 +189,7 @@ def test_doctor_reports_a_running_session(spark: Any) -> None:
     assert run_doctor(output, spark=spark) == 0
     lines = output.getvalue().splitlines()
     assert lines[3:] == [
+        f"worker python: {sys.executable} imports eospack",
         "python workers: reused between tasks",
         "python daemon: eospack.python_daemon",
         "spark home: Python workers import the installed pyspark",
@@ -200,8 +202,76 @@ def test_cli_doctor_session_checks_the_running_session(
     assert main(["doctor", "--session"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[3:] == [
+        f"worker python: {sys.executable} imports eospack",
         "python workers: reused between tasks",
         "python daemon: eospack.python_daemon",
         "spark home: Python workers import the installed pyspark",
     ]
     assert not spark.sparkContext._jsc.sc().isStopped()  # a session it did not start
+
+
+def test_the_workers_python_is_pysparks_decision_else_the_setting_then_the_variable() -> None:
+    setting = {"spark.pyspark.python": "/opt/setting/python"}
+    variable = {"PYSPARK_PYTHON": "/opt/variable/python"}
+    assert doctor.worker_python("/opt/context/python", setting, variable) == "/opt/context/python"
+    assert doctor.worker_python(None, setting, variable) == "/opt/setting/python"
+    assert doctor.worker_python(None, {}, variable) == "/opt/variable/python"
+    assert doctor.worker_python(None, {}, {}) == "python3"
+
+
+def python_without_eospack(tmp_path: Path) -> str:
+    """This interpreter started isolated and without site-packages: what a venv-less system
+    Python is to Spark's workers (it runs, but cannot import eospack)."""
+    wrapper = tmp_path / "python-without-site-packages"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_a_workers_python_that_cannot_import_eospack_gets_one_line_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    python = python_without_eospack(tmp_path)
+    result = doctor.worker_python_check(python)
+    assert result == doctor.CheckResult(
+        False,
+        f"worker python: {python} (what Spark's workers start) cannot import eospack:"
+        f" set PYSPARK_PYTHON={sys.executable} before the session starts"
+        f" (or spark.pyspark.python={sys.executable} with spark-submit)",
+    )
+    missing = doctor.worker_python_check(str(tmp_path / "no-such-python"))
+    assert not missing.passed and "\n" not in missing.line
+    assert f"set PYSPARK_PYTHON={sys.executable}" in missing.line
+
+
+def test_the_current_python_passes_without_starting_a_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*arguments: Any, **options: Any) -> None:
+        raise AssertionError("no subprocess for the current interpreter")
+
+    monkeypatch.setattr(doctor.subprocess, "run", refuse)
+    assert doctor.worker_python_check(sys.executable) == doctor.CheckResult(
+        True, f"worker python: {sys.executable} imports eospack"
+    )
+
+
+def test_register_refuses_a_local_session_whose_workers_cannot_import_eospack(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = python_without_eospack(tmp_path)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", python)
+    with pytest.raises(doctor.WorkerPythonError) as raised:
+        eospack.register(spark)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"worker python: {python} ")
+    assert f"set PYSPARK_PYTHON={sys.executable}" in message
+    output = io.StringIO()
+    assert run_doctor(output, spark=spark) == 1
+    assert message in output.getvalue().splitlines()
+
+
+def test_register_accepts_a_local_session_whose_workers_run_this_python(spark: Any) -> None:
+    assert spark.sparkContext.pythonExec == sys.executable
+    eospack.register(spark)
