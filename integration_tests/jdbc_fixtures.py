@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from eospack.commit_protocols import sink_prefix
 from eospack.connectors.jdbc.dialect import TableName, stage_table
+from eospack.testing import await_query
 
 INPUT_SCHEMA_DDL = "id BIGINT, name STRING, version BIGINT"
 ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("version", pa.int64())])
@@ -82,3 +83,42 @@ def sink_prepared(url: str, sink_id: str) -> int:
 def sqlite_rows(path: Path, table: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(path) as connection:
         return connection.execute(f'SELECT id, name, version FROM "{table}" ORDER BY id').fetchall()
+
+
+FILE_QUERY_TIMEOUT = 120.0
+
+
+def start_file_query(
+    spark: Any,
+    source: Path,
+    checkpoint: Path,
+    schema: str,
+    options: dict[str, str],
+    files_per_trigger: int | None = None,
+) -> Any:
+    """An availableNow query of the parquet files in ``source`` into 2pc-jdbc; with
+    ``files_per_trigger`` each micro-batch reads at most that many files."""
+    reader = spark.readStream.schema(schema)
+    if files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", files_per_trigger)
+    return (
+        reader.parquet(str(source))
+        .writeStream.format("2pc-jdbc")
+        .options(**options)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def run_file_query(
+    spark: Any,
+    source: Path,
+    checkpoint: Path,
+    schema: str,
+    options: dict[str, str],
+    files_per_trigger: int | None = None,
+) -> None:
+    """``start_file_query`` awaited to its end; a failed query raises its error."""
+    query = start_file_query(spark, source, checkpoint, schema, options, files_per_trigger)
+    await_query(query, FILE_QUERY_TIMEOUT)

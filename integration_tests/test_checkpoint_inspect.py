@@ -11,8 +11,8 @@ import pytest
 
 from eospack.checkpoint import inspect_checkpoint
 from eospack.cli import main
-from integration_tests.test_jdbc_faults import Pipeline
-from integration_tests.test_s3_faults import Pipeline as S3Pipeline
+from integration_tests.jdbc_pipeline import Pipeline
+from integration_tests.s3_pipeline import Pipeline as S3Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from eospack.testing import await_query, wait_until
-from integration_tests.jdbc_fixtures import pg_leftovers
-from integration_tests.test_jdbc_types import COLUMNS, NAMES, comparable, expected_rows
+from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query, start_file_query
+from integration_tests.jdbc_type_columns import COLUMNS, NAMES, comparable, expected_rows
 
 pytestmark = pytest.mark.integration
 
@@ -35,24 +35,6 @@ UTC = datetime.timezone.utc
 def write_file(directory: Path, table: pa.Table, index: int = 0) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, directory / f"part-{index:04d}.parquet")
-
-
-def start(spark: Any, source: Path, checkpoint: Path, schema: str, options: dict[str, str]) -> Any:
-    """An availableNow query of ``source`` (one file per micro-batch) into 2pc-jdbc."""
-    return (
-        spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(source))
-        .writeStream.format("2pc-jdbc")
-        .options(**options)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
-def run(spark: Any, source: Path, checkpoint: Path, schema: str, options: dict[str, str]) -> None:
-    await_query(start(spark, source, checkpoint, schema, options), QUERY_TIMEOUT)
 
 
 def pg_options(endpoint: Any, table: str, **extra: str) -> dict[str, str]:
@@ -86,12 +68,13 @@ def test_a_column_type_changed_while_a_task_waits_for_the_table_is_not_misread(
     alter = psycopg.connect(url)
     try:
         alter.execute(f'ALTER TABLE "{unique_name}" ALTER COLUMN v TYPE double precision')
-        query = start(
+        query = start_file_query(
             spark,
             tmp_path / "in",
             tmp_path / "checkpoint",
             "id BIGINT, v BIGINT",
             pg_options(postgres.endpoint, unique_name, protocol="prepared", lockTimeout="60s"),
+            files_per_trigger=1,
         )
         with psycopg.connect(url, autocommit=True) as watcher:
             wait_until(
@@ -125,12 +108,13 @@ def test_text_into_a_latin1_database_keeps_its_characters(spark, postgres, tmp_p
         with psycopg.connect(endpoint.url, autocommit=True) as connection:
             connection.execute(f'CREATE TABLE "{unique_name}" (id bigint, name text)')
         write_file(tmp_path / "in", pa.table({"id": [1, 2], "name": ["ü", "café"]}))
-        run(
+        run_file_query(
             spark,
             tmp_path / "in",
             tmp_path / "checkpoint",
             "id BIGINT, name STRING",
             pg_options(endpoint, unique_name, deliveryGuarantee="at-least-once"),
+            files_per_trigger=1,
         )
         with psycopg.connect(endpoint.url, client_encoding="UTF8") as connection:
             rows = connection.execute(
@@ -181,13 +165,17 @@ def test_a_widened_column_is_not_rounded_by_a_stale_staging_table(
     write_file(
         tmp_path / "in", pa.table({"id": [1], "amount": pa.array([Decimal("1.2345")], kind)})
     )
-    run(spark, tmp_path / "in", tmp_path / "checkpoint", schema, options)
+    run_file_query(
+        spark, tmp_path / "in", tmp_path / "checkpoint", schema, options, files_per_trigger=1
+    )
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute(f'ALTER TABLE "{unique_name}" ALTER COLUMN amount TYPE numeric(12,4)')
     write_file(
         tmp_path / "in", pa.table({"id": [2], "amount": pa.array([Decimal("1.2345")], kind)}), 1
     )
-    run(spark, tmp_path / "in", tmp_path / "checkpoint", schema, options)
+    run_file_query(
+        spark, tmp_path / "in", tmp_path / "checkpoint", schema, options, files_per_trigger=1
+    )
     rows = pg_fetch(url, f'SELECT id, amount::text FROM "{unique_name}" ORDER BY id')
     assert rows == [(1, "1.2300"), (2, "1.2345")]
     assert pg_leftovers(url, unique_name) == (0, 0)
@@ -221,12 +209,13 @@ def test_sqlite_upsert_keeps_the_row_with_the_highest_decimal_version(spark, tmp
         "upsertKeys": "id",
         "versionColumn": "version",
     }
-    run(
+    run_file_query(
         spark,
         tmp_path / "in",
         tmp_path / "checkpoint",
         "id BIGINT, name STRING, version DECIMAL(10,1)",
         options,
+        files_per_trigger=1,
     )
     with sqlite3.connect(database) as connection:
         rows = connection.execute(f'SELECT id, name, version FROM "{unique_name}"').fetchall()
@@ -253,7 +242,14 @@ def test_sqlite_decimals_into_an_existing_numeric_column_keep_their_digits(
         pa.table({"id": [1, 2], "amount": pa.array(amounts, pa.decimal128(38, 2))}),
     )
     options = {"url": f"jdbc:sqlite:{database}", "dbtable": unique_name}
-    run(spark, tmp_path / "in", tmp_path / "checkpoint", "id BIGINT, amount DECIMAL(38,2)", options)
+    run_file_query(
+        spark,
+        tmp_path / "in",
+        tmp_path / "checkpoint",
+        "id BIGINT, amount DECIMAL(38,2)",
+        options,
+        files_per_trigger=1,
+    )
     with sqlite3.connect(database) as connection:
         rows = connection.execute(
             f'SELECT id, CAST(amount AS TEXT) FROM "{unique_name}" ORDER BY id'
@@ -314,12 +310,13 @@ def test_every_type_and_cross_zone_timestamps_are_stored_alike_by_binary_and_csv
     previous_zone = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "America/New_York")
     try:
-        run(
+        run_file_query(
             spark,
             tmp_path / "in",
             tmp_path / "checkpoint",
             schema,
             pg_options(postgres.endpoint, unique_name, protocol="prepared"),
+            files_per_trigger=1,
         )
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous_zone)
@@ -371,12 +368,13 @@ def test_a_value_a_narrower_column_cannot_hold_fails_naming_the_column_and_never
         pa.table({"id": [1, 2], "Narrow Col": pa.array([good, bad], kind)}),
     )
     with pytest.raises(Exception) as caught:
-        run(
+        run_file_query(
             spark,
             tmp_path / "in",
             tmp_path / "checkpoint",
             f"id BIGINT, `Narrow Col` {spark_type}",
             pg_options(postgres.endpoint, unique_name, protocol="prepared"),
+            files_per_trigger=1,
         )
     lines = [
         line
@@ -433,7 +431,7 @@ def test_an_upsert_into_a_schema_qualified_table_of_awkward_shape_reads_its_own_
         ),
     )
     try:
-        run(
+        run_file_query(
             spark,
             tmp_path / "in",
             tmp_path / "checkpoint",
@@ -445,6 +443,7 @@ def test_an_upsert_into_a_schema_qualified_table_of_awkward_shape_reads_its_own_
                 writeMode="upsert",
                 upsertKeys="Id",
             ),
+            files_per_trigger=1,
         )
         rows = pg_fetch(
             url,
@@ -474,12 +473,13 @@ def test_a_timestamp_into_a_date_column_keeps_its_utc_day_as_documented(
         tmp_path / "in",
         pa.table({"id": [1], "day": pa.array([at], pa.timestamp("us", tz="UTC"))}),
     )
-    run(
+    run_file_query(
         spark,
         tmp_path / "in",
         tmp_path / "checkpoint",
         "id BIGINT, day TIMESTAMP",
         pg_options(postgres.endpoint, unique_name, protocol="prepared"),
+        files_per_trigger=1,
     )
     assert pg_fetch(url, f'SELECT id, "day" FROM "{unique_name}"') == [
         (1, datetime.date(2024, 1, 1))

@@ -20,172 +20,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eospack.testing import await_query
-from integration_tests.jdbc_fixtures import pg_leftovers
+from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
+from integration_tests.jdbc_type_columns import (
+    COLUMNS,
+    NAMES,
+    comparable,
+    expected_rows,
+)
 
 pytestmark = pytest.mark.integration
 
-QUERY_TIMEOUT = 120.0
-UTC = datetime.timezone.utc
 
-
-def _instant(*parts: int) -> datetime.datetime:
-    return datetime.datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
-
-
-INSTANTS = [
-    _instant(1, 1, 1, 0, 0, 0, 1),
-    _instant(1900, 1, 1, 0, 0, 0, 1),
-    _instant(1969, 12, 31, 23, 59, 59, 999999),
-    _instant(1970, 1, 1),
-    _instant(1999, 12, 31, 23, 59, 59, 999999),
-    _instant(2000, 1, 1),
-    _instant(9999, 12, 31, 23, 59, 59, 999999),
-    None,
-]
-TEXTS = [
-    "quote \"x\" 'y'",
-    "a,b,,c",
-    "back\\slash \\N \\x00 \\.",
-    "new\nline\r\ncrlf",
-    "tab\there",
-    "ünïcødé 漢字 😀",
-    "",
-    None,
-]
-COLUMNS: list[tuple[str, str, pa.DataType, list[Any]]] = [
-    ("id", "BIGINT", pa.int64(), list(range(8))),
-    ("big", "BIGINT", pa.int64(), [-(2**63), 2**63 - 1, 0, -1, 42, 1, 2, None]),
-    ("whole", "INT", pa.int32(), [-(2**31), 2**31 - 1, 0, -1, 7, 1, 2, None]),
-    ("small", "SMALLINT", pa.int16(), [-32768, 32767, 0, -1, 5, 1, 2, None]),
-    ("tiny", "TINYINT", pa.int8(), [-128, 127, 0, -1, 3, 1, 2, None]),
-    (
-        "single",
-        "FLOAT",
-        pa.float32(),
-        [0.1, -3.4028234663852886e38, 1.401298464324817e-45, -0.0, math.inf, -math.inf, 1.5, None],
-    ),
-    (
-        "double",
-        "DOUBLE",
-        pa.float64(),
-        [0.1, 1.7976931348623157e308, 5e-324, -0.0, math.inf, -math.inf, 1 / 3, None],
-    ),
-    ("flag", "BOOLEAN", pa.bool_(), [True, False, True, False, True, False, True, None]),
-    (
-        "wide",
-        "DECIMAL(38,10)",
-        pa.decimal128(38, 10),
-        [
-            Decimal("-1234567890123456789012345678.0123456789"),
-            Decimal("9999999999999999999999999999.9999999999"),
-            Decimal("0.0000000001"),
-            Decimal("0E-10"),
-            Decimal("-0.5000000000"),
-            Decimal("-9999999999999999999999999999.9999999999"),
-            Decimal("100.0000000000"),
-            None,
-        ],
-    ),
-    (
-        "whole_decimal",
-        "DECIMAL(18,0)",
-        pa.decimal128(18, 0),
-        [
-            Decimal(-(10**18 - 1)),
-            Decimal(10**18 - 1),
-            Decimal(0),
-            Decimal(-1),
-            Decimal(10000),
-            Decimal(10**17),
-            Decimal(2),
-            None,
-        ],
-    ),
-    (
-        "money",
-        "DECIMAL(9,3)",
-        pa.decimal128(9, 3),
-        [
-            Decimal("-123456.789"),
-            Decimal("0.001"),
-            Decimal("-0.001"),
-            Decimal("1000.000"),
-            Decimal("0.100"),
-            Decimal("999999.999"),
-            Decimal("0.000"),
-            None,
-        ],
-    ),
-    ("label", "STRING", pa.string(), TEXTS),
-    (
-        "payload",
-        "BINARY",
-        pa.binary(),
-        [b"", bytes(range(256)), b"\x00", b"\\x00", b"plain", b'\n\r,"', b"\xff\xfe", None],
-    ),
-    (
-        "day",
-        "DATE",
-        pa.date32(),
-        [
-            datetime.date(1, 1, 1),
-            datetime.date(1969, 12, 31),
-            datetime.date(1970, 1, 1),
-            datetime.date(9999, 12, 31),
-            datetime.date(2000, 1, 1),
-            datetime.date(1999, 12, 31),
-            datetime.date(2024, 2, 29),
-            None,
-        ],
-    ),
-    ("at", "TIMESTAMP", pa.timestamp("us", tz="UTC"), INSTANTS),
-    (
-        "local",
-        "TIMESTAMP_NTZ",
-        pa.timestamp("us"),
-        [None if at is None else at.replace(tzinfo=None) for at in INSTANTS],
-    ),
-]
-NAMES = [name for name, _, _, _ in COLUMNS]
 SCHEMA_DDL = ", ".join(f"{name} {ddl}" for name, ddl, _, _ in COLUMNS)
-
-
-def expected_rows() -> list[tuple[Any, ...]]:
-    """The input rows as the database should return them: a float column (``real``) comes
-    back as the float32 value widened to double (read as ``single::float8``)."""
-    columns = []
-    for name, _, _, values in COLUMNS:
-        if name == "single":
-            values = [None if v is None else float(np.float32(v)) for v in values]
-        columns.append(values)
-    return list(zip(*columns, strict=True))
 
 
 def write_input(directory: Path, rows: int = 8) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     arrays = [pa.array(values[:rows], kind) for _, _, kind, values in COLUMNS]
     pq.write_table(pa.table(arrays, names=NAMES), directory / "part-0000.parquet")
-
-
-def run(spark: Any, source: Path, checkpoint: Path, schema: str, options: dict[str, str]) -> None:
-    query = (
-        spark.readStream.schema(schema)
-        .parquet(str(source))
-        .writeStream.format("2pc-jdbc")
-        .options(**options)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, QUERY_TIMEOUT)
-
-
-def comparable(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """NaN never equals itself and -0.0 equals 0.0: compare floats by their repr."""
-    return [
-        tuple(repr(value) if isinstance(value, float) else value for value in row) for row in rows
-    ]
 
 
 def pg_read(url: str, table: str, names: list[str]) -> list[tuple[Any, ...]]:
@@ -216,7 +68,7 @@ def test_every_supported_type_round_trips_exactly_into_postgresql(
         "createTableIfNotExists": "true",
         **extra,
     }
-    run(spark, tmp_path / "in", tmp_path / "checkpoint", SCHEMA_DDL, options)
+    run_file_query(spark, tmp_path / "in", tmp_path / "checkpoint", SCHEMA_DDL, options)
     assert comparable(pg_read(url, unique_name, NAMES)) == comparable(expected_rows())
     assert pg_leftovers(url, unique_name) == (0, 0)
 
@@ -248,7 +100,7 @@ def test_every_supported_type_round_trips_exactly_into_sqlite(spark, tmp_path, u
         "dbtable": unique_name,
         "createTableIfNotExists": "true",
     }
-    run(spark, tmp_path / "in", tmp_path / "checkpoint", SCHEMA_DDL, options)
+    run_file_query(spark, tmp_path / "in", tmp_path / "checkpoint", SCHEMA_DDL, options)
     with sqlite3.connect(database) as connection:
         stored = connection.execute(
             f'SELECT {", ".join(NAMES)} FROM "{unique_name}" ORDER BY id'
@@ -308,7 +160,7 @@ def test_columns_of_other_types_take_the_values_for_their_own_type(
         "dbtable": unique_name,
         "protocol": "prepared",
     }
-    run(spark, source, tmp_path / "checkpoint", schema, options)
+    run_file_query(spark, source, tmp_path / "checkpoint", schema, options)
     with psycopg.connect(url) as connection:
         rows = connection.execute(
             "SELECT id, widened, small_int, single_double, document::text, plain_json::text,"
@@ -377,7 +229,9 @@ def test_a_value_the_column_refuses_fails_the_task_naming_the_column_and_leaves_
         "protocol": protocol,
     }
     with pytest.raises(Exception) as caught:
-        run(spark, source, tmp_path / "checkpoint", "id BIGINT, `the name` STRING", options)
+        run_file_query(
+            spark, source, tmp_path / "checkpoint", "id BIGINT, `the name` STRING", options
+        )
     lines = [
         line
         for line in str(caught.value).splitlines()

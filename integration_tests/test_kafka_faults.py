@@ -22,7 +22,7 @@ from eospack.commit_protocols import faults
 from eospack.services.kafka_tools import create_topic, produce_sealed
 from eospack.testing import wait_until
 from integration_tests.crash_harness import run_driver
-from integration_tests.test_kafka_source import (
+from integration_tests.kafka_source_parts import (
     BatchRecorder,
     expected_rows,
     make_records,

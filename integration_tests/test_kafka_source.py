@@ -21,7 +21,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import DataStreamReader, StreamingQuery
+from pyspark.sql.streaming import DataStreamReader
 
 from eospack.connectors.kafka import reader as kafka_reader
 from eospack.connectors.kafka.options import parse_options
@@ -37,103 +37,26 @@ from eospack.services.kafka_tools import (
     produce_transaction,
     transactional_producer,
 )
-from eospack.testing import await_query, wait_until
+from eospack.testing import wait_until
+from integration_tests.kafka_source_parts import (
+    FAST_FAIL,
+    FORMAT,
+    BatchRecorder,
+    expected_rows,
+    keyed_rows,
+    make_records,
+    read_stream,
+    run_available_now,
+    servers_of,
+    start_recording,
+)
 
 pytestmark = pytest.mark.integration
-
-FORMAT = "replayable-kafka"
-# A hung read fails in seconds instead of Spark's 120 s default.
-FAST_FAIL = {"kafkaConsumer.pollTimeoutMs": "15000"}
-
-
-def servers_of(kafka: Any) -> str:
-    return kafka.endpoint.bootstrap_servers
-
-
-def make_records(partitions: int, per_partition: int, tag: str = "v") -> list[Record]:
-    return [
-        Record(p, f"k{p}-{i}".encode(), f"{tag}{p}-{i}".encode())
-        for i in range(per_partition)
-        for p in range(partitions)
-    ]
 
 
 def read_batch(spark: SparkSession, servers: str, **options: str) -> DataFrame:
     reader = spark.read.format(FORMAT).option("kafka.bootstrap.servers", servers)
     return reader.options(**FAST_FAIL).options(**options).load()
-
-
-def read_stream(spark: SparkSession, servers: str, **options: str) -> DataStreamReader:
-    reader = spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", servers)
-    return reader.options(**FAST_FAIL).options(**options)
-
-
-def keyed_rows(df: DataFrame) -> list[tuple[str, int, int, bytes]]:
-    return sorted(
-        (r.topic, r.partition, r.offset, bytes(r.value))
-        for r in df.select("topic", "partition", "offset", "value").collect()
-    )
-
-
-def expected_rows(topic: str, records: list[Record]) -> list[tuple[str, int, int, bytes]]:
-    next_offset: dict[int, int] = {}
-    rows = []
-    for record in records:
-        offset = next_offset.get(record.partition, 0)
-        next_offset[record.partition] = offset + 1
-        assert record.value is not None
-        rows.append((topic, record.partition, offset, record.value))
-    return sorted(rows)
-
-
-def start_recording(
-    stream: DataStreamReader, checkpoint: Path, recorder: BatchRecorder
-) -> StreamingQuery:
-    """A long-running query (200 ms trigger) that hands every batch to ``recorder``."""
-    return (
-        stream.load()
-        .writeStream.foreachBatch(recorder)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
-
-
-def run_available_now(
-    stream: DataStreamReader,
-    checkpoint: Path,
-    on_batch: Callable[[DataFrame, int], None],
-    timeout: float = 90,
-) -> StreamingQuery:
-    query = (
-        stream.load()
-        .writeStream.foreachBatch(on_batch)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, timeout)
-    return query
-
-
-class BatchRecorder:
-    """foreachBatch target keyed by batch id: a replayed batch is compared, not appended."""
-
-    def __init__(self) -> None:
-        self.batches: dict[int, list[tuple[str, int, int, bytes]]] = {}
-        self.replays: dict[int, bool] = {}
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        rows = keyed_rows(df)
-        if batch_id in self.batches:
-            self.replays[batch_id] = self.batches[batch_id] == rows
-        self.batches[batch_id] = rows
-
-    def all_rows(self) -> list[tuple[str, int, int, bytes]]:
-        return sorted(row for rows in self.batches.values() for row in rows)
-
-    def sizes(self) -> list[int]:
-        return [len(self.batches[b]) for b in sorted(self.batches)]
 
 
 def test_batch_read_schema_headers_and_ending_offsets(spark, kafka, unique_name):

@@ -15,7 +15,7 @@ import pytest
 
 from eospack.supervisor import FixedDelay, PermanentQueryError, supervise
 from integration_tests.drivers import jdbc_sink_driver
-from integration_tests.test_jdbc_faults import Pipeline
+from integration_tests.jdbc_pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

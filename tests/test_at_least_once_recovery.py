@@ -22,7 +22,7 @@ from eospack.commit_protocols import (
 from eospack.commit_protocols.identity import attempt_string
 from eospack.commit_protocols.pieces import DONE
 from eospack.commit_protocols.stream_writer import recover_at_least_once
-from tests.test_commit_protocols import InMemoryResource
+from tests.in_memory_resource import InMemoryResource
 
 EXACTLY_ONCE_RUN = "11111111-aaaa-4000-8000-000000000000"
 QUERY_ID = "query-0000"

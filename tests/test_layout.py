@@ -3,6 +3,7 @@ packages), so two test files with one name make the second fail to collect."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 from pathlib import Path
@@ -35,3 +36,28 @@ def test_the_linked_folders_are_imported_only_under_eospack() -> None:
         sources += (ROOT / folder).rglob("*.py")  # rglob does not follow the links
     offenders = [str(path) for path in sources if bare.search(path.read_text())]
     assert offenders == []
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every module a file imports, at any depth (a function-local import counts too)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return names
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Shared helpers live in helper modules (no ``test_`` prefix): importing a test
+    module runs its module-level code and fixtures a second time and ties one suite's
+    layout to another's."""
+    offenders = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for folder in ("tests", "integration_tests")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name in imported_modules(path)
+        if any(part.startswith("test_") for part in name.split("."))
+    }
+    assert sorted(offenders) == []

@@ -79,7 +79,7 @@ def test_restore_refusals(tmp_path: Path) -> None:
 def test_partitions_unknown_to_the_savepoint_start_at_earliest(tmp_path: Path) -> None:
     """A partition added since the savepoint and a topic the subscription covers since start
     at their earliest offset, as in a query that never stopped; known ones where it ended."""
-    from tests.test_kafka_planning import FakeCluster, stream_reader
+    from tests.fake_kafka_cluster import FakeCluster, stream_reader
 
     write_savepoint(tmp_path / "savepoint")
     restore_savepoint(tmp_path / "savepoint", tmp_path / "a")
