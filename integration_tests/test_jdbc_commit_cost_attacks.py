@@ -225,6 +225,19 @@ def failover_proxy(postgres: Any) -> Iterator[_FailoverProxy]:
     proxy.close()
 
 
+def keep_a_connection_through(proxy: _FailoverProxy, postgres: Any, table: str) -> tuple[str, str]:
+    """A resource over ``proxy`` used and closed, so its connection is kept: the proxied
+    jdbc url and the sink id."""
+    url = postgres.endpoint.jdbc_url
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    proxied = url.replace(host_port, f"127.0.0.1:{proxy.port}", 1)
+    first = resource_for(postgres, table, url=proxied)
+    sink_id = first.options.sink_id
+    assert sink_id is not None
+    first.close()
+    return proxied, sink_id
+
+
 @pytest.mark.timeout(60)
 def test_the_commit_after_a_silent_failover_connects_anew(
     postgres: Any, unique_name: str, failover_proxy: _FailoverProxy
@@ -232,13 +245,7 @@ def test_the_commit_after_a_silent_failover_connects_anew(
     """The kept connection looked idle and healthy (nothing on its socket: the old server
     never said goodbye), but its first statement after the failover is reset. A new
     connection would have reached the server; the commit must not fail on the kept one."""
-    url = postgres.endpoint.jdbc_url
-    host_port = url.split("//", 1)[1].split("/", 1)[0]
-    proxied = url.replace(host_port, f"127.0.0.1:{failover_proxy.port}", 1)
-    first = resource_for(postgres, unique_name, url=proxied)
-    sink_id = first.options.sink_id
-    assert sink_id is not None
-    first.close()
+    proxied, sink_id = keep_a_connection_through(failover_proxy, postgres, unique_name)
     failover_proxy.fail_over()
 
     second = resource_for(postgres, unique_name, url=proxied)
@@ -349,13 +356,7 @@ def test_the_commit_after_a_silent_partition_does_not_hang_on_the_kept_connectio
     partition, a firewall that forgot the session) must not be lent: the commit would
     wait on it without bound (TCP retransmission, about 15 min on Linux), where a new
     connection reaches the server or fails within connect_timeout."""
-    url = postgres.endpoint.jdbc_url
-    host_port = url.split("//", 1)[1].split("/", 1)[0]
-    proxied = url.replace(host_port, f"127.0.0.1:{failover_proxy.port}", 1)
-    first = resource_for(postgres, unique_name, url=proxied)
-    sink_id = first.options.sink_id
-    assert sink_id is not None
-    first.close()
+    proxied, sink_id = keep_a_connection_through(failover_proxy, postgres, unique_name)
     failover_proxy.fail_over(silently=True)
 
     outcome: list[object] = []
