@@ -46,11 +46,12 @@ if TYPE_CHECKING:
         KafkaCodecMissingError,
         KafkaDataLossError,
         KafkaReadTimeoutError,
+        KafkaSendError,
         KafkaSourceOptionError,
+        PreparedTransactionLostError,
     )
-    from eospack.connectors.kafka_sink.errors import KafkaSendError, PreparedTransactionLostError
-    from eospack.connectors.kafka_sink.ledger import LedgerFencedError
-    from eospack.connectors.kafka_sink.options import KafkaSinkOptionError
+    from eospack.connectors.kafka.ledger import LedgerFencedError
+    from eospack.connectors.kafka.sink_options import KafkaSinkOptionError
     from eospack.connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
     from eospack.doctor import WorkerPythonError
     from eospack.savepoint import RestoredCheckpoint
@@ -111,10 +112,10 @@ _HOMES = {
     "KafkaDataLossError": "eospack.connectors.kafka.errors",
     "KafkaReadTimeoutError": "eospack.connectors.kafka.errors",
     "KafkaCodecMissingError": "eospack.connectors.kafka.errors",
-    "KafkaSinkOptionError": "eospack.connectors.kafka_sink.options",
-    "KafkaSendError": "eospack.connectors.kafka_sink.errors",
-    "PreparedTransactionLostError": "eospack.connectors.kafka_sink.errors",
-    "LedgerFencedError": "eospack.connectors.kafka_sink.ledger",
+    "KafkaSinkOptionError": "eospack.connectors.kafka.sink_options",
+    "KafkaSendError": "eospack.connectors.kafka.errors",
+    "PreparedTransactionLostError": "eospack.connectors.kafka.errors",
+    "LedgerFencedError": "eospack.connectors.kafka.ledger",
     "S3OptionError": "eospack.connectors.s3.errors",
     "S3AccessError": "eospack.connectors.s3.errors",
     "S3WriteError": "eospack.connectors.s3.errors",

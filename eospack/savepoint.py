@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
-from eospack.connectors.kafka.options import UNLISTED
+from eospack.connectors.kafka.source_options import UNLISTED
 from eospack.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.state_reader import read_state_table

@@ -22,8 +22,8 @@ from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 from kafka.admin import TransactionState as BrokerTransactionState
 
-from eospack.connectors.kafka_sink import transactions
-from eospack.connectors.kafka_sink.transactions import (
+from eospack.connectors.kafka import transactions
+from eospack.connectors.kafka.transactions import (
     PreparedTransaction,
     TransactionFencedError,
     _end_transaction,
@@ -362,8 +362,8 @@ def broker_skipped_markers(broker: ApacheKafka, transactional_id: str) -> bool:
 def test_a_closed_resource_leaves_no_admin_thread(real_kafka: Any, unique_name: str) -> None:
     """KafkaResource's kept admin client must not outlive ``close()`` (a commit's
     resource is closed in a ``finally``, on error paths too)."""
-    from eospack.connectors.kafka_sink.options import parse_options
-    from eospack.connectors.kafka_sink.resource import KafkaResource
+    from eospack.connectors.kafka.resource import KafkaResource
+    from eospack.connectors.kafka.sink_options import parse_options
 
     options = parse_options(
         {"kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers, "topic": unique_name}

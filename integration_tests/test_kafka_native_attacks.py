@@ -35,14 +35,13 @@ import pytest
 from kafka import KafkaProducer
 
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, transaction_id
-from eospack.connectors.kafka import reader
-from eospack.connectors.kafka.options import parse_options as parse_source_options
+from eospack.connectors.kafka import producer_batches, reader
 from eospack.connectors.kafka.planning import OffsetRange
-from eospack.connectors.kafka_sink import producer_batches
-from eospack.connectors.kafka_sink.options import KafkaSinkOptions
-from eospack.connectors.kafka_sink.resource import KafkaResource
-from eospack.connectors.kafka_sink.transactions import fence, open_transactions
-from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
+from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.sink_options import KafkaSinkOptions
+from eospack.connectors.kafka.source_options import parse_options as parse_source_options
+from eospack.connectors.kafka.transactions import fence, open_transactions
+from eospack.connectors.kafka.writer import prepare_task, write_directly
 from eospack.services.kafka_tools import (
     create_topic,
     end_offsets,

@@ -26,16 +26,16 @@ from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, de
 from eospack.commit_protocols.pieces import DECIDED, DONE, BatchDecision
 from eospack.commit_protocols.resource import DecidedPieceLostError
 from eospack.commit_protocols.stream_writer import recover_at_least_once
-from eospack.connectors.kafka_sink import ledger as ledger_module
-from eospack.connectors.kafka_sink.ledger import Ledger, forget_ledger, shared_ledger
-from eospack.connectors.kafka_sink.options import (
+from eospack.connectors.kafka import ledger as ledger_module
+from eospack.connectors.kafka.ledger import Ledger, forget_ledger, shared_ledger
+from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.sink import derived_sink_id
+from eospack.connectors.kafka.sink_options import (
     KafkaSinkOptionError,
     parse_options,
 )
-from eospack.connectors.kafka_sink.resource import KafkaResource
-from eospack.connectors.kafka_sink.sink import derived_sink_id
-from eospack.connectors.kafka_sink.transactions import fence, open_transactions
-from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
+from eospack.connectors.kafka.transactions import fence, open_transactions
+from eospack.connectors.kafka.writer import prepare_task, write_directly
 from eospack.errors import EospackError
 from eospack.services.kafka_tools import create_topic, transactional_producer
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
@@ -433,7 +433,7 @@ def test_a_restart_naming_the_sink_another_way_does_not_apply_its_batch_again(
     id, which finds no decision for batch 4, so the replay is committed a second time;
     the query-start check of the checkpoint does not notice. Expected: the restart
     refused at query start (as for ledgerTopic), or the batch applied once."""
-    from eospack.connectors.kafka_sink.checkpoint_record import check_against_record
+    from eospack.connectors.kafka.checkpoint_record import check_against_record
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
     base = {
@@ -629,7 +629,7 @@ def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
     from kafka import KafkaAdminClient
     from kafka.admin import TransactionState
 
-    from eospack.connectors.kafka_sink.errors import PreparedTransactionLostError
+    from eospack.connectors.kafka.errors import PreparedTransactionLostError
     from eospack.testing import wait_until
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)

@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from eospack.commit_protocols import faults, sink_prefix
-from eospack.connectors.kafka_sink.ledger import read_slots
-from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
-from eospack.connectors.kafka_sink.transactions import fence, open_transactions
+from eospack.connectors.kafka.ledger import read_slots
+from eospack.connectors.kafka.sink_options import DEFAULT_LEDGER_TOPIC
+from eospack.connectors.kafka.transactions import fence, open_transactions
 from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import await_query
 from integration_tests.crash_harness import run_driver

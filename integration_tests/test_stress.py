@@ -51,8 +51,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from eospack.commit_protocols import faults, sink_prefix
 from eospack.connectors.jdbc.options import APPLICATION_NAME
-from eospack.connectors.kafka_sink.ledger import read_slots
-from eospack.connectors.kafka_sink.transactions import open_transactions
+from eospack.connectors.kafka.ledger import read_slots
+from eospack.connectors.kafka.transactions import open_transactions
 from eospack.connectors.s3.options import parse_reader_options
 from eospack.connectors.s3.reader import CommittedDataReader, FilesPartition, plan_read
 from eospack.processes import DriverProcess
@@ -86,7 +86,7 @@ KAFKA_SINK_FAULTS: tuple[tuple[str, faults.Mode], ...] = (
     ("kafka_sink.decide", "after"),
     ("kafka_sink.commit_piece", "after"),
 )
-"""2pc-kafka's calls (``run_call`` in connectors/kafka_sink): a task's flush, the decision's
+"""2pc-kafka's calls (``run_call`` in connectors/kafka): a task's flush, the decision's
 ledger write, a transaction's commit (EndTxn)."""
 RESTORE = "restore from a savepoint"
 CATCH_UP = "let the queries catch up"

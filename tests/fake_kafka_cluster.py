@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from unittest import mock
 
-from eospack.connectors.kafka.options import KafkaSourceOptions, Subscription, parse_options
 from eospack.connectors.kafka.planning import (
     ClusterView,
     KafkaMetadata,
     OffsetPlanner,
 )
 from eospack.connectors.kafka.source import ReplayableKafkaStreamReader
+from eospack.connectors.kafka.source_options import KafkaSourceOptions, Subscription, parse_options
 
 TopicPartitionKey = tuple[str, int]
 

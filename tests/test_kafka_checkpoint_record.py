@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from eospack.connectors.kafka_sink import checkpoint_record
-from eospack.connectors.kafka_sink.checkpoint_record import (
+from eospack.connectors.kafka import checkpoint_record
+from eospack.connectors.kafka.checkpoint_record import (
     check_against_record,
     read_record,
     record_path,
     write_record,
 )
-from eospack.connectors.kafka_sink.options import (
+from eospack.connectors.kafka.sink_options import (
     DEFAULT_LEDGER_TOPIC,
     KafkaSinkOptionError,
     KafkaSinkOptions,

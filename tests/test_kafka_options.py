@@ -14,7 +14,6 @@ from eospack.connectors.kafka.errors import (
     KafkaReadTimeoutError,
     KafkaSourceOptionError,
 )
-from eospack.connectors.kafka.options import KafkaSourceOptions, parse_options
 from eospack.connectors.kafka.planning import (
     OffsetRange,
     TriggerPacer,
@@ -28,6 +27,7 @@ from eospack.connectors.kafka.planning import (
 )
 from eospack.connectors.kafka.reader import _within, output_schema
 from eospack.connectors.kafka.record_batches import records_to_arrow
+from eospack.connectors.kafka.source_options import KafkaSourceOptions, parse_options
 
 BASE = {"kafka.bootstrap.servers": "broker1:9092,broker2:9093", "subscribe": "orders"}
 

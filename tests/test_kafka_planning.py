@@ -19,7 +19,6 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 from eospack.commit_protocols import faults
 from eospack.connectors.kafka import broker_calls
 from eospack.connectors.kafka.errors import KafkaDataLossError
-from eospack.connectors.kafka.options import parse_options
 from eospack.connectors.kafka.planning import (
     BatchOffsets,
     ClusterView,
@@ -29,6 +28,7 @@ from eospack.connectors.kafka.planning import (
     topic_id_text,
 )
 from eospack.connectors.kafka.source import ReplayableKafkaStreamReader
+from eospack.connectors.kafka.source_options import parse_options
 from tests.fake_kafka_cluster import FakeCluster, TopicPartitionKey, options, stream_reader
 
 ID_A = "AAAAAAAAAAAAAAAAAAAAAQ"

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from eospack.commit_protocols import PreparedPiece
 from eospack.connectors.jdbc.errors import JdbcSinkOptionError
 from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
-from eospack.connectors.kafka.options import parse_options as parse_kafka_options
 from eospack.connectors.kafka.planning import (
     BatchOffsets,
     ClusterView,
@@ -27,6 +26,7 @@ from eospack.connectors.kafka.planning import (
     rate_limit,
     split_ranges,
 )
+from eospack.connectors.kafka.source_options import parse_options as parse_kafka_options
 from eospack.connectors.s3.keys import (
     HIVE_DEFAULT_PARTITION,
     escape_path_name,

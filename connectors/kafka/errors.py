@@ -1,7 +1,10 @@
-"""One exception class per way the replayable-kafka source can fail.
+"""One exception class per way the Kafka source (replayable-kafka) and sink (2pc-kafka) can fail.
 
 Every message is one line that names the option (or topic-partition) at fault and the fix.
 None of them ever carries a secret: option values are only quoted for non-secret options.
+The sink's option errors are ``KafkaSinkOptionError`` (``sink_options``), its ledger errors
+``LedgerError`` (``ledger``), a decided transaction the broker aborted
+``DecidedPieceLostError`` (``eospack.commit_protocols.resource``).
 """
 
 from __future__ import annotations
@@ -27,3 +30,15 @@ class KafkaReadTimeoutError(EospackError, TimeoutError):
 
 class KafkaCodecMissingError(EospackError, RuntimeError):
     """Records are compressed with a codec whose Python package is missing on an executor."""
+
+
+class KafkaSendError(EospackError, RuntimeError):
+    """The broker refused a record (or the producer could not deliver it): the task fails,
+    and its transaction is aborted, so nothing of the task becomes visible; Spark retries
+    the task, and the query fails with this message if the broker keeps refusing."""
+
+
+class PreparedTransactionLostError(EospackError, RuntimeError):
+    """A task's transaction ended before the driver decided the batch (the broker aborted it
+    after ``transaction.timeout.ms``, or it was fenced): the batch is not decided, Spark's
+    abort fences it, and a restart replays it whole."""

@@ -37,7 +37,7 @@ from eospack.connectors.kafka.errors import (
     KafkaDataLossError,
     KafkaSourceOptionError,
 )
-from eospack.connectors.kafka.options import (
+from eospack.connectors.kafka.source_options import (
     EARLIEST,
     LATEST,
     KafkaSourceOptions,

@@ -46,12 +46,6 @@ from pyspark.sql.types import (
 
 from eospack.connectors.kafka import native_path
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
-from eospack.connectors.kafka.options import (
-    KafkaSourceOptions,
-    OffsetBound,
-    TopicPartitionKey,
-    parse_options,
-)
 from eospack.connectors.kafka.planning import (
     BatchOffsets,
     ClusterSnapshot,
@@ -65,6 +59,12 @@ from eospack.connectors.kafka.planning import (
     pack_ranges,
     rate_limit,
     split_ranges,
+)
+from eospack.connectors.kafka.source_options import (
+    KafkaSourceOptions,
+    OffsetBound,
+    TopicPartitionKey,
+    parse_options,
 )
 
 if TYPE_CHECKING:

@@ -219,7 +219,7 @@ class KafkaOutput:
     def sink_id(self, name: str) -> str | None:
         """The sink id 2pc-kafka derived, as it derives it: from the query id in the
         checkpoint and the target; None before the query's first start wrote it."""
-        from eospack.connectors.kafka_sink.sink import derived_sink_id
+        from eospack.connectors.kafka.sink import derived_sink_id
         from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
 
         metadata = self.checkpoints[name] / KAFKA_QUERY / "metadata"
@@ -234,9 +234,9 @@ class KafkaOutput:
         its ledger slots not done (a decision whose commit did not finish)."""
         from eospack.commit_protocols import sink_prefix
         from eospack.commit_protocols.pieces import DONE
-        from eospack.connectors.kafka_sink.ledger import read_slots
-        from eospack.connectors.kafka_sink.options import DEFAULT_LEDGER_TOPIC
-        from eospack.connectors.kafka_sink.transactions import admin_client, open_transactions
+        from eospack.connectors.kafka.ledger import read_slots
+        from eospack.connectors.kafka.sink_options import DEFAULT_LEDGER_TOPIC
+        from eospack.connectors.kafka.transactions import admin_client, open_transactions
 
         sink_id = self.sink_id(name)
         if sink_id is None:

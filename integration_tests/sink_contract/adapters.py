@@ -646,7 +646,7 @@ class KafkaSink(BoundSink):
         }
 
     def parsed(self, options: Options) -> Any:
-        from eospack.connectors.kafka_sink.options import parse_options
+        from eospack.connectors.kafka.sink_options import parse_options
 
         return parse_options({key.lower(): value for key, value in options.items()})
 
@@ -664,7 +664,7 @@ class KafkaSink(BoundSink):
         )
 
     def leftovers(self, sink_ids: set[str], options: Options) -> list[str]:
-        from eospack.connectors.kafka_sink.transactions import open_transactions
+        from eospack.connectors.kafka.transactions import open_transactions
 
         found = []
         for sink_id in sorted(sink_ids):
@@ -673,7 +673,7 @@ class KafkaSink(BoundSink):
         return found
 
     def decisions(self, sink_ids: set[str], options: Options) -> dict[tuple[str, int], str]:
-        from eospack.connectors.kafka_sink.ledger import read_slots
+        from eospack.connectors.kafka.ledger import read_slots
 
         found = {}
         ledgers = {self.ledger_topic, self.parsed(options).ledger_topic}
@@ -690,7 +690,7 @@ class KafkaSink(BoundSink):
         topic and neither committed nor aborted (a driver killed while writing its
         decision): it holds the ledger's last stable offset until the broker times it
         out."""
-        from eospack.connectors.kafka_sink.ledger import ensure_ledger_topic
+        from eospack.connectors.kafka.ledger import ensure_ledger_topic
         from eospack.services.kafka_tools import transactional_producer
 
         parsed = self.parsed(options)
@@ -740,7 +740,7 @@ def _other_ledger(sink: BoundSink, options: Options) -> Options:
 class Kafka(SinkAdapter):
     name = "kafka"
     sink_format = "2pc-kafka"
-    data_source = "eospack.connectors.kafka_sink.sink:TwoPhaseKafkaDataSource"
+    data_source = "eospack.connectors.kafka.sink:TwoPhaseKafkaDataSource"
     schema = "key STRING, value STRING"
     fixtures = ("real_kafka",)
     as_kafka_records = True

@@ -33,12 +33,12 @@ from kafka import errors as kafka_errors
 from eospack.commit_protocols import TaskIdentity, faults, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka.errors import KafkaSendError
+from eospack.connectors.kafka.ledger import is_ledger_topic
+from eospack.connectors.kafka.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
 from eospack.connectors.kafka.record_batches import EncodeSettings, RecordRefusedError
-from eospack.connectors.kafka_sink.errors import KafkaSendError
-from eospack.connectors.kafka_sink.ledger import is_ledger_topic
-from eospack.connectors.kafka_sink.options import KafkaSinkOptions
-from eospack.connectors.kafka_sink.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
-from eospack.connectors.kafka_sink.transactions import begin, end_transaction, prepare
+from eospack.connectors.kafka.sink_options import KafkaSinkOptions
+from eospack.connectors.kafka.transactions import begin, end_transaction, prepare
 
 ENCODED_COLUMNS = ("key", "value", "partition", "headers")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from eospack.connectors.kafka_sink.options import KafkaSinkOptionError, KafkaSinkOptions
+from eospack.connectors.kafka.sink_options import KafkaSinkOptionError, KafkaSinkOptions
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ task retries and broker restarts, provided the query restarts from its checkpoin
 ``transaction.timeout.ms`` of a crash. Tasks write their rows in Kafka transactions and
 leave them open; the driver records the decision in the ledger topic and commits every
 transaction by producer id and epoch; recovery rolls decided transactions forward and
-fences the rest (``eospack.connectors.kafka_sink.resource``). A prepared transaction the broker
+fences the rest (``eospack.connectors.kafka.resource``). A prepared transaction the broker
 aborted because the query stayed down too long is detected at the restart, which fails
 with ``DecidedPieceLostError``: never silently lost. ``read_uncommitted`` consumers see
 records of transactions that are later aborted (a retried task, a replayed batch).
@@ -37,17 +37,17 @@ from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter, d
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka import native_path
-from eospack.connectors.kafka_sink.checkpoint_record import check_against_record
-from eospack.connectors.kafka_sink.options import (
+from eospack.connectors.kafka.checkpoint_record import check_against_record
+from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.sink_options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaSinkOptionError,
     KafkaSinkOptions,
     client_config,
     parse_options,
 )
-from eospack.connectors.kafka_sink.resource import KafkaResource
-from eospack.connectors.kafka_sink.transactions import admin_client
-from eospack.connectors.kafka_sink.writer import prepare_task, write_directly
+from eospack.connectors.kafka.transactions import admin_client
+from eospack.connectors.kafka.writer import prepare_task, write_directly
 
 SINK_NAME = "2pc-kafka"
 BROKER_TIMEOUT_SETTING = "transaction.max.timeout.ms"

@@ -54,12 +54,12 @@ from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from eospack.connectors.kafka_sink.options import (
+from eospack.connectors.kafka.sink_options import (
     DEFAULT_LEDGER_TOPIC,
     KafkaSinkOptions,
     client_config,
 )
-from eospack.connectors.kafka_sink.transactions import (
+from eospack.connectors.kafka.transactions import (
     CONTROL_SETTINGS,
     admin_client,
     consumer_settings,

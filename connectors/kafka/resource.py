@@ -21,16 +21,16 @@ from kafka import errors as kafka_errors
 from eospack.commit_protocols import derive_sink_id, faults, parse_transaction_id, sink_prefix
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from eospack.connectors.kafka_sink.errors import PreparedTransactionLostError
-from eospack.connectors.kafka_sink.ledger import (
+from eospack.connectors.kafka.errors import PreparedTransactionLostError
+from eospack.connectors.kafka.ledger import (
     Ledger,
     LedgerFencedError,
     forget_ledger,
     read_slots_if_any,
     shared_ledger,
 )
-from eospack.connectors.kafka_sink.options import KafkaSinkOptions
-from eospack.connectors.kafka_sink.transactions import (
+from eospack.connectors.kafka.sink_options import KafkaSinkOptions
+from eospack.connectors.kafka.transactions import (
     PreparedTransaction,
     TransactionFencedError,
     admin_client,

@@ -1,1 +1,0 @@
-"""2pc-kafka (in progress): Kafka transactions that the driver commits."""
