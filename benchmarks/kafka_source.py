@@ -40,7 +40,7 @@ from pyspark.sql.types import StructType
 from benchmarks.data import VALUE_BYTES, fill_topic
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
 from eospack.connectors.kafka import native_path, reader, record_batches
-from eospack.connectors.kafka.planning import OffsetRange
+from eospack.connectors.kafka.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
 from eospack.connectors.kafka.source_options import parse_options
 from eospack.testing import await_query

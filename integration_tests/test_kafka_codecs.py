@@ -439,7 +439,7 @@ def test_a_missing_codec_library_fails_in_one_line_naming_the_package(
     from kafka import codec
 
     from eospack.connectors.kafka import reader, record_batches
-    from eospack.connectors.kafka.planning import OffsetRange
+    from eospack.connectors.kafka.offset_ranges import OffsetRange
     from eospack.connectors.kafka.source_options import parse_options
 
     servers = kafka.endpoint.bootstrap_servers

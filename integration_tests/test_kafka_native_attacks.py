@@ -36,7 +36,7 @@ from kafka import KafkaProducer
 
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, transaction_id
 from eospack.connectors.kafka import producer_batches, reader
-from eospack.connectors.kafka.planning import OffsetRange
+from eospack.connectors.kafka.offset_ranges import OffsetRange
 from eospack.connectors.kafka.resource import KafkaResource
 from eospack.connectors.kafka.sink_options import KafkaSinkOptions
 from eospack.connectors.kafka.source_options import parse_options as parse_source_options

@@ -14,17 +14,15 @@ from eospack.connectors.kafka.errors import (
     KafkaReadTimeoutError,
     KafkaSourceOptionError,
 )
-from eospack.connectors.kafka.planning import (
+from eospack.connectors.kafka.offset_format import offsets_from_json, offsets_to_json
+from eospack.connectors.kafka.offset_ranges import (
     OffsetRange,
-    TriggerPacer,
     available_records,
-    offsets_from_json,
-    offsets_to_json,
     pack_ranges,
-    plan_ranges,
     rate_limit,
     split_ranges,
 )
+from eospack.connectors.kafka.planning import TriggerPacer, plan_ranges
 from eospack.connectors.kafka.reader import _within, output_schema
 from eospack.connectors.kafka.record_batches import records_to_arrow
 from eospack.connectors.kafka.source_options import KafkaSourceOptions, parse_options

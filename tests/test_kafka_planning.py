@@ -18,15 +18,11 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from eospack.commit_protocols import faults
 from eospack.connectors.kafka import broker_calls
+from eospack.connectors.kafka.broker_metadata import ClusterView
 from eospack.connectors.kafka.errors import KafkaDataLossError
-from eospack.connectors.kafka.planning import (
-    BatchOffsets,
-    ClusterView,
-    OffsetRange,
-    offsets_from_json,
-    plan_next_batch,
-    topic_id_text,
-)
+from eospack.connectors.kafka.offset_format import BatchOffsets, offsets_from_json, topic_id_text
+from eospack.connectors.kafka.offset_ranges import OffsetRange
+from eospack.connectors.kafka.planning import plan_next_batch
 from eospack.connectors.kafka.source import ReplayableKafkaStreamReader
 from eospack.connectors.kafka.source_options import parse_options
 from tests.fake_kafka_cluster import FakeCluster, TopicPartitionKey, options, stream_reader

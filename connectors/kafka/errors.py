@@ -9,7 +9,17 @@ The sink's option errors are ``KafkaSinkOptionError`` (``sink_options``), its le
 
 from __future__ import annotations
 
+import logging
+
 from eospack.errors import EospackError
+
+log = logging.getLogger(__name__)
+
+FAIL_ON_DATA_LOSS_HINT = (
+    "If this is expected (e.g. a deleted topic or retention), set the option"
+    " failOnDataLoss=false to skip the lost offsets and continue"
+)
+SKIP_HINT = "continuing from the earliest available offset because failOnDataLoss=false"
 
 
 class KafkaSourceOptionError(EospackError, ValueError):
@@ -42,3 +52,11 @@ class PreparedTransactionLostError(EospackError, RuntimeError):
     """A task's transaction ended before the driver decided the batch (the broker aborted it
     after ``transaction.timeout.ms``, or it was fenced): the batch is not decided, Spark's
     abort fences it, and a restart replays it whole."""
+
+
+def report_data_loss(fail_on_data_loss: bool, message: str, skipped: int | None = None) -> None:
+    """Raise KafkaDataLossError, or log a warning that counts the skipped offsets."""
+    if fail_on_data_loss:
+        raise KafkaDataLossError(f"{message}. {FAIL_ON_DATA_LOSS_HINT}")
+    counted = f"; skipped {skipped} offsets" if skipped is not None else ""
+    log.warning("%s%s; %s", message, counted, SKIP_HINT)

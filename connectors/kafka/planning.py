@@ -1,4 +1,4 @@
-"""Driver side of replayable-kafka: which topic-partitions, which offsets, which ranges.
+"""Driver side of replayable-kafka: which offsets the next batch reads, and why.
 
 A batch is a set of half-open :class:`OffsetRange` ``[start, end)``, one per topic-partition
 (or several, with minPartitions). The offset Spark logs for a batch describes the batch on
@@ -21,152 +21,25 @@ topic's records are never read in place of the old one's. Offsets logged by earl
 
 from __future__ import annotations
 
-import base64
 import logging
-import math
-import re
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from eospack.connectors.kafka.broker_calls import broker_call
-from eospack.connectors.kafka.errors import (
-    KafkaBrokerUnreachableError,
-    KafkaDataLossError,
-    KafkaSourceOptionError,
-)
+from eospack.connectors.kafka.broker_metadata import ClusterSnapshot, ClusterView, KafkaMetadata
+from eospack.connectors.kafka.errors import KafkaSourceOptionError, report_data_loss
+from eospack.connectors.kafka.offset_format import BatchOffsets, offsets_from_json
+from eospack.connectors.kafka.offset_ranges import OffsetRange, PartitionOffsets, split_ranges
 from eospack.connectors.kafka.source_options import (
     EARLIEST,
     LATEST,
     KafkaSourceOptions,
     OffsetBound,
-    Subscription,
     TopicPartitionKey,
 )
 
-if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-
 log = logging.getLogger(__name__)
-
-PartitionOffsets = dict[TopicPartitionKey, int]
-OffsetsJson = dict[str, Any]
-
-# Reserved keys of the offset JSON; "@" cannot occur in a Kafka topic name.
-STARTS_KEY = "@starts"
-TOPIC_IDS_KEY = "@topicIds"
-
-FAIL_ON_DATA_LOSS_HINT = (
-    "If this is expected (e.g. a deleted topic or retention), set the option"
-    " failOnDataLoss=false to skip the lost offsets and continue"
-)
-SKIP_HINT = "continuing from the earliest available offset because failOnDataLoss=false"
-
-
-@dataclass(frozen=True)
-class OffsetRange:
-    """Offsets ``start <= offset < end`` of one topic-partition, read by position."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return max(0, self.end - self.start)
-
-    def describe(self) -> str:
-        return f"{self.topic}-{self.partition} [{self.start}, {self.end})"
-
-
-def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> OffsetsJson:
-    """Spark's Kafka offset JSON, sorted so that equal offsets give equal JSON."""
-    result: OffsetsJson = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        result.setdefault(topic, {})[str(partition)] = int(offset)
-    return result
-
-
-def offsets_from_json(offsets: Mapping[str, Any]) -> PartitionOffsets:
-    """The per-partition offsets of Spark's Kafka offset JSON (reserved "@" keys skipped)."""
-    return {
-        (topic, int(partition)): int(offset)
-        for topic, partitions in offsets.items()
-        if not topic.startswith("@")
-        for partition, offset in partitions.items()
-    }
-
-
-def topic_id_text(topic_id: uuid.UUID | None) -> str | None:
-    """A topic id as Kafka shows it (kafka-topics.sh: URL-safe base64); None if unknown."""
-    if topic_id is None or topic_id.int == 0:
-        return None
-    return base64.urlsafe_b64encode(topic_id.bytes).decode().rstrip("=")
-
-
-@dataclass(frozen=True)
-class BatchOffsets:
-    """The offset Spark logs for a batch, self-describing so that a replay needs nothing else.
-
-    ``ends``: every topic-partition the batch covers, at its end offset. ``starts``: where
-    each range starts; a partition left out reads nothing (starts at its end). ``None`` for
-    offsets logged before this format (ends only): such a batch is planned from Spark's
-    start offset as it was then. ``topic_ids``: topic name to Kafka topic id, where known.
-    """
-
-    ends: Mapping[TopicPartitionKey, int]
-    starts: Mapping[TopicPartitionKey, int] | None = field(default_factory=dict)
-    topic_ids: Mapping[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> OffsetsJson:
-        """``{"t": {"0": 23}, "@starts": {"t": {"0": 20}}, "@topicIds": {"t": "..."}}``,
-        sorted, with only the starts of non-empty ranges, so equal batches give equal JSON."""
-        result: OffsetsJson = offsets_to_json(self.ends)
-        starts = self.starts or {}
-        result[STARTS_KEY] = offsets_to_json(
-            {tp: start for tp, start in starts.items() if start != self.ends.get(tp, start)}
-        )
-        if self.topic_ids:
-            result[TOPIC_IDS_KEY] = dict(sorted(self.topic_ids.items()))
-        return result
-
-    @classmethod
-    def from_json(cls, offsets: Mapping[str, Any]) -> BatchOffsets:
-        starts = offsets.get(STARTS_KEY)
-        return cls(
-            ends=offsets_from_json(offsets),
-            starts=None if starts is None else offsets_from_json(starts),
-            topic_ids=dict(offsets.get(TOPIC_IDS_KEY) or {}),
-        )
-
-    def ranges(self) -> list[OffsetRange]:
-        """Every range of the batch, in topic-partition order (empty ones included)."""
-        starts = self.starts or {}
-        return [
-            OffsetRange(topic, partition, starts.get((topic, partition), end), end)
-            for (topic, partition), end in sorted(self.ends.items())
-        ]
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    """One metadata answer: the topic-partitions the subscription covers, every topic the
-    cluster has, and topic ids (None where the broker gives none)."""
-
-    partitions: tuple[TopicPartitionKey, ...]
-    topics: frozenset[str]
-    topic_ids: Mapping[str, str | None]
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """A cluster view and the latest offset of each of its partitions, taken together."""
-
-    view: ClusterView
-    latest: Mapping[TopicPartitionKey, int]
 
 
 @dataclass(frozen=True)
@@ -271,113 +144,6 @@ def plan_next_batch(
     return BatchPlan(begins, limits, topic_ids)
 
 
-def available_records(
-    start: Mapping[TopicPartitionKey, int],
-    latest: Mapping[TopicPartitionKey, int],
-    earliest_of_new: Mapping[TopicPartitionKey, int],
-) -> int:
-    """How many offsets lie between ``start`` (or a new partition's earliest) and ``latest``."""
-    total = 0
-    for tp, end in latest.items():
-        begin = start.get(tp, earliest_of_new.get(tp, end))
-        total += max(0, end - begin)
-    return total
-
-
-def rate_limit(
-    max_rows: int,
-    start: Mapping[TopicPartitionKey, int],
-    latest: Mapping[TopicPartitionKey, int],
-    earliest_of_new: Mapping[TopicPartitionKey, int],
-) -> PartitionOffsets:
-    """Share ``max_rows`` offsets among partitions in proportion to their backlog.
-
-    As Spark's Kafka source does: a partition with a backlog gets at least one offset, and
-    no partition goes beyond its latest offset.
-    """
-    sizes = {}
-    for tp, end in latest.items():
-        begin = start.get(tp, earliest_of_new.get(tp))
-        if begin is not None and end - begin > 0:
-            sizes[tp] = end - begin
-    total = sum(sizes.values())
-    if total < 1:
-        return dict(latest)
-    limited: PartitionOffsets = {}
-    for tp, end in latest.items():
-        if tp not in sizes:
-            limited[tp] = end
-            continue
-        begin = start[tp] if tp in start else earliest_of_new[tp]
-        share = max_rows * (sizes[tp] / total)
-        whole = math.ceil(share) if share < 1 else math.floor(share)
-        limited[tp] = min(end, begin + whole)
-    return limited
-
-
-def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
-    """Drop empty ranges; split the rest so that about ``min_partitions`` Spark tasks read.
-
-    Same rule as Spark's KafkaOffsetRangeCalculator: with fewer non-empty ranges than
-    minPartitions, each range is cut into pieces proportional to its share of all offsets.
-    """
-    non_empty = [r for r in ranges if r.size > 0]
-    if not min_partitions or len(non_empty) >= min_partitions:
-        return non_empty
-    total = sum(r.size for r in non_empty)
-    ideal = total / min_partitions
-    result: list[OffsetRange] = []
-    for r in non_empty:
-        parts = max(round(r.size / ideal), 1)
-        for i in range(parts):
-            begin = r.start + int(r.size * (i / parts))
-            end = r.start + int(r.size * ((i + 1) / parts))
-            if end > begin:
-                result.append(OffsetRange(r.topic, r.partition, begin, end))
-    return result
-
-
-def pack_ranges(
-    ranges: Sequence[OffsetRange], min_records: int, min_partitions: int | None
-) -> list[tuple[OffsetRange, ...]]:
-    """Spark partitions of ``ranges``: ranges smaller than ``min_records`` share one.
-
-    Why: Spark's JVM source reads each range in its own task, which costs it milliseconds;
-    a Python data source's task costs Spark's Python runner 50-80 ms whatever it reads, so
-    a small batch over many topic-partitions spent most of its read stage starting tasks.
-    Ranges are taken in the order given and added to the current partition while it stays
-    within ``min_records`` offsets; a range of ``min_records`` or more gets its own. Never
-    splits a range, and packs nothing when ``min_partitions`` is set (the user asked for
-    tasks; its split ranges each keep one). A replay may be packed otherwise than its first
-    attempt (other options after a restart): the sinks commit named pieces, not tasks.
-    """
-    if min_partitions:
-        return [(offset_range,) for offset_range in ranges]
-    packed: list[tuple[OffsetRange, ...]] = []
-    current: list[OffsetRange] = []
-    held = 0
-    for offset_range in ranges:
-        if offset_range.size >= min_records:
-            packed.append((offset_range,))
-            continue
-        if current and held + offset_range.size > min_records:
-            packed.append(tuple(current))
-            current, held = [], 0
-        current.append(offset_range)
-        held += offset_range.size
-    if current:
-        packed.append(tuple(current))
-    return packed
-
-
-def report_data_loss(fail_on_data_loss: bool, message: str, skipped: int | None = None) -> None:
-    """Raise KafkaDataLossError, or log a warning that counts the skipped offsets."""
-    if fail_on_data_loss:
-        raise KafkaDataLossError(f"{message}. {FAIL_ON_DATA_LOSS_HINT}")
-    counted = f"; skipped {skipped} offsets" if skipped is not None else ""
-    log.warning("%s%s; %s", message, counted, SKIP_HINT)
-
-
 def plan_ranges(
     start: Mapping[TopicPartitionKey, int],
     end: Mapping[TopicPartitionKey, int],
@@ -417,131 +183,6 @@ def plan_ranges(
                 log.info("New topic-partition %s-%s starts at offset %s", topic, partition, begin)
         ranges.append(OffsetRange(topic, partition, begin, end[tp]))
     return ranges
-
-
-class KafkaMetadata:
-    """The driver's view of the cluster: partitions and earliest/latest/timestamp offsets.
-
-    One kafka-python consumer, created on first use, with bootstrap and requests bounded by
-    the metadata timeout (kafka.request.timeout.ms, default 10 s): an unreachable broker is
-    a KafkaBrokerUnreachableError naming the servers, never a hang.
-    """
-
-    def __init__(self, options: KafkaSourceOptions) -> None:
-        self._options = options
-        self._consumer: KafkaConsumer | None = None
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-
-    def _unreachable(self, error: BaseException) -> KafkaBrokerUnreachableError:
-        return KafkaBrokerUnreachableError(
-            f"Kafka at {self._options.bootstrap_servers} (option kafka.bootstrap.servers) did not"
-            f" answer within {self._options.metadata_timeout_ms} ms"
-            f" ({type(error).__name__}): check the servers are up and reachable, or raise"
-            " kafka.request.timeout.ms"
-        )
-
-    def _call(self, action: Callable[[KafkaConsumer], Any]) -> Any:
-        # kafka-python is imported here, by the one process that talks to the broker: Spark's
-        # planner processes that only build the source never pay its ~0.15 s import.
-        from kafka import KafkaConsumer
-        from kafka.errors import KafkaConnectionError, KafkaTimeoutError
-
-        try:
-            if self._consumer is None:
-                self._consumer = KafkaConsumer(**self._options.metadata_consumer_config())
-            return action(self._consumer)
-        except (KafkaTimeoutError, KafkaConnectionError) as error:
-            self.close()
-            raise self._unreachable(error) from None
-
-    def cluster_view(self, subscription: Subscription) -> ClusterView:
-        """The topic-partitions the subscription covers right now, from one fresh metadata
-        answer (``kafka.metadata``), with every topic's id."""
-
-        def discover(consumer: KafkaConsumer) -> ClusterView:
-            topics = broker_call("kafka.metadata", consumer.topics)
-            cluster = consumer._client.cluster
-            if subscription.kind == "subscribe":
-                wanted = [t for t in subscription.topics if t in topics]
-            elif subscription.kind == "subscribePattern":
-                pattern = re.compile(subscription.pattern or "")
-                wanted = sorted(t for t in topics if pattern.fullmatch(t))
-            else:
-                wanted = sorted({t for t, _ in subscription.partitions if t in topics})
-            present = sorted(
-                (t, p) for t in wanted for p in (cluster.partitions_for_topic(t) or ())
-            )
-            if subscription.kind == "assign":
-                present = [tp for tp in subscription.partitions if tp in set(present)]
-            return ClusterView(
-                partitions=tuple(present),
-                topics=frozenset(topics),
-                topic_ids={t: topic_id_text(cluster.topic_id(t)) for t in wanted},
-            )
-
-        return self._call(discover)
-
-    def partitions(self, subscription: Subscription) -> list[TopicPartitionKey]:
-        """The topic-partitions the subscription covers right now (fresh metadata)."""
-        return list(self.cluster_view(subscription).partitions)
-
-    def check_assignment(self, subscription: Subscription, view: ClusterView | None = None) -> None:
-        """Fail if ``assign`` names a topic or partition the cluster does not have (in
-        ``view`` when given, else in a fresh metadata answer)."""
-        if subscription.kind != "assign":
-            return
-        present = set(view.partitions if view is not None else self.partitions(subscription))
-        missing = [tp for tp in subscription.partitions if tp not in present]
-        if missing:
-            names = ", ".join(f"{t}-{p}" for t, p in missing)
-            raise KafkaSourceOptionError(
-                f"Option assign names {names}, which do not exist on"
-                f" {self._options.bootstrap_servers}: create them or fix assign"
-            )
-
-    def earliest(self, tps: Iterable[TopicPartitionKey]) -> PartitionOffsets:
-        return self._list_offsets(tps, "beginning_offsets")
-
-    def latest(self, tps: Iterable[TopicPartitionKey]) -> PartitionOffsets:
-        return self._list_offsets(tps, "end_offsets")
-
-    def _list_offsets(self, tps: Iterable[TopicPartitionKey], method: str) -> PartitionOffsets:
-        from kafka import TopicPartition
-
-        keys = [TopicPartition(t, p) for t, p in tps]
-        if not keys:
-            return {}
-        timeout = self._options.metadata_timeout_ms
-        found = self._call(
-            lambda c: broker_call(
-                f"kafka.{method}", lambda: getattr(c, method)(keys, timeout_ms=timeout)
-            )
-        )
-        return {(tp.topic, tp.partition): int(offset) for tp, offset in found.items()}
-
-    def for_times(
-        self, timestamps: Mapping[TopicPartitionKey, int]
-    ) -> dict[TopicPartitionKey, int | None]:
-        """The first offset at or after each timestamp, None where there is none."""
-        from kafka import TopicPartition
-
-        query = {TopicPartition(t, p): ts for (t, p), ts in timestamps.items()}
-        if not query:
-            return {}
-        timeout = self._options.metadata_timeout_ms
-        found = self._call(
-            lambda c: broker_call(
-                "kafka.offsets_for_times", lambda: c.offsets_for_times(query, timeout_ms=timeout)
-            )
-        )
-        return {
-            (tp.topic, tp.partition): (None if hit is None else int(hit.offset))
-            for tp, hit in found.items()
-        }
 
 
 class OffsetPlanner:

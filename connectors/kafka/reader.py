@@ -41,8 +41,12 @@ from kafka.protocol.consumer.offsets import IsolationLevel
 
 from eospack.connectors.kafka import native_path, record_batches, socket_reads
 from eospack.connectors.kafka.broker_calls import broker_call
-from eospack.connectors.kafka.errors import KafkaCodecMissingError, KafkaReadTimeoutError
-from eospack.connectors.kafka.planning import OffsetRange, report_data_loss
+from eospack.connectors.kafka.errors import (
+    KafkaCodecMissingError,
+    KafkaReadTimeoutError,
+    report_data_loss,
+)
+from eospack.connectors.kafka.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source import output_schema
 from eospack.connectors.kafka.source_options import KafkaSourceOptions
 

@@ -45,21 +45,17 @@ from pyspark.sql.types import (
 )
 
 from eospack.connectors.kafka import native_path
+from eospack.connectors.kafka.broker_metadata import ClusterSnapshot, KafkaMetadata
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
-from eospack.connectors.kafka.planning import (
-    BatchOffsets,
-    ClusterSnapshot,
-    KafkaMetadata,
-    OffsetPlanner,
+from eospack.connectors.kafka.offset_format import BatchOffsets, OffsetsJson, offsets_to_json
+from eospack.connectors.kafka.offset_ranges import (
     OffsetRange,
-    OffsetsJson,
-    TriggerPacer,
     available_records,
-    offsets_to_json,
     pack_ranges,
     rate_limit,
     split_ranges,
 )
+from eospack.connectors.kafka.planning import OffsetPlanner, TriggerPacer
 from eospack.connectors.kafka.source_options import (
     KafkaSourceOptions,
     OffsetBound,

@@ -1,0 +1,168 @@
+"""The driver's broker metadata calls for replayable-kafka: partitions, topic ids, offsets.
+
+Every call goes through ``broker_call`` (the call-fault rig) and is bounded by the metadata
+timeout; kafka-python is imported only when a call is made.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eospack.connectors.kafka.broker_calls import broker_call
+from eospack.connectors.kafka.errors import KafkaBrokerUnreachableError, KafkaSourceOptionError
+from eospack.connectors.kafka.offset_format import topic_id_text
+from eospack.connectors.kafka.offset_ranges import PartitionOffsets
+from eospack.connectors.kafka.source_options import (
+    KafkaSourceOptions,
+    Subscription,
+    TopicPartitionKey,
+)
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One metadata answer: the topic-partitions the subscription covers, every topic the
+    cluster has, and topic ids (None where the broker gives none)."""
+
+    partitions: tuple[TopicPartitionKey, ...]
+    topics: frozenset[str]
+    topic_ids: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """A cluster view and the latest offset of each of its partitions, taken together."""
+
+    view: ClusterView
+    latest: Mapping[TopicPartitionKey, int]
+
+
+class KafkaMetadata:
+    """The driver's view of the cluster: partitions and earliest/latest/timestamp offsets.
+
+    One kafka-python consumer, created on first use, with bootstrap and requests bounded by
+    the metadata timeout (kafka.request.timeout.ms, default 10 s): an unreachable broker is
+    a KafkaBrokerUnreachableError naming the servers, never a hang.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self._options = options
+        self._consumer: KafkaConsumer | None = None
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _unreachable(self, error: BaseException) -> KafkaBrokerUnreachableError:
+        return KafkaBrokerUnreachableError(
+            f"Kafka at {self._options.bootstrap_servers} (option kafka.bootstrap.servers) did not"
+            f" answer within {self._options.metadata_timeout_ms} ms"
+            f" ({type(error).__name__}): check the servers are up and reachable, or raise"
+            " kafka.request.timeout.ms"
+        )
+
+    def _call(self, action: Callable[[KafkaConsumer], Any]) -> Any:
+        # kafka-python is imported here, by the one process that talks to the broker: Spark's
+        # planner processes that only build the source never pay its ~0.15 s import.
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+        try:
+            if self._consumer is None:
+                self._consumer = KafkaConsumer(**self._options.metadata_consumer_config())
+            return action(self._consumer)
+        except (KafkaTimeoutError, KafkaConnectionError) as error:
+            self.close()
+            raise self._unreachable(error) from None
+
+    def cluster_view(self, subscription: Subscription) -> ClusterView:
+        """The topic-partitions the subscription covers right now, from one fresh metadata
+        answer (``kafka.metadata``), with every topic's id."""
+
+        def discover(consumer: KafkaConsumer) -> ClusterView:
+            topics = broker_call("kafka.metadata", consumer.topics)
+            cluster = consumer._client.cluster
+            if subscription.kind == "subscribe":
+                wanted = [t for t in subscription.topics if t in topics]
+            elif subscription.kind == "subscribePattern":
+                pattern = re.compile(subscription.pattern or "")
+                wanted = sorted(t for t in topics if pattern.fullmatch(t))
+            else:
+                wanted = sorted({t for t, _ in subscription.partitions if t in topics})
+            present = sorted(
+                (t, p) for t in wanted for p in (cluster.partitions_for_topic(t) or ())
+            )
+            if subscription.kind == "assign":
+                present = [tp for tp in subscription.partitions if tp in set(present)]
+            return ClusterView(
+                partitions=tuple(present),
+                topics=frozenset(topics),
+                topic_ids={t: topic_id_text(cluster.topic_id(t)) for t in wanted},
+            )
+
+        return self._call(discover)
+
+    def partitions(self, subscription: Subscription) -> list[TopicPartitionKey]:
+        """The topic-partitions the subscription covers right now (fresh metadata)."""
+        return list(self.cluster_view(subscription).partitions)
+
+    def check_assignment(self, subscription: Subscription, view: ClusterView | None = None) -> None:
+        """Fail if ``assign`` names a topic or partition the cluster does not have (in
+        ``view`` when given, else in a fresh metadata answer)."""
+        if subscription.kind != "assign":
+            return
+        present = set(view.partitions if view is not None else self.partitions(subscription))
+        missing = [tp for tp in subscription.partitions if tp not in present]
+        if missing:
+            names = ", ".join(f"{t}-{p}" for t, p in missing)
+            raise KafkaSourceOptionError(
+                f"Option assign names {names}, which do not exist on"
+                f" {self._options.bootstrap_servers}: create them or fix assign"
+            )
+
+    def earliest(self, tps: Iterable[TopicPartitionKey]) -> PartitionOffsets:
+        return self._list_offsets(tps, "beginning_offsets")
+
+    def latest(self, tps: Iterable[TopicPartitionKey]) -> PartitionOffsets:
+        return self._list_offsets(tps, "end_offsets")
+
+    def _list_offsets(self, tps: Iterable[TopicPartitionKey], method: str) -> PartitionOffsets:
+        from kafka import TopicPartition
+
+        keys = [TopicPartition(t, p) for t, p in tps]
+        if not keys:
+            return {}
+        timeout = self._options.metadata_timeout_ms
+        found = self._call(
+            lambda c: broker_call(
+                f"kafka.{method}", lambda: getattr(c, method)(keys, timeout_ms=timeout)
+            )
+        )
+        return {(tp.topic, tp.partition): int(offset) for tp, offset in found.items()}
+
+    def for_times(
+        self, timestamps: Mapping[TopicPartitionKey, int]
+    ) -> dict[TopicPartitionKey, int | None]:
+        """The first offset at or after each timestamp, None where there is none."""
+        from kafka import TopicPartition
+
+        query = {TopicPartition(t, p): ts for (t, p), ts in timestamps.items()}
+        if not query:
+            return {}
+        timeout = self._options.metadata_timeout_ms
+        found = self._call(
+            lambda c: broker_call(
+                "kafka.offsets_for_times", lambda: c.offsets_for_times(query, timeout_ms=timeout)
+            )
+        )
+        return {
+            (tp.topic, tp.partition): (None if hit is None else int(hit.offset))
+            for tp, hit in found.items()
+        }
