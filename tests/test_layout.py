@@ -61,3 +61,13 @@ def test_no_test_module_imports_another_test_module() -> None:
         if any(part.startswith("test_") for part in name.split("."))
     }
     assert sorted(offenders) == []
+
+
+def test_each_external_system_has_one_connector_package() -> None:
+    """A source and a sink of one system live side by side with their shared client
+    configuration and errors (``connectors/kafka`` holds replayable-kafka and 2pc-kafka)."""
+    packages = sorted(path.parent.name for path in (ROOT / "connectors").glob("*/__init__.py"))
+    assert packages == ["jdbc", "kafka", "s3"]
+    kafka = ROOT / "connectors" / "kafka"
+    for module in ("source.py", "sink.py", "client_config.py", "errors.py"):
+        assert (kafka / module).is_file(), module
