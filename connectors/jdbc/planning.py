@@ -38,20 +38,46 @@ class SinkPlan:
     stage: TableName
 
 
-_PLANS: dict[tuple[JdbcSinkOptions, str], SinkPlan] = {}
+ColumnTypes = dict[str, str]
+_PLANS: dict[tuple[JdbcSinkOptions, str], tuple[SinkPlan, ColumnTypes | None]] = {}
 
 
 def plan_sink(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
-    """The checked plan, computed once per process for these options and schema."""
+    """The checked plan, computed once per process for these options and schema.
+
+    Spark asks for the writer in the same reused planner processes at every micro-batch
+    and at every restart of a query in one session, so a plan is kept. A plan whose staging
+    table copies the target's column types is kept only while the target's types are those
+    it was made for (one catalog query): a restart after ``ALTER TABLE`` must not stage into
+    a column's old type, which would round or refuse what the target now takes.
+    """
     key = (options, schema.json())
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _plan(options, schema)
-        _PLANS[key] = plan
+    kept = _PLANS.get(key)
+    if kept is not None and _types_unchanged(options, kept[1]):
+        return kept[0]
+    plan, watched = _plan(options, schema)
+    _PLANS[key] = (plan, watched)
     return plan
 
 
-def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
+def _types_unchanged(options: JdbcSinkOptions, watched: ColumnTypes | None) -> bool:
+    if watched is None:
+        return True
+    dialect = dialect_for(options.url)
+    connection = dialect.connect(options, autocommit=True)
+    try:
+        current = dialect.table_columns(connection, options.table)
+    finally:
+        connection.close()
+    return current is not None and _types(current) == watched
+
+
+def _types(columns: dict[str, tuple[str, bool]]) -> ColumnTypes:
+    return {name: column_type for name, (column_type, _) in columns.items()}
+
+
+def _plan(options: JdbcSinkOptions, schema: StructType) -> tuple[SinkPlan, ColumnTypes | None]:
+    """The plan, and the target's column types when its staging table copies them."""
     check_columns(schema)
     schema = with_batch_id_column(options, schema)
     dialect = dialect_for(options.url)
@@ -73,10 +99,10 @@ def _plan(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
     try:
         protocol = _protocol(options, dialect, connection)
         with dialect.ddl_transaction(connection, options):
-            _prepare_tables(options, dialect, schema, protocol, stage, connection)
+            watched = _prepare_tables(options, dialect, schema, protocol, stage, connection)
     finally:
         connection.close()
-    return SinkPlan(protocol, columns, stage)
+    return SinkPlan(protocol, columns, stage), watched
 
 
 def with_batch_id_column(options: JdbcSinkOptions, schema: StructType) -> StructType:
@@ -123,7 +149,9 @@ def _prepare_tables(
     protocol: str,
     stage: TableName,
     connection: Connection,
-) -> None:
+) -> ColumnTypes | None:
+    """Create or check the target, staging and ledger tables; the target's column types
+    when the staging table copies them (see :func:`plan_sink`)."""
     table = options.table
     existing = dialect.table_columns(connection, table)
     if existing is None:
@@ -144,11 +172,13 @@ def _prepare_tables(
             f" of dbtable {str(table)!r}: create one (CREATE UNIQUE INDEX ON {table.sql()}"
             f" ({keys})) or fix upsertKeys"
         )
-    if protocol == "staging" or options.write_mode == "upsert":
+    staged = protocol == "staging" or options.write_mode == "upsert"
+    if staged:
         _ensure_stage(options, dialect, schema, stage, connection, existing)
     if options.exactly_once and dialect.table_columns(connection, options.ledger_table) is None:
         for statement in dialect.ledger_ddl(options.ledger_table):
             connection.execute(statement)
+    return _types(existing) if staged and dialect.stage_keeps_column_types else None
 
 
 def _check_table_columns(
