@@ -171,14 +171,13 @@ def test_a_widened_column_is_not_rounded_by_a_stale_staging_table(
     assert pg_leftovers(url, unique_name) == (0, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole (since SQLite decimals became TEXT): a decimal versionColumn is ordered and"
-    " compared as text, so version 9.5 wins over 10.0 and the upsert keeps the older row;"
-    " fix in sqlite.py (compare versions as numbers, or refuse a decimal versionColumn)",
-)
 @pytest.mark.timeout(180)
-def test_sqlite_upsert_keeps_the_row_with_the_highest_decimal_version(spark, tmp_path, unique_name):
+def test_sqlite_refuses_a_decimal_version_column_it_would_compare_as_text(
+    spark, tmp_path, unique_name
+):
+    """SQLite stores decimals as text, so version 9.5 would win over 10.0 and the upsert
+    would keep the older row: refused at query start, naming the option, nothing written
+    (was: the older row kept)."""
     database = tmp_path / "sink.db"
     kind = pa.decimal128(10, 1)
     write_file(
@@ -199,30 +198,26 @@ def test_sqlite_upsert_keeps_the_row_with_the_highest_decimal_version(spark, tmp
         "upsertKeys": "id",
         "versionColumn": "version",
     }
-    run_file_query(
-        spark,
-        tmp_path / "in",
-        tmp_path / "checkpoint",
-        "id BIGINT, name STRING, version DECIMAL(10,1)",
-        options,
-        files_per_trigger=1,
-    )
-    with sqlite3.connect(database) as connection:
-        rows = connection.execute(f'SELECT id, name, version FROM "{unique_name}"').fetchall()
-    assert rows == [(1, "newer", "10.0")]
+    with pytest.raises(Exception, match="versionColumn 'version' is decimal") as caught:
+        run_file_query(
+            spark,
+            tmp_path / "in",
+            tmp_path / "checkpoint",
+            "id BIGINT, name STRING, version DECIMAL(10,1)",
+            options,
+            files_per_trigger=1,
+        )
+    assert "cast it to BIGINT or DOUBLE" in str(caught.value)
+    assert not database.exists() or not _sqlite_tables(database)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: into an existing SQLite table whose column is DECIMAL/NUMERIC (numeric"
-    " affinity) the decimal's text is turned into a double: 12345678901234567.89 is stored"
-    " as the integer 12345678901234568 and 0.10 as 0.1, without an error; fix in sqlite.py (check"
-    " the column's affinity at query start and refuse it naming the column, or store text)",
-)
 @pytest.mark.timeout(180)
-def test_sqlite_decimals_into_an_existing_numeric_column_keep_their_digits(
+def test_sqlite_refuses_decimals_into_an_existing_column_that_would_lose_their_digits(
     spark, tmp_path, unique_name
 ):
+    """A DECIMAL column of an existing SQLite table has NUMERIC affinity: the decimal's text
+    would become a double (12345678901234567.89 stored as 12345678901234568) without an
+    error. Refused at query start naming the column; a TEXT column keeps every digit."""
     database = tmp_path / "sink.db"
     with sqlite3.connect(database) as connection:
         connection.execute(f'CREATE TABLE "{unique_name}" (id INTEGER, amount DECIMAL(38,2))')
@@ -232,14 +227,15 @@ def test_sqlite_decimals_into_an_existing_numeric_column_keep_their_digits(
         pa.table({"id": [1, 2], "amount": pa.array(amounts, pa.decimal128(38, 2))}),
     )
     options = {"url": f"jdbc:sqlite:{database}", "dbtable": unique_name}
-    run_file_query(
-        spark,
-        tmp_path / "in",
-        tmp_path / "checkpoint",
-        "id BIGINT, amount DECIMAL(38,2)",
-        options,
-        files_per_trigger=1,
-    )
+    schema = "id BIGINT, amount DECIMAL(38,2)"
+    with pytest.raises(Exception, match="column 'amount' is DECIMAL\\(38,2\\)") as caught:
+        run_file_query(spark, tmp_path / "in", tmp_path / "checkpoint", schema, options)
+    assert "declare it TEXT" in str(caught.value)
+    with sqlite3.connect(database) as connection:
+        assert connection.execute(f'SELECT count(*) FROM "{unique_name}"').fetchone() == (0,)
+        connection.execute(f'DROP TABLE "{unique_name}"')
+        connection.execute(f'CREATE TABLE "{unique_name}" (id INTEGER, amount TEXT)')
+    run_file_query(spark, tmp_path / "in", tmp_path / "checkpoint2", schema, options)
     with sqlite3.connect(database) as connection:
         rows = connection.execute(
             f'SELECT id, CAST(amount AS TEXT) FROM "{unique_name}" ORDER BY id'
@@ -475,3 +471,8 @@ def test_a_timestamp_into_a_date_column_keeps_its_utc_day_as_documented(
         (1, datetime.date(2024, 1, 1))
     ]
     assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+def _sqlite_tables(database: Path) -> list[str]:
+    with sqlite3.connect(database) as connection:
+        return [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]

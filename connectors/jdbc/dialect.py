@@ -205,6 +205,15 @@ class Dialect(ABC):
     @abstractmethod
     def decimal_type(self, data_type: T.DecimalType) -> str: ...
 
+    def refuse_lossy_columns(  # noqa: B027 - optional hook
+        self,
+        options: JdbcSinkOptions,
+        schema: T.StructType,
+        existing: Mapping[str, tuple[str, bool]],
+    ) -> None:
+        """Refuse, at query start, columns this database would store or compare other than
+        the DataFrame holds them (none by default)."""
+
     def create_table_sql(
         self, table: TableName, schema: T.StructType, primary_key: tuple[str, ...] = ()
     ) -> str:

@@ -163,6 +163,7 @@ def _prepare_tables(
         connection.execute(dialect.create_table_sql(table, schema, options.upsert_keys))
         existing = dialect.table_columns(connection, table) or {}
     _check_table_columns(options, schema, existing)
+    dialect.refuse_lossy_columns(options, schema, existing)
     if options.upsert_keys and frozenset(options.upsert_keys) not in dialect.unique_key_sets(
         connection, table
     ):

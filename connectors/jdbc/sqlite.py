@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
-from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcSinkOptionError
+from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcSchemaError, JdbcSinkOptionError
 
 if TYPE_CHECKING:
     from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
@@ -128,6 +128,36 @@ class SqliteDialect(Dialect):
         """TEXT: a NUMERIC column would turn decimals into 15-digit doubles."""
         return "TEXT"
 
+    def refuse_lossy_columns(
+        self,
+        options: JdbcSinkOptions,
+        schema: T.StructType,
+        existing: Mapping[str, tuple[str, bool]],
+    ) -> None:
+        """Decimals are written as text. A decimal ``versionColumn`` would be compared as
+        text (9.5 above 10.0), and a column of an existing table with SQLite's NUMERIC
+        affinity other than TEXT or BLOB (DECIMAL, NUMERIC, REAL; INTEGER for fractions or over
+        18 digits) would turn the text into a number that loses digits, both
+        without an error: refused, naming the column and the fix."""
+        decimals = {
+            f.name: f.dataType for f in schema.fields if isinstance(f.dataType, T.DecimalType)
+        }
+        version = options.version_column
+        if version in decimals:
+            raise JdbcSinkOptionError(
+                f"versionColumn {version!r} is {decimals[version].simpleString()}, which SQLite"
+                " would compare as text (9.5 above 10.0): cast it to BIGINT or DOUBLE in the"
+                " query, or use PostgreSQL"
+            )
+        for name, decimal_type in decimals.items():
+            declared = existing.get(name, ("TEXT", False))[0]
+            if not _keeps_decimal_text(declared, decimal_type):
+                raise JdbcSchemaError(
+                    f"dbtable {str(options.table)!r} column {name!r} is {declared}, which SQLite"
+                    " turns into a number, losing digits: declare it TEXT (2pc-jdbc writes decimals"
+                    " as text) or cast the DataFrame column to DOUBLE"
+                )
+
     def create_stage_sql(
         self, stage: TableName, target: TableName, columns: list[str]
     ) -> list[str]:
@@ -199,6 +229,18 @@ class SqliteDialect(Dialect):
 
     def vacuum_stage(self, connection: sqlite3.Connection, stage: TableName) -> None:
         """Nothing to do: deleted rows' pages are reused by the next staged rows."""
+
+
+def _keeps_decimal_text(declared: str, decimal_type: T.DecimalType) -> bool:
+    """Whether a column of this declared type stores a decimal's text without loss, by
+    SQLite's affinity rules (datatype3.html, 3.1): TEXT and BLOB affinity keep the text;
+    INTEGER keeps whole numbers of up to 18 digits; REAL and NUMERIC make doubles."""
+    kind = declared.upper()
+    if "INT" in kind:
+        return decimal_type.scale == 0 and decimal_type.precision <= 18
+    if any(text in kind for text in ("CHAR", "CLOB", "TEXT")):
+        return True
+    return not kind or "BLOB" in kind
 
 
 def _sqlite_value(value: Any) -> Any:
