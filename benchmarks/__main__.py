@@ -6,7 +6,9 @@ JVM connectors are the peers: ``format("kafka")`` for the source, Spark's JDBC w
 2pc-jdbc, the Parquet file sink on S3A for 2pc-s3 and ``format("kafka")`` for 2pc-kafka;
 their jars (``spark-kafka``, ``postgresql-jdbc``, ``hadoop-aws``) come through mvn on first
 use, and a peer whose jars cannot be resolved is left out with a note. Results go to
-``benchmarks/results/<date>.md`` and the summary table into README.md.
+``benchmarks/results/<date>.md`` and the summary table into ``docs/performance.md``, between
+its ``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->`` markers (``--no-docs``
+leaves the page alone).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ ALL = (
     "fixed-cost",
     "micro-batch",
 )
-README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+SUMMARY_START, SUMMARY_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -49,7 +52,13 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=ALL, default=None)
     parser.add_argument("--repetitions", type=int, default=None)
     parser.add_argument("--output", type=Path, default=None)
-    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    parser.add_argument(
+        "--no-docs",
+        "--no-readme",  # its name while the summary was in README.md
+        dest="no_docs",
+        action="store_true",
+        help="do not update the summary in docs/performance.md",
+    )
     return parser.parse_args()
 
 
@@ -220,8 +229,8 @@ def main() -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(report.markdown(f"eospack benchmarks, {today}"), encoding="utf-8")
     say(f"results written to {output}")
-    if not arguments.no_readme:
-        update_readme(report, output)
+    if not arguments.no_docs:
+        update_performance_page(report, output)
     print(report.summary_table())
     return 0
 
@@ -250,18 +259,18 @@ def _load_average() -> str:
     return ", ".join(f"{load:.2f}" for load in os.getloadavg()) + f" ({os.cpu_count()} cores)"
 
 
-def update_readme(report: Report, output: Path) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    if README_START not in text:
+def update_performance_page(report: Report, output: Path, page: Path = PERFORMANCE_PAGE) -> None:
+    """Replace the summary between the markers of the manual's performance page."""
+    text = page.read_text(encoding="utf-8")
+    if SUMMARY_START not in text:
         return
     summary = (
-        f"{README_START}\nFrom `{output.relative_to(ROOT)}` (medians after a warm-up; ratio ="
+        f"{SUMMARY_START}\nFrom `{output.relative_to(ROOT)}` (medians after a warm-up; ratio ="
         f" eospack / baseline; for recovery a ratio of times, lower is better):\n\n"
-        f"{report.summary_table()}\n{README_END}"
+        f"{report.summary_table()}\n{SUMMARY_END}"
     )
-    pattern = re.escape(README_START) + ".*?" + re.escape(README_END)
-    readme.write_text(re.sub(pattern, lambda _: summary, text, flags=re.DOTALL), encoding="utf-8")
+    pattern = re.escape(SUMMARY_START) + ".*?" + re.escape(SUMMARY_END)
+    page.write_text(re.sub(pattern, lambda _: summary, text, flags=re.DOTALL), encoding="utf-8")
 
 
 if __name__ == "__main__":
