@@ -185,10 +185,11 @@ def session_checks(
     with ``workers_python`` (the Python its workers start), first a line saying whether that
     Python imports eospack (a failed one breaks every query, see :func:`worker_python_check`).
 
-    Each is what :func:`eospack.spark.local_session` sets, and why (README, "Running on a
-    cluster"): worker reuse, eospack's Python daemon (a reused worker's cleanup after each
-    task walks only that task's objects), and a Spark home whose workers do not compile
-    pyspark from ``pyspark.zip``. A failed line costs time, never correctness.
+    Each is what :func:`eospack.spark.local_session` sets, and why (docs/operations.md,
+    "Running on a cluster"): worker reuse, eospack's Python daemon (a reused worker's
+    cleanup after each task walks only that task's objects), and a Spark home whose
+    workers do not compile pyspark from ``pyspark.zip``. A failed line costs time, never
+    correctness.
     """
     results = [] if workers_python is None else [worker_python_check(workers_python)]
     if settings.get(WORKER_REUSE_SETTING, "true").lower() == "true":

@@ -5,10 +5,10 @@ on the other executor, and a late attempt can prepare after its batch was decide
 Every case runs the crash-test driver (``drivers/jdbc_sink_driver.py``: parquet files ->
 2pc-jdbc, two pieces per batch, Trigger.AvailableNow) as its own application on the
 cluster, with eospack installed in the interpreter every node runs (how a cluster whose
-nodes share an image ships it; README, "Running on a cluster"). Each ends with every input
-row exactly once in the table, no prepared transaction or staged row of the sink, and a
-ledger whose every batch is done: a piece a lost, failed, killed or late attempt prepared
-is rolled back by the next commit, never committed.
+nodes share an image ships it; docs/operations.md, "Running on a cluster"). Each ends
+with every input row exactly once in the table, no prepared transaction or staged row of
+the sink, and a ledger whose every batch is done: a piece a lost, failed, killed or late
+attempt prepared is rolled back by the next commit, never committed.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ SPECULATION = {
 EXECUTOR_FAULTS = {
     # prepared, then its executor JVM dies: the task reruns in a new stage attempt, whose
     # attempt numbers start again at 0, so it waits on the orphan's row locks until
-    # lockTimeout; the attempt after that rolls the orphan back (README: cluster limits)
+    # lockTimeout; the attempt after that rolls the orphan back (docs/operations.md: cluster limits)
     "executor-lost-after-prepare": ExecutorFault("kill-executor", events=("executor removed",)),
     # prepared, then its Python worker dies: the task fails and is retried
     "python-worker-killed-after-prepare": ExecutorFault("crash", events=("task failed",)),

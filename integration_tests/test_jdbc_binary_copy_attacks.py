@@ -449,8 +449,9 @@ def test_an_upsert_into_a_schema_qualified_table_of_awkward_shape_reads_its_own_
 def test_a_timestamp_into_a_date_column_keeps_its_utc_day_as_documented(
     spark, postgres, tmp_path, unique_name
 ):
-    """Values take the column's own rules, as in Spark's JDBC writer (README, 2pc-jdbc
-    Limits): a timestamp into a date column keeps the day of its UTC instant."""
+    """Values take the column's own rules, as in Spark's JDBC writer
+    (docs/connectors/2pc-jdbc.md, Limits): a timestamp into a date column keeps the day of
+    its UTC instant."""
     url = postgres.endpoint.url
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute(f'CREATE TABLE "{unique_name}" (id bigint, "day" date)')

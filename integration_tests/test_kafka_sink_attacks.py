@@ -73,7 +73,7 @@ def attempt(run: str, number: int = 0) -> str:
 def test_a_second_query_with_the_same_sink_id_does_not_lose_its_batch_silently(
     real_kafka: Any, unique_name: str
 ) -> None:
-    """The README asks a query that sets ``sinkId`` to set a new one after a savepoint
+    """The manual asks a query that sets ``sinkId`` to set a new one after a savepoint
     restore, but nothing checks it: the slot (sink, batch) does not say which query
     decided it, so the new query's batch with the same number is taken for a replay of
     the old query's, and its rows are rolled back without an error. Expected: the new

@@ -45,7 +45,7 @@ TIME_ZONE = "America/New_York"
 USERS = [f"u{index}" for index in range(10)]
 # Key timestamps from 2026-11-10 05:00 UTC, midnight in New York (another date in UTC). Not
 # the night clocks go back: state holds wall times, and the hour that occurs twice then is
-# one key for the operator itself (see README, Savepoints).
+# one key for the operator itself (see docs/operations.md, Savepoints).
 HOUR_BASE = 1_794_286_800
 GAP_SECONDS = 10
 STARTING = ("Initializing StreamExecution", "Initializing sources")

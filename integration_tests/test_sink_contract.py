@@ -14,7 +14,7 @@ a speculative duplicate; a batch slower than the sink's timeout; a restart with 
 option change in turn (the same target addressed another way, the protocol switched
 both ways), chained in one query; the delivery guarantee switched
 both ways after a decided batch (the at-least-once replay of that batch may write it
-again, as the README says; nothing else may double); every documented option at once; a
+again, as the manual says; nothing else may double); every documented option at once; a
 sink sharing its ledger or prefix with another that is stuck mid-decision.
 Chaos: a SIGKILL at every crash point, every resource call failing before and after it
 applies, each option change alone (also the options that may differ), each documented
@@ -258,7 +258,7 @@ def test_a_restart_with_the_delivery_guarantee_switched_both_ways_finishes_what_
     and so does the roll-forward of Spark's abort (an atomic protocol: applied, its
     answer lost). The restart runs at-least-once: it must finish the decided batch (or
     refuse in one line naming deliveryGuarantee, the exactly-once restart then finishing
-    it); its replay of batch 1 may write batch 1 again (README: at-least-once), nothing
+    it); its replay of batch 1 may write batch 1 again (the manual: at-least-once), nothing
     else. At-least-once then runs a batch of its own, once; switched back, exactly-once
     runs, applies its rows once and leaves nothing prepared, open or undecided."""
     run = ContractRun(sink)
@@ -349,7 +349,7 @@ def option_values(sink: BoundSink, documented: list[DocumentedOption]) -> Option
 @pytest.mark.timeout(300)
 @contract("test_every_documented_option_at_once_through_a_real_query")
 def test_every_documented_option_at_once_through_a_real_query(sink: BoundSink) -> None:
-    """Each option of the sink's README table with a valid value, in one query of two
+    """Each option of the sink's docs page table with a valid value, in one query of two
     batches: none may fail the query, wedge it or leave anything behind."""
     values = option_values(sink, list(sink.adapter.documented_options))
     values["sinkId"] = f"documented_{sink.name[-8:]}"

@@ -2,7 +2,8 @@
 
 Spark commits every operator's state at the end of each micro-batch, after all its tasks
 finished; after a crash and restart, state equals the state of the last committed batch and
-the replayed batch produces the same output. See README.md for the per-key contracts.
+the replayed batch produces the same output. See docs/stateful-operators.md for the per-key
+contracts.
 """
 
 from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator

@@ -28,7 +28,7 @@ old query's next watermark and drops the rows the old query would have dropped a
 A call that receives no data row (only bootstrap markers, or only late rows) is a visit
 without data, as Spark's: it expires what is due and otherwise changes nothing.
 Limits: each batch rewrites the whole state row of every bucket that received rows, so
-snapshot size grows with keys per bucket (see README for figures).
+snapshot size grows with keys per bucket (see docs/stateful-operators.md for figures).
 """
 
 from __future__ import annotations

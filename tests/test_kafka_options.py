@@ -338,7 +338,7 @@ def test_secrets_never_appear_in_repr_or_errors() -> None:
             "kafka.linger.ms",
             "5",
             "Option kafka.linger.ms is not a consumer setting kafka-python supports: remove it"
-            " (see the kafka.* table in the replayable-kafka README)",
+            " (see the kafka.* table in docs/connectors/replayable-kafka.md)",
         ),
         (
             "kafka.fetch.max.wait.ms",

@@ -3,7 +3,7 @@
 The rule for examples in the manual (README.md and docs/**/*.md, every fenced ``python``
 block): ``from eospack import X`` only for X in ``eospack.__all__``; ``import eospack``
 (then ``eospack.X`` with X in ``__all__``); and ``from eospack.stateful_ops import X`` only
-for X in that package's own ``__all__`` (documented as public in the README's stateful_ops
+for X in that package's own ``__all__`` (documented as public in docs/stateful-operators.md
 section). Any other ``eospack.*`` module is internal and may change without notice.
 """
 

@@ -80,7 +80,7 @@ def kafka_client_params(
     client: Client,
     refused: Mapping[str, str],
     error: type[ValueError],
-    readme_section: str,
+    format_name: str,
 ) -> tuple[tuple[str, Any], ...]:
     """kafka-python keywords for ``options`` (``kafka.*`` names without the prefix, and
     without ``bootstrap.servers``); ``refused`` maps names the format owns to the fix."""
@@ -111,7 +111,7 @@ def kafka_client_params(
         if kwarg not in _defaults(client) or kwarg in _UNSETTABLE_KWARGS:
             raise error(
                 f"Option kafka.{kafka_name} is not a {client} setting kafka-python supports:"
-                f" remove it (see the kafka.* table in the {readme_section} README)"
+                f" remove it (see the kafka.* table in docs/connectors/{format_name}.md)"
             )
         params[kwarg] = kafka_value(kafka_name, kwarg, value, client, error)
     return tuple(sorted(params.items()))

@@ -14,7 +14,7 @@ and at the end, is ``eospack.demo.outputs``' part; everything here is the same f
 
 The sources hold back after a first chunk until both pipelines have committed their first
 batch: a fresh Spark driver's first micro-batch takes 10-40 s on a 2-core machine (JVM
-warm-up and Spark's Python planner processes; see README, "Speed"), and a demo whose events
+warm-up and Spark's Python planner processes; see docs/performance.md), and a demo whose events
 were all produced before anything counted would not show counting while events flow.
 """
 

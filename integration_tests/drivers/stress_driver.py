@@ -72,7 +72,7 @@ def clear_interrupted_first_offset_write(checkpoint: Path) -> bool:
     Spark 4.3 refuses to start a query whose checkpoint has no committed batch but a non-empty
     ``offsets`` directory (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), and counts that hidden
     temporary file, so one SIGKILL at that instant bricks the checkpoint. No batch was logged
-    yet, so removing the temporary files loses nothing (the README's troubleshooting entry).
+    yet, so removing the temporary files loses nothing (docs/operations.md's troubleshooting entry).
     """
     offsets = checkpoint / "offsets"
     if not offsets.is_dir() or any(not entry.name.startswith(".") for entry in offsets.iterdir()):

@@ -75,7 +75,7 @@ class OptionChange:
 
 @dataclass(frozen=True)
 class DocumentedOption:
-    """One option of the README's table with a valid value (a function of the bound sink
+    """One option of the sink's docs page table with a valid value (a function of the bound sink
     when the value depends on the service, e.g. a URL)."""
 
     name: str
