@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
+from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState, cleanup_line
 from eospack.commit_protocols.pieces import BatchDecision, PreparedPiece
 from eospack.errors import EospackError
 
@@ -98,6 +99,52 @@ class TransactionalResource(ABC):
         """Record, apply and finish ``decision`` in one step, under the rules of
         ``record_decision``; return what the slot holds afterwards."""
         raise NotImplementedError(f"{type(self).__name__} does not commit atomically")
+
+    # Inspection (read only: see ``eospack.commit_protocols.inspection``) ----------------
+
+    sink_format: str = "2pc"
+    """The format name users write (``2pc-jdbc``, ``2pc-s3``, ``2pc-kafka``)."""
+
+    cleanup_advice: str = (
+        "start the query again from this checkpoint: its first commit finishes what a"
+        " decision names and rolls back the rest"
+    )
+    """What cleans what the sink left behind, one line."""
+
+    def inspect(self, sink_id: str) -> SinkState:
+        """The sink's decisions, prepared pieces and leftovers as they are now. Read only:
+        nothing is written, fenced, committed or rolled back (a crashed query's restart
+        finds everything as it was)."""
+        decisions = tuple(self.inspected_decisions(sink_id))
+        pieces = list(self.prepared_pieces(sink_id))
+        prepared = tuple(sorted({piece.transaction_id for piece in pieces}))
+        leftovers = tuple(self.leftovers(sink_id, pieces))
+        return SinkState(
+            self.sink_format,
+            sink_id,
+            self.describe_target(),
+            decisions,
+            prepared,
+            leftovers,
+            cleanup_line(decisions, leftovers, self.cleanup_advice),
+        )
+
+    def inspected_decisions(self, sink_id: str) -> Iterable[DecisionState]:
+        """Every decision slot of the sink, by batch id, read without writing. The default
+        lists ``unfinished_decisions``, which suits a resource whose listing is a pure
+        read; a resource that keeps finished slots too, or whose listing opens (fences)
+        something, overrides it."""
+        return [DecisionState.of(decision) for decision in self.unfinished_decisions(sink_id)]
+
+    def leftovers(self, sink_id: str, prepared: list[PreparedPiece]) -> Iterable[Leftover]:
+        """What the sink left behind, one entry per thing a user could find in the store
+        (given the pieces ``prepared_pieces`` just listed)."""
+        names = sorted({piece.transaction_id for piece in prepared})
+        return [Leftover("prepared piece", name) for name in names]
+
+    def describe_target(self) -> str:
+        """Where the sink writes, without credentials."""
+        return type(self).__name__
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the resource is not used afterwards."""

@@ -2,24 +2,29 @@
 
 Per batch, the source offsets Spark planned and whether Spark committed the batch; per
 stateful operator, its state store (partitions, last version, bytes, provider); and, given
-the 2pc-jdbc sink's URL and table, that sink's ledger (decided/done per batch, rows,
-pieces) and what it has left behind right now (prepared transactions, staged rows) with
-what cleans it. Nothing is written anywhere, so it is safe on a running query (a batch in
-flight shows as not committed).
+a 2pc sink's options (2pc-jdbc, 2pc-s3, 2pc-kafka), that sink's decisions (decided, done
+or an abort fence per batch, rows, pieces), its prepared pieces and what it has left behind
+right now (prepared transactions, staged rows, multipart uploads, open Kafka transactions)
+with what cleans it, as the sink's resource reports it
+(``eospack.commit_protocols.inspection``). Nothing is written anywhere, so it is safe on a
+running query (a batch in flight shows as not committed).
 
 The sink is found the way the sink finds itself: its id derives from the query id in the
-checkpoint's ``metadata`` and the table, unless the query set ``sinkId``.
+checkpoint's ``metadata`` and the target, unless the query set ``sinkId``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from eospack.commit_protocols.inspection import SinkState
 from eospack.errors import EospackError
 
 if TYPE_CHECKING:
@@ -65,6 +70,12 @@ class SinkLedger:
     kind: str = "2pc-jdbc"
     multipart_uploads: list[str] = field(default_factory=list)
     """2pc-s3: ``key (upload id)`` of each of the sink's uploads still in progress."""
+    open_transactions: list[str] = field(default_factory=list)
+    """2pc-kafka: the transactional ids of the sink's transactions still open."""
+    prepared_pieces: list[str] = field(default_factory=list)
+    """Transaction ids of the sink's pieces still prepared (any sink)."""
+    leftovers: list[str] = field(default_factory=list)
+    """Everything left behind, one line each (``SinkState.leftovers``)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,8 @@ class CheckpointReport:
                 lines.append(
                     f"  left behind: {len(sink.multipart_uploads)} multipart uploads in progress"
                 )
+            elif sink.kind == "2pc-kafka":
+                lines.append(f"  left behind: {len(sink.open_transactions)} open transactions")
             else:
                 lines.append(
                     f"  left behind: {len(sink.prepared_transactions)} prepared transactions,"
@@ -114,6 +127,7 @@ class CheckpointReport:
                 )
             lines.extend(f"    {gid}" for gid in sink.prepared_transactions)
             lines.extend(f"    {upload}" for upload in sink.multipart_uploads)
+            lines.extend(f"    {transaction}" for transaction in sink.open_transactions)
             lines.append(f"  {sink.cleanup}")
         return "\n".join(lines)
 
@@ -123,12 +137,16 @@ def inspect_checkpoint(
     jdbc_options: dict[str, str] | None = None,
     s3_options: dict[str, str] | None = None,
     spark: SparkSession | None = None,
+    kafka_options: dict[str, str] | None = None,
 ) -> CheckpointReport:
     """Read ``path`` (a local checkpoint directory or ``file://`` URI) and, with
-    ``jdbc_options`` (``url``, ``dbtable``, optional ``user`` and ``sinkId``), that
-    2pc-jdbc sink; with ``s3_options`` (``path``, optional ``endpointUrl``, ``region``,
-    ``sinkId``; credentials from boto3's default chain), that 2pc-s3 sink. With ``spark``,
-    each stateful_ops operator's name, keys and key groups at the last committed batch."""
+    ``jdbc_options`` (``url``, ``dbtable``, optional ``user`` and ``sinkId``; the password
+    from ``EOSPACK_JDBC_PASSWORD``), that 2pc-jdbc sink; with ``s3_options`` (``path``,
+    optional ``endpointUrl``, ``region``, ``sinkId``; credentials from boto3's default
+    chain), that 2pc-s3 sink; with ``kafka_options`` (``kafka.bootstrap.servers``,
+    ``topic``, optional ``ledgerTopic``, ``sinkId``), that 2pc-kafka sink. Each sink is read
+    through its resource (``inspect_sink``), never written. With ``spark``, each
+    stateful_ops operator's name, keys and key groups at the last committed batch."""
     text = str(path)
     directory = Path(unquote(urlsplit(text).path) if text.startswith("file:") else text)
     metadata = directory / "metadata"
@@ -154,10 +172,13 @@ def inspect_checkpoint(
         report.operators[:] = [
             _with_keys(spark, directory, operator, last) for operator in report.operators
         ]
-    if jdbc_options:
-        report.sinks.append(_jdbc_sink(query_id, jdbc_options))
-    if s3_options:
-        report.sinks.append(_s3_sink(query_id, s3_options))
+    sinks = {"2pc-jdbc": jdbc_options, "2pc-s3": s3_options, "2pc-kafka": kafka_options}
+    if "2pc-jdbc" in sinks and jdbc_options:
+        password = os.environ.get(PASSWORD_VARIABLE)
+        sinks["2pc-jdbc"] = {**jdbc_options, **({"password": password} if password else {})}
+    for sink_format, options in sinks.items():
+        if options:
+            report.sinks.append(_ledger_of(inspect_sink(sink_format, query_id, options)))
     return report
 
 
@@ -211,111 +232,51 @@ def _with_keys(
     )
 
 
-def _jdbc_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
-    from eospack.commit_protocols import derive_sink_id, sink_prefix
-    from eospack.connectors.jdbc.dialect import stage_table
-    from eospack.connectors.jdbc.options import dialect_for, parse_options
-    from eospack.connectors.jdbc.postgres import PostgresDialect
-
-    password = os.environ.get(PASSWORD_VARIABLE)
-    options = parse_options({**raw, **({"password": password} if password else {})})
-    dialect = dialect_for(options.url)
-    if not isinstance(dialect, PostgresDialect):  # the queries below read its catalog
-        raise CheckpointInspectError("checkpoint inspect reads PostgreSQL sinks only (url)")
-    sink_id = options.sink_id or derive_sink_id(query_id, options.target)
-    with dialect.connect(options, autocommit=True) as connection:
-        ledger_exists = connection.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (options.ledger_table.sql(),)
-        ).fetchone()
-        ledger_rows = []
-        if ledger_exists and ledger_exists[0]:
-            ledger_rows = connection.execute(
-                f"SELECT batch_id, status, rows, pieces FROM {options.ledger_table.sql()}"
-                " WHERE sink_id = %s ORDER BY batch_id",
-                (sink_id,),
-            ).fetchall()
-        prepared = dialect.prepared_gids(connection, sink_prefix(sink_id))
-        stage = stage_table(options.table)
-        staged = 0
-        stage_exists = connection.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (stage.sql(),)
-        ).fetchone()
-        if stage_exists and stage_exists[0]:
-            count = connection.execute(f"SELECT count(*) FROM {stage.sql()}").fetchone()
-            staged = int(count[0]) if count else 0
-    batches = [
-        {
-            "batch_id": int(batch),
-            "status": status,
-            "rows": int(count),
-            "pieces": len(json.loads(pieces)),
-        }
-        for batch, status, count, pieces in ledger_rows
-    ]
-    left = bool(prepared or staged or any(row["status"] != "done" for row in batches))
-    cleanup = (
-        "nothing to clean"
-        if not left
-        else "start the query again from this checkpoint: its first commit finishes what a"
-        " decision names and rolls back the rest (never ROLLBACK PREPARED by hand: a"
-        " decided piece rolled back is data lost)"
-    )
-    return SinkLedger(sink_id, options.describe(), batches, prepared, staged, cleanup)
+SINK_INSPECTORS: dict[str, str] = {
+    "2pc-jdbc": "eospack.connectors.jdbc.resource:inspect_sink",
+    "2pc-s3": "eospack.connectors.s3.resource:inspect_sink",
+    "2pc-kafka": "eospack.connectors.kafka.resource:inspect_sink",
+}
+"""Format name -> the connector's ``inspect_sink(query_id, options) -> SinkState``: parse
+the options, derive the sink id as the sink does, build its resource and inspect it."""
 
 
-def _s3_sink(query_id: str, raw: dict[str, str]) -> SinkLedger:
-    """2pc-s3 keeps no "done": a decided batch is finished when none of its uploads is in
-    progress (see connectors/s3/resource.py), so that is what ``status`` says."""
-    from eospack.commit_protocols import derive_sink_id
-    from eospack.commit_protocols.pieces import ABORTED
-    from eospack.connectors.s3.client import s3_client
-    from eospack.connectors.s3.errors import S3WriteError
-    from eospack.connectors.s3.options import parse_sink_options
-    from eospack.connectors.s3.resource import S3Resource
-
-    options = parse_sink_options(raw)
-    sink_id = options.sink_id or derive_sink_id(query_id, options.target)
-    resource = S3Resource(options, "", s3_client(options.connection))
-    prefix = f"{options.location.manifests_prefix}{sink_id}/"
+def inspect_sink(sink_format: str, query_id: str, options: Mapping[str, str]) -> SinkState:
+    """The state of the ``sink_format`` sink a query of ``query_id`` writes with ``options``,
+    through its resource (``TransactionalResource.inspect``: read only). Any failure to
+    read it is one line (``CheckpointInspectError``) naming the sink, never a credential."""
+    target = SINK_INSPECTORS.get(sink_format)
+    if target is None:
+        known = ", ".join(sorted(SINK_INSPECTORS))
+        raise CheckpointInspectError(f"no inspection for format {sink_format}: use one of {known}")
+    module, _, function = target.partition(":")
+    inspect = getattr(importlib.import_module(module), function)
     try:
-        names = [
-            item["Key"][len(prefix) :].removesuffix(".json")
-            for page in resource.client.get_paginator("list_objects_v2").paginate(
-                Bucket=options.location.bucket, Prefix=prefix
-            )
-            for item in page.get("Contents", ())
-        ]
-        unfinished = {decision.batch_id for decision in resource.unfinished_decisions(sink_id)}
-        batches = []
-        for batch_id in sorted(int(name) for name in names if name.isdigit()):
-            decision = resource.find_decision(sink_id, batch_id)
-            if decision is None:
-                continue
-            status = "aborted (fence)" if decision.status == ABORTED else "done"
-            if batch_id in unfinished:
-                status = "decided"
-            batches.append(
-                {
-                    "batch_id": batch_id,
-                    "status": status,
-                    "rows": sum(piece.rows for piece in decision.pieces),
-                    "pieces": len(decision.pieces),
-                }
-            )
-        uploads = [
-            f"{file['key']} ({file['upload_id']})"
-            for piece in resource.prepared_pieces(sink_id)
-            for file in piece.handle.get("files", ())
-        ]
-    except S3WriteError as error:
-        raise CheckpointInspectError(str(error)) from None
-    cleanup = (
-        "nothing to clean"
-        if not uploads
-        else "start the query again from this checkpoint: its first commit completes the"
-        " uploads a decision names and aborts the rest (never abort them by hand: a decided"
-        " upload aborted is data lost)"
-    )
+        state: SinkState = inspect(query_id, options)
+    except Exception as error:  # one line for the CLI, whatever the client raised
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointInspectError(f"{sink_format} sink cannot be read: {first_line}") from error
+    return state
+
+
+def _ledger_of(state: SinkState) -> SinkLedger:
+    """The report's view of a sink state (the shape ``--json`` has printed since 2pc-jdbc)."""
+
+    def named(kind: str) -> list[str]:
+        return [leftover.name for leftover in state.leftovers if leftover.kind == kind]
+
     return SinkLedger(
-        sink_id, options.location.url, batches, [], 0, cleanup, "2pc-s3", sorted(uploads)
+        sink_id=state.sink_id,
+        target=state.target,
+        batches=[asdict(decision) for decision in state.decisions],
+        prepared_transactions=named("prepared transaction"),
+        staged_rows=sum(
+            leftover.count for leftover in state.leftovers if leftover.kind == "staged rows"
+        ),
+        cleanup=state.cleanup,
+        kind=state.format,
+        multipart_uploads=named("multipart upload"),
+        open_transactions=named("open Kafka transaction"),
+        prepared_pieces=list(state.prepared_pieces),
+        leftovers=[leftover.what for leftover in state.leftovers],
     )

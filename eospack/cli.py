@@ -169,7 +169,7 @@ def supervise(arguments: argparse.Namespace) -> int:
 
 
 def checkpoint(arguments: argparse.Namespace) -> int:
-    """Print what a checkpoint holds (and a 2pc-jdbc sink's ledger and leftovers)."""
+    """Print what a checkpoint holds (and a 2pc sink's decisions and leftovers)."""
     from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
 
     jdbc = None
@@ -194,6 +194,22 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         ):
             if value:
                 s3[option] = value
+    kafka = None
+    if arguments.kafka_bootstrap_servers:
+        kafka = {"kafka.bootstrap.servers": arguments.kafka_bootstrap_servers}
+        for option, value in (
+            ("topic", arguments.topic),
+            ("ledgerTopic", arguments.ledger_topic),
+            ("sinkId", arguments.sink_id),
+        ):
+            if value:
+                kafka[option] = value
+    elif arguments.topic or arguments.ledger_topic:
+        print(
+            "eospack checkpoint inspect: --topic and --ledger-topic need --kafka-bootstrap-servers",
+            file=sys.stderr,
+        )
+        return 2
     spark = None
     if arguments.state:
         from eospack.spark import local_session
@@ -201,7 +217,7 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         print("eospack checkpoint inspect: reading operator state with Spark", file=sys.stderr)
         spark = local_session("eospack checkpoint inspect")
     try:
-        report = inspect_checkpoint(arguments.path, jdbc, s3, spark)
+        report = inspect_checkpoint(arguments.path, jdbc, s3, spark, kafka)
     except (CheckpointInspectError, ValueError, ConnectionError) as error:
         print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
         return 1
@@ -267,7 +283,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also count each stateful_ops operator's keys and key groups (starts Spark)",
     )
-    parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL)")
+    parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL or SQLite)")
     parser.add_argument("--table", help="the 2pc-jdbc sink's dbtable")
     parser.add_argument(
         "--user", help="database user (password from EOSPACK_JDBC_PASSWORD, never an argument)"
@@ -277,6 +293,18 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--s3-endpoint-url", help="the 2pc-s3 sink's endpointUrl, if set")
     parser.add_argument("--s3-region", help="the 2pc-s3 sink's region, if set")
+    parser.add_argument(
+        "--kafka-bootstrap-servers",
+        help="the 2pc-kafka sink's kafka.bootstrap.servers (the sink id follows the cluster's"
+        " id, so the cluster must be up)",
+    )
+    parser.add_argument(
+        "--topic",
+        help="the 2pc-kafka sink's topic option; leave it out if the query wrote a topic column",
+    )
+    parser.add_argument(
+        "--ledger-topic", help="the 2pc-kafka sink's ledgerTopic, if set (default: the shared one)"
+    )
     parser.add_argument("--sink-id", help="the sink's sinkId option, if the query set one")
 
 
@@ -356,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     checkpoint_parser = commands.add_parser(
         "checkpoint",
-        help="inspect a streaming checkpoint: batches, offsets, state, and a 2pc-jdbc sink's"
-        " ledger and leftovers (reads only)",
+        help="inspect a streaming checkpoint: batches, offsets, state, and a 2pc-jdbc,"
+        " 2pc-s3 or 2pc-kafka sink's decisions and leftovers (reads only)",
     )
     add_checkpoint_arguments(checkpoint_parser)
     checkpoint_parser.set_defaults(handler=checkpoint)

@@ -44,7 +44,7 @@ import select
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import psycopg
@@ -53,15 +53,17 @@ from eospack.commit_protocols import (
     BatchDecision,
     PreparedPiece,
     TransactionalResource,
+    derive_sink_id,
     faults,
     parse_transaction_id,
     sink_prefix,
 )
+from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
 from eospack.commit_protocols.resource import DecidedPieceLostError
-from eospack.connectors.jdbc.dialect import PIECE_COLUMN, TableName, quote
+from eospack.connectors.jdbc.dialect import PIECE_COLUMN, TableName, quote, stage_table
 from eospack.connectors.jdbc.errors import JdbcWriteError
-from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for, parse_options
 from eospack.connectors.jdbc.planning import SinkPlan
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,13 @@ class JdbcResource(TransactionalResource):
     transaction; a staged batch's move, delete and ``done`` slot commit together or not
     at all; a decided prepared piece found gone is checked by its transaction id.
     """
+
+    sink_format = "2pc-jdbc"
+    cleanup_advice = (
+        "start the query again from this checkpoint: its first commit finishes what a"
+        " decision names and rolls back the rest (never ROLLBACK PREPARED by hand: a"
+        " decided piece rolled back is data lost)"
+    )
 
     def __init__(self, options: JdbcSinkOptions, plan: SinkPlan) -> None:
         self.options = options
@@ -324,6 +333,45 @@ class JdbcResource(TransactionalResource):
     def _stage_exists(self) -> bool:
         return self.dialect.table_columns(self.connection, self.stage) is not None
 
+    # Inspection (read only) ----------------------------------------------------------
+
+    def describe_target(self) -> str:
+        return self.options.describe()
+
+    def inspected_decisions(self, sink_id: str) -> list[DecisionState]:
+        """Every ledger row of the sink (none when no exactly-once run created the ledger)."""
+        if not self._ledger_exists():
+            return []
+        rows = self._execute(
+            f"SELECT batch_id, status, pieces FROM {self.ledger}"
+            " WHERE sink_id = %s ORDER BY batch_id",
+            (sink_id,),
+        ).fetchall()
+        return [
+            DecisionState.of(BatchDecision.from_pieces_json(sink_id, int(b), pieces, str(status)))
+            for b, status, pieces in rows
+        ]
+
+    def leftovers(self, sink_id: str, prepared: list[PreparedPiece]) -> list[Leftover]:
+        """Each prepared transaction of the sink, and its rows in the staging table."""
+        found = [
+            Leftover("prepared transaction", str(piece.handle["gid"]))
+            for piece in prepared
+            if piece.handle.get("gid")
+        ]
+        staged = self._staged_row_count(sink_id) if self._stage_exists() else 0
+        return found + ([Leftover("staged rows", str(staged), staged)] if staged else [])
+
+    def _staged_row_count(self, sink_id: str) -> int:
+        prefix = sink_prefix(sink_id)
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        column = quote(PIECE_COLUMN)
+        row = self._execute(
+            f"SELECT count(*) FROM {self.stage.sql()} WHERE {column} >= %s AND {column} < %s",
+            (prefix, upper),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     # Staging -----------------------------------------------------------------------------
 
     def _commit_staged(self, decision: BatchDecision) -> BatchDecision:
@@ -488,6 +536,20 @@ def _piece_of(transaction_id: str, handle: dict[str, str]) -> PreparedPiece | No
 
 def open_resource(options: JdbcSinkOptions, plan: SinkPlan) -> JdbcResource:
     return JdbcResource(options, plan)
+
+
+def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:
+    """The state of the 2pc-jdbc sink that a query of ``query_id`` writes with ``options``
+    (``url``, ``dbtable``, optional ``user``, ``password``, ``ledgerTable``, ``sinkId``),
+    its id derived as the sink derives it. Read only (``TransactionalResource.inspect``)."""
+    parsed = parse_options(options)
+    sink_id = parsed.sink_id or derive_sink_id(query_id, parsed.target)
+    plan = SinkPlan(parsed.protocol, (), stage_table(parsed.table))
+    resource = JdbcResource(parsed, plan)
+    try:
+        return resource.inspect(sink_id)
+    finally:
+        resource.close()
 
 
 DATABASE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (

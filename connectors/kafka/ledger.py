@@ -84,6 +84,10 @@ LEDGER_STALL_SECONDS = 3.0
 """How long a reader waits for an eospack ledger transaction of another sink to end before
 fencing it."""
 LEDGER_ID_PREFIX = "eospack-ledger-"
+INSPECTION_READ_TIMEOUT_SECONDS = 40.0
+"""How long inspection (which fences nobody) waits for a stuck ledger transaction to be
+aborted by the broker: longer than ``LEDGER_TRANSACTION_TIMEOUT_MS`` plus the broker's
+default abort check interval (10 s)."""
 _TOMBSTONE = None
 logger = logging.getLogger(__name__)
 
@@ -204,9 +208,18 @@ def slot_key(sink_id: str, batch_id: int) -> bytes:
     return f"{sink_id}/{batch_id}".encode()
 
 
-def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, BatchDecision]:
+def read_slots(
+    config: dict[str, Any],
+    topic: str,
+    sink_id: str,
+    *,
+    fence_stuck: bool = True,
+    timeout_seconds: float = READ_TIMEOUT_SECONDS,
+) -> dict[int, BatchDecision]:
     """Every slot of ``sink_id`` in ``topic``, read with read_committed up to the high
-    watermark as it stands now, past other writers' open transactions (see the module doc)."""
+    watermark as it stands now, past other writers' open transactions (see the module doc).
+    ``fence_stuck=False`` (inspection) never fences a stuck ledger transaction: the read
+    waits for the broker to end it, at most ``timeout_seconds``."""
     partition = TopicPartition(topic, 0)
     settings = consumer_settings(config)
     consumer = KafkaConsumer(
@@ -218,15 +231,15 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
         consumer.assign([partition])
         consumer.seek_to_beginning(partition)
         end = high_watermark(settings, partition)
-        deadline = time.monotonic() + READ_TIMEOUT_SECONDS
+        deadline = time.monotonic() + timeout_seconds
         stalled_since = time.monotonic()
-        fenced = False
+        fenced = not fence_stuck
         while (position := consumer.position(partition)) < end:
             now = time.monotonic()
             if now > deadline:
                 raise LedgerError(
                     f"2pc-kafka could not read its ledger topic {topic} to offset {end} within"
-                    f" {READ_TIMEOUT_SECONDS:.0f} s (stopped at {position}: a transaction"
+                    f" {timeout_seconds:.0f} s (stopped at {position}: a transaction"
                     " of another writer stays open on it; the broker aborts it after its"
                     " transaction timeout)"
                 )
@@ -252,16 +265,30 @@ def read_slots(config: dict[str, Any], topic: str, sink_id: str) -> dict[int, Ba
     return slots
 
 
-def read_slots_if_any(options: KafkaSinkOptions, sink_id: str) -> dict[int, BatchDecision]:
-    """The sink's slots, read without opening a ledger (no InitProducerId, no fence), and
-    none if the ledger topic does not exist (nothing is created)."""
+def read_slots_if_any(
+    options: KafkaSinkOptions, sink_id: str, *, fence_stuck: bool = True
+) -> dict[int, BatchDecision]:
+    """The sink's slots, read without opening a ledger (no InitProducerId, no fence of the
+    sink's own ledger; another sink's stuck ledger transaction is fenced unless
+    ``fence_stuck`` is False), and none if the ledger topic does not exist (nothing is
+    created)."""
     config = {**CONTROL_SETTINGS, **options.client_config()}
     admin = admin_client(config)
     try:
         exists = options.ledger_topic in admin.list_topics()
     finally:
         admin.close()
-    return read_slots(config, options.ledger_topic, sink_id) if exists else {}
+    if not exists:
+        return {}
+    if fence_stuck:
+        return read_slots(config, options.ledger_topic, sink_id)
+    return read_slots(
+        config,
+        options.ledger_topic,
+        sink_id,
+        fence_stuck=False,
+        timeout_seconds=INSPECTION_READ_TIMEOUT_SECONDS,
+    )
 
 
 def high_watermark(settings: dict[str, Any], partition: TopicPartition) -> int:

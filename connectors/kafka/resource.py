@@ -12,24 +12,26 @@ slots live in the ledger topic (``ledger``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 
 from eospack.commit_protocols import derive_sink_id, faults, parse_transaction_id, sink_prefix
+from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
 from eospack.connectors.kafka.errors import PreparedTransactionLostError
 from eospack.connectors.kafka.ledger import (
+    LEDGER_ID_PREFIX,
     Ledger,
     LedgerFencedError,
     forget_ledger,
     read_slots_if_any,
     shared_ledger,
 )
-from eospack.connectors.kafka.sink_options import KafkaSinkOptions
+from eospack.connectors.kafka.sink_options import KafkaSinkOptions, parse_options
 from eospack.connectors.kafka.transactions import (
     PreparedTransaction,
     TransactionFencedError,
@@ -46,6 +48,13 @@ Result = TypeVar("Result")
 class KafkaResource(TransactionalResource):
     """One commit's or abort's view of a 2pc-kafka sink; its ledgers are the process's
     shared ones (``ledger.shared_ledger``)."""
+
+    sink_format = "2pc-kafka"
+    cleanup_advice = (
+        "start the query again from this checkpoint within kafka.transaction.timeout.ms: its"
+        " first commit commits the transactions a decision names and fences the rest (never"
+        " fence them by hand: a decided transaction aborted is data lost)"
+    )
 
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options
@@ -216,8 +225,47 @@ class KafkaResource(TransactionalResource):
                 pieces.append(PreparedPiece(sink, batch_id, partition_id, attempt, 0))
         return pieces
 
+    # Inspection (read only) ----------------------------------------------------------
+
+    def describe_target(self) -> str:
+        return f"{self.options.describe()}, ledger topic {self.options.ledger_topic}"
+
+    def inspected_decisions(self, sink_id: str) -> list[DecisionState]:
+        """Every slot of the sink in its ledger topic, read without opening a ledger (no
+        InitProducerId: the running driver, if any, is not fenced) and without fencing a
+        stuck ledger transaction (the read waits for the broker to abort it)."""
+        slots = read_slots_if_any(self.options, sink_id, fence_stuck=False)
+        return [DecisionState.of(slots[batch]) for batch in sorted(slots)]
+
+    def leftovers(self, sink_id: str, prepared: list[PreparedPiece]) -> list[Leftover]:
+        """The task transactions still open (ListTransactions) and the sink's own ledger
+        transaction if one is open (a driver that died while writing a decision)."""
+        ledger_id = f"{LEDGER_ID_PREFIX}{sink_id}"
+        ledger_open = [
+            transactional_id
+            for transactional_id in open_transactions(self.config, ledger_id)
+            if transactional_id == ledger_id
+        ]
+        tasks = sorted({piece.transaction_id for piece in prepared})
+        return [Leftover("open Kafka transaction", name) for name in tasks + ledger_open]
+
     def close(self) -> None:
         """The shared ledgers stay open for the next commit of this process."""
         if self._admin is not None:
             self._admin.close()
             self._admin = None
+
+
+def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:
+    """The state of the 2pc-kafka sink that a query of ``query_id`` writes with ``options``
+    (``kafka.bootstrap.servers``, ``topic``, optional ``ledgerTopic``, ``sinkId``,
+    ``kafka.*`` client settings), its id derived as the sink derives it (from the cluster's
+    id: the cluster must be up). Read only (``TransactionalResource.inspect``)."""
+    from eospack.connectors.kafka.sink import derived_sink_id  # the sink imports this module
+
+    sink_id = derived_sink_id(query_id, options)
+    resource = KafkaResource(parse_options(options))
+    try:
+        return resource.inspect(sink_id)
+    finally:
+        resource.close()

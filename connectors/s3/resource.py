@@ -78,9 +78,11 @@ from eospack.commit_protocols import (
     DecidedPieceLostError,
     PreparedPiece,
     TransactionalResource,
+    derive_sink_id,
     parse_transaction_id,
     sink_prefix,
 )
+from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
 from eospack.connectors.s3.client import (
     describe_error,
@@ -88,10 +90,11 @@ from eospack.connectors.s3.client import (
     is_missing,
     is_no_such_upload,
     is_precondition_failed,
+    s3_client,
 )
 from eospack.connectors.s3.errors import S3WriteError
 from eospack.connectors.s3.keys import transaction_id_of_key
-from eospack.connectors.s3.options import S3Location, S3SinkOptions
+from eospack.connectors.s3.options import S3Location, S3SinkOptions, parse_sink_options
 from eospack.connectors.s3.reader import manifest_status
 
 logger = logging.getLogger(__name__)
@@ -190,6 +193,13 @@ class S3Resource(TransactionalResource):
     aborted (``settled``), so that one listing of uploads serves the whole commit or abort
     and ``unsettled`` can say what an abort left.
     """
+
+    sink_format = "2pc-s3"
+    cleanup_advice = (
+        "start the query again from this checkpoint: its first commit completes the"
+        " uploads a decision names and aborts the rest (never abort them by hand: a decided"
+        " upload aborted is data lost)"
+    )
 
     def __init__(self, options: S3SinkOptions, schema_json: str, client: Any) -> None:
         self.options = options
@@ -443,6 +453,41 @@ class S3Resource(TransactionalResource):
             raise self._error(f"list the uploads under {self.location.url}", error) from error
         return uploads
 
+    # Inspection (read only) ----------------------------------------------------------
+
+    def describe_target(self) -> str:
+        return self.location.url
+
+    def inspected_decisions(self, sink_id: str) -> list[DecisionState]:
+        """Every manifest of the sink (one listing, one GET each); a decided batch is done
+        when none of the uploads it names is still in progress (S3 keeps no "done")."""
+        prefix = f"{self.location.manifests_prefix}{sink_id}/"
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix
+            )
+            names = [
+                item["Key"][len(prefix) :].removesuffix(".json")
+                for page in pages
+                for item in page.get("Contents", ())
+            ]
+        except (ClientError, BotoCoreError) as error:
+            raise self._error(f"list the manifests under {self.location.url}", error) from error
+        unfinished = {decision.batch_id for decision in self.unfinished_decisions(sink_id)}
+        found = []
+        for batch_id in sorted(int(name) for name in names if name.isdigit()):
+            decision = self.find_decision(sink_id, batch_id)
+            if decision is not None:
+                found.append(DecisionState.of(decision, finished=batch_id not in unfinished))
+        return found
+
+    def leftovers(self, sink_id: str, prepared: list[PreparedPiece]) -> list[Leftover]:
+        """Each of the sink's multipart uploads in progress."""
+        return [
+            Leftover("multipart upload", f"{upload['Key']} ({upload['UploadId']})")
+            for upload in sorted(self._uploads(sink_id), key=lambda upload: upload["Key"])
+        ]
+
     # What an abort left ------------------------------------------------------------------
 
     def unsettled(self, pieces: Iterable[PreparedPiece]) -> list[tuple[str, str]]:
@@ -506,6 +551,20 @@ def _upload_ids(decision: BatchDecision) -> set[str]:
         for piece in decision.pieces
         for file in piece.handle.get("files", ())
     }
+
+
+def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:
+    """The state of the 2pc-s3 sink that a query of ``query_id`` writes with ``options``
+    (``path``, optional ``endpointUrl``, ``region``, credentials, ``sinkId``; without
+    credentials boto3's default chain), its id derived as the sink derives it. Read only
+    (``TransactionalResource.inspect``)."""
+    parsed = parse_sink_options(options)
+    sink_id = parsed.sink_id or derive_sink_id(query_id, parsed.target)
+    resource = S3Resource(parsed, "", s3_client(parsed.connection))
+    try:
+        return resource.inspect(sink_id)
+    finally:
+        resource.close()
 
 
 def write_task_manifest(
