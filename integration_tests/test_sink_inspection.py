@@ -139,3 +139,32 @@ def assert_the_cli_reports_the_kafka_sink(
         (1, "done"),
     ]
     assert reported["open_transactions"] == [] and reported["cleanup"] == NOTHING_TO_CLEAN
+
+
+@pytest.mark.timeout(120)
+def test_inspecting_a_kafka_sink_never_fences_another_sinks_stuck_ledger_transaction(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    unique_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ledger reader of the commit path fences an eospack ledger transaction that holds
+    it back for ``LEDGER_STALL_SECONDS``; inspection only waits (here 6 s, past the stall)
+    and then says in one line why it could not read, leaving the transaction open."""
+    from eospack.checkpoint import CheckpointInspectError
+    from eospack.connectors.kafka import ledger
+    from eospack.connectors.kafka.transactions import open_transactions
+
+    monkeypatch.setattr(ledger, "INSPECTION_READ_TIMEOUT_SECONDS", ledger.LEDGER_STALL_SECONDS + 3)
+    sink = ADAPTERS["kafka"].open(request, tmp_path, unique_name)
+    stuck = "eospack-ledger-another_sink_mid_decision"
+    try:
+        options = sink.base_options()
+        with sink.another_sink_mid_decision(options):
+            with pytest.raises(CheckpointInspectError) as raised:
+                inspect_sink("2pc-kafka", "2e1f0c4a-inspection-query", options)
+            still_open = open_transactions(sink.config(), stuck)  # type: ignore[attr-defined]
+    finally:
+        sink.close()
+    assert "\n" not in str(raised.value) and "ledger topic" in str(raised.value)
+    assert still_open == [stuck], "inspection fenced another sink's ledger transaction"
