@@ -20,7 +20,8 @@ import psycopg
 import pytest
 
 from eospack.commit_protocols.fault_points import ALL_FAULT_POINTS
-from eospack.demo.run import committed_batches, sink_leftovers
+from eospack.demo.outputs import JdbcOutput
+from eospack.demo.run import committed_batches
 from eospack.demo.verify import check_pipeline
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
 from integration_tests.crash_harness import run_driver
@@ -71,13 +72,19 @@ def run_pipeline(arguments: list[str], **crash) -> object:
     return run_driver(arguments[0], arguments[1:], timeout=DRIVER_TIMEOUT, **crash)
 
 
-def verify(postgres, name: str, produced: Counter[str], crashes: int):
+def verify(postgres, name: str, produced: Counter[str], crashes: int, workdir: Path):
     with psycopg.connect(postgres.endpoint.url) as connection:
-        current = dict(connection.execute(f'SELECT key, "count" FROM "{name}_current"').fetchall())
+        current: dict[str, int] = dict(
+            connection.execute(f'SELECT key, "count" FROM "{name}_current"').fetchall()
+        )
         history = connection.execute(
             f'SELECT key, "count", version, batch_id FROM "{name}_history"'
         ).fetchall()
-        leftovers = sink_leftovers(connection)
+    endpoint = postgres.endpoint
+    output = JdbcOutput(
+        endpoint.jdbc_url, endpoint.user, [name], "exactly-once", {name: workdir / "checkpoints"}
+    )
+    leftovers = output.leftovers(name)  # what the sinks' resources report (read only)
     return check_pipeline(name, crashes, produced, current, history, 0, leftovers)
 
 
@@ -122,7 +129,7 @@ def test_every_fault_point_and_random_kills_leave_counts_exactly_once(
     assert final.succeeded, final.explain()
     assert "DataFrame concatenation with empty or all-NA entries" not in final.output
 
-    result = verify(postgres, unique_name, produced, crashes)
+    result = verify(postgres, unique_name, produced, crashes, tmp_path)
     assert crashes >= len(ALL_FAULT_POINTS) + 1  # the pipeline may finish before a kill
     assert result.counted == sum(produced.values())
     assert (result.lost, result.duplicated, result.history_regressions, result.leftovers) == (
@@ -168,7 +175,7 @@ def test_postgres_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
 
         final = run_pipeline(arguments)
         assert final.succeeded, final.explain()
-        result = verify(postgres, unique_name, produced, crashes=1)
+        result = verify(postgres, unique_name, produced, 1, tmp_path)
         assert result.verified and result.counted == sum(produced.values()), result
     finally:
         postgres.stop()
@@ -214,7 +221,7 @@ def test_broker_unreachable_for_a_while_fails_clearly_and_recovers_exactly_once(
 
         final = run_pipeline(arguments)
         assert final.succeeded, final.explain()
-        result = verify(postgres, unique_name, produced, crashes=1)
+        result = verify(postgres, unique_name, produced, 1, tmp_path)
         assert result.verified and result.counted == sum(produced.values()), result
     finally:
         broker.stop()
@@ -237,5 +244,5 @@ def test_thirty_random_kills(kafka, postgres, tmp_path, unique_name):
         assert run.was_killed, run.explain()
         crashes += 1
     assert run_pipeline(arguments).succeeded
-    result = verify(postgres, unique_name, produced, crashes)
+    result = verify(postgres, unique_name, produced, crashes, tmp_path)
     assert result.verified and result.counted == sum(produced.values()), result

@@ -4,11 +4,15 @@ One class per ``--sink``, both of the shape ``Output``, so that the orchestrator
 (``eospack.demo.run``) does not care which sink the pipelines write with:
 
 - ``JdbcOutput``: PostgreSQL tables ``<name>_current`` and ``<name>_history``, read with
-  SQL; leftovers are prepared transactions, staged rows and unfinished decisions.
+  SQL.
 - ``KafkaOutput``: one topic per pipeline, read by one read_committed consumer per
   pipeline that stays open for the whole run (each record is read once, while sampling or
-  at the end); leftovers are the sink's still-open transactions and its ledger slots
-  that are not done.
+  at the end).
+
+What a pipeline's sinks left behind (prepared transactions, staged rows, open Kafka
+transactions, decisions not done) is asked of each sink's resource
+(``eospack.checkpoint.inspect_sink``, read only), for the sink id the sink derives from
+its checkpoint's query id: never read from the sink's tables or topics here.
 
 The verdict itself is ``eospack.demo.verify.check_pipeline`` for both.
 """
@@ -79,11 +83,18 @@ class JdbcOutput:
     count per key) and ``<name>_history`` (append: every printed count with its batch id)."""
 
     def __init__(
-        self, jdbc_url: str, jdbc_user: str | None, names: list[str], guarantee: str
+        self,
+        jdbc_url: str,
+        jdbc_user: str | None,
+        names: list[str],
+        guarantee: str,
+        checkpoints: Mapping[str, Path],
     ) -> None:
         self.jdbc_url = jdbc_url
         self.jdbc_user = jdbc_user
         self.names = names
+        self.checkpoints = dict(checkpoints)
+        """Each pipeline's ``--checkpoint-dir`` (one query per table below it)."""
         self.guarantee = guarantee
         self.database_url = libpq_url(jdbc_url, jdbc_user)
         self.last_seen: dict[str, dict[str, int]] = {}
@@ -109,11 +120,38 @@ class JdbcOutput:
         return samples
 
     def leftovers(self, name: str) -> int:
-        """Counted for the whole database, not per pipeline: a leftover fails both."""
+        """What the sinks of ``name``'s tables left behind and their decisions not done, as
+        each sink's resource reports it (``SinkState.leftover_count``)."""
+        from eospack.checkpoint import inspect_sink
+        from eospack.demo.pipeline import TABLES  # not at the top: see committed_batches
+
+        total = 0
+        for table in TABLES:
+            query_id = query_id_of(self.checkpoints[name] / table)
+            if query_id is None:
+                continue  # this query never started: it left nothing
+            options = {"url": self.jdbc_url, "dbtable": f"{name}_{table}"}
+            if self.jdbc_user:
+                options["user"] = self.jdbc_user
+            password = os.environ.get("EOSPACK_DEMO_JDBC_PASSWORD")
+            if password:
+                options["password"] = password
+            state = inspect_sink("2pc-jdbc", query_id, options)
+            if not state.decisions and self.guarantee == "exactly-once" and self._has_rows(name):
+                # Rows without a decision: the id above is not the sink's, and the
+                # inspection would find nothing whatever the sink left behind.
+                raise RuntimeError(
+                    f"{name}_{table}: no decision of sink {state.sink_id} in the ledger, though"
+                    " the table has rows: the demo derived another sink id than 2pc-jdbc"
+                )
+            total += state.leftover_count()
+        return total
+
+    def _has_rows(self, name: str) -> bool:
         import psycopg
 
         with psycopg.connect(self.database_url) as connection:
-            return sink_leftovers(connection)
+            return bool(read_current(connection, name))
 
     def verify(
         self, name: str, produced: Mapping[str, int], crashes: int, sampled_regressions: int
@@ -156,26 +194,12 @@ def read_current(connection: psycopg.Connection, name: str) -> dict[str, int]:
     return {key: int(count) for key, count in rows}
 
 
-def sink_leftovers(connection: psycopg.Connection) -> int:
-    """Prepared transactions, staged rows and unfinished decisions the sinks left behind."""
-    row = connection.execute(
-        "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE 'eospack-%'"
-    ).fetchone()
-    leftovers = int(row[0]) if row else 0
-    stages = connection.execute(
-        "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name)"
-        " FROM information_schema.tables WHERE table_name LIKE '%\\_eospack\\_stage\\_%'"
-    ).fetchall()
-    for (stage,) in stages:
-        staged = connection.execute(f"SELECT count(*) FROM {stage}").fetchone()
-        leftovers += int(staged[0]) if staged else 0
-    ledger = connection.execute("SELECT to_regclass('eospack_commits') IS NOT NULL").fetchone()
-    if ledger and ledger[0]:
-        undone = connection.execute(
-            "SELECT count(*) FROM eospack_commits WHERE status <> 'done'"
-        ).fetchone()
-        leftovers += int(undone[0]) if undone else 0
-    return leftovers
+def query_id_of(checkpoint: Path) -> str | None:
+    """The query id in a checkpoint's ``metadata``; None before the query's first start."""
+    metadata = checkpoint / "metadata"
+    if not metadata.is_file():
+        return None
+    return str(json.loads(metadata.read_text().splitlines()[0])["id"])
 
 
 class KafkaOutput:
@@ -222,41 +246,36 @@ class KafkaOutput:
         from eospack.connectors.kafka.sink import derived_sink_id
         from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
 
-        metadata = self.checkpoints[name] / KAFKA_QUERY / "metadata"
-        if not metadata.is_file():
+        query_id = query_id_of(self.checkpoints[name] / KAFKA_QUERY)
+        if query_id is None:
             return None
-        query_id = json.loads(metadata.read_text().splitlines()[0])["id"]
-        options = {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topics[name]}
-        return derived_sink_id(query_id, options)
+        return derived_sink_id(query_id, self.sink_options(name))
+
+    def sink_options(self, name: str) -> dict[str, str]:
+        return {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topics[name]}
 
     def leftovers(self, name: str) -> int:
-        """The sink's transactions still open (prepared and never committed or fenced) and
-        its ledger slots not done (a decision whose commit did not finish)."""
-        from eospack.commit_protocols import sink_prefix
-        from eospack.commit_protocols.pieces import DONE
-        from eospack.connectors.kafka.ledger import read_slots
-        from eospack.connectors.kafka.sink_options import DEFAULT_LEDGER_TOPIC
-        from eospack.connectors.kafka.transactions import admin_client, open_transactions
+        """The sink's transactions still open (prepared and never committed or fenced), its
+        ledger transaction if open, and its decisions not done, as its resource reports them."""
+        from eospack.checkpoint import inspect_sink
+        from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
 
-        sink_id = self.sink_id(name)
-        if sink_id is None:
+        query_id = query_id_of(self.checkpoints[name] / KAFKA_QUERY)
+        if query_id is None:
             return 0
-        config = {"bootstrap_servers": self.bootstrap}
-        leftovers = len(open_transactions(config, sink_prefix(sink_id)))
-        admin = admin_client(config)
-        try:  # at-least-once never writes a ledger: on a fresh broker there is no topic
-            ledger_exists = DEFAULT_LEDGER_TOPIC in admin.list_topics()
-        finally:
-            admin.close()
-        slots = read_slots(config, DEFAULT_LEDGER_TOPIC, sink_id) if ledger_exists else {}
-        if not slots and self.guarantee == "exactly-once" and self.readers[name].counts.history:
+        state = inspect_sink("2pc-kafka", query_id, self.sink_options(name))
+        if (
+            not state.decisions
+            and self.guarantee == "exactly-once"
+            and self.readers[name].counts.history
+        ):
             # Committed records without a decision: the id above is not the sink's, and
-            # both lookups would find nothing whatever the sink left behind.
+            # the inspection would find nothing whatever the sink left behind.
             raise RuntimeError(
-                f"{name}: no decision of sink {sink_id} in {DEFAULT_LEDGER_TOPIC}, though its"
+                f"{name}: no decision of sink {state.sink_id} in its ledger topic, though its"
                 " topic has committed records: the demo derived another sink id than 2pc-kafka"
             )
-        return leftovers + sum(1 for slot in slots.values() if slot.status != DONE)
+        return state.leftover_count()
 
     def verify(
         self, name: str, produced: Mapping[str, int], crashes: int, sampled_regressions: int

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eospack.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
-from eospack.demo.outputs import sink_leftovers as sink_leftovers  # used by the crash tests
 from eospack.demo.verify import verification_table
 from eospack.processes import DriverProcess
 
@@ -372,7 +371,8 @@ def _open_output(
         postgres = start_postgres()
         cleanup.callback(postgres.stop)
         jdbc_url, jdbc_user = postgres.endpoint.jdbc_url, postgres.endpoint.user
-    return JdbcOutput(jdbc_url, jdbc_user, names, arguments.guarantee)
+    checkpoints = {name: workdir / name for name in names}
+    return JdbcOutput(jdbc_url, jdbc_user, names, arguments.guarantee, checkpoints)
 
 
 def _counted(timeline: Timeline, name: str) -> int:
