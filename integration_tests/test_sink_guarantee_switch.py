@@ -28,17 +28,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eospack.commit_protocols import faults, sink_prefix
-from eospack.connectors.kafka.ledger import read_slots
+from eospack.checkpoint import inspect_sink
+from eospack.commit_protocols import faults
+from eospack.commit_protocols.inspection import SinkState
 from eospack.connectors.kafka.sink_options import DEFAULT_LEDGER_TOPIC
-from eospack.connectors.kafka.transactions import fence, open_transactions
+from eospack.connectors.kafka.transactions import fence
 from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import await_query
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.kafka_sink_driver import start_query
 from integration_tests.jdbc_fixtures import (
     pg_rows,
-    sink_prepared,
     stream_input,
     write_input_files,
 )
@@ -48,6 +48,8 @@ pytestmark = pytest.mark.integration
 KAFKA_DRIVER = Path(__file__).parent / "drivers" / "kafka_sink_driver.py"
 QUERY_TIMEOUT = 240.0
 AT_LEAST_ONCE = {"deliveryGuarantee": "at-least-once"}
+SINK_ID_GIVEN = "(unused: the queries set sinkId)"
+"""The query id handed to inspection, which derives no sink id when sinkId is given."""
 
 
 def write_batches(
@@ -124,13 +126,19 @@ class KafkaQuery:
             (group, str(row_id)) for batch in self.batches[first:end] for row_id, group in batch
         )
 
+    def state(self, topic: str = DEFAULT_LEDGER_TOPIC) -> SinkState:
+        """The sink as its resource reports it (read only: no ledger is opened or fenced)."""
+        options = {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topic}
+        return inspect_sink(
+            "2pc-kafka", SINK_ID_GIVEN, {**options, **self.options(), "ledgerTopic": topic}
+        )
+
     def open_transactions(self) -> list[str]:
-        config = {"bootstrap_servers": self.bootstrap}
-        return sorted(open_transactions(config, sink_prefix(self.sink_id)))
+        """The sink's task transactions still open (its prepared pieces)."""
+        return list(self.state().prepared_pieces)
 
     def ledger(self, topic: str = DEFAULT_LEDGER_TOPIC) -> dict[int, str]:
-        slots = read_slots({"bootstrap_servers": self.bootstrap}, topic, self.sink_id)
-        return {batch: slot.status for batch, slot in slots.items()}
+        return {decision.batch_id: decision.status for decision in self.state(topic).decisions}
 
 
 def assert_at_least_once(seen: Counter[Any], expected: Counter[Any]) -> None:
@@ -287,16 +295,24 @@ class JdbcQuery:
     def expected(self) -> list[tuple[int, str, int]]:
         return sorted(row for batch in self.batches for row in batch)
 
+    def state(self) -> SinkState:
+        """The sink as its resource reports it (read only)."""
+        options = {
+            "url": self.postgres.endpoint.jdbc_url,
+            "user": self.postgres.endpoint.user,
+            "dbtable": self.table,
+            "sinkId": self.sink_id,
+        }
+        if self.postgres.endpoint.password:
+            options["password"] = self.postgres.endpoint.password
+        return inspect_sink("2pc-jdbc", SINK_ID_GIVEN, options)
+
     def ledger(self) -> dict[int, str]:
-        with psycopg.connect(self.url) as connection:
-            rows = connection.execute(
-                "SELECT batch_id, status FROM eospack_commits WHERE sink_id = %s",
-                (self.sink_id,),
-            ).fetchall()
-        return {int(batch): str(status) for batch, status in rows}
+        return {decision.batch_id: decision.status for decision in self.state().decisions}
 
     def prepared(self) -> int:
-        return sink_prepared(self.url, self.sink_id)
+        kinds = [leftover.kind for leftover in self.state().leftovers]
+        return kinds.count("prepared transaction")
 
 
 @pytest.mark.timeout(300)
