@@ -5,41 +5,90 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
+
+WELL_KNOWN_PORTS = {"kafka": 9092, "postgresql": 5432, "s3": 9000}
+"""What docker-compose.yml publishes, so that examples written for it run as written."""
+
+COMPOSE_CREDENTIALS = {"postgresql": ("postgres", "postgres"), "s3": ("minioadmin", "minioadmin")}
+"""docker-compose.yml's user/password pairs. The embedded PostgreSQL trusts every local
+connection (any password is accepted) and the embedded S3 accepts any keys, so printing
+these keeps one set of settings for both."""
+
+
+def well_known_or_free_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | None]:
+    """``preferred`` when nothing listens there, else a free port and one line saying so.
+
+    The port is checked by binding it, then released for the service: another process
+    may take it in between, and the service's start then fails naming the port.
+    """
+    from eospack.services.base import free_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, preferred))
+        except OSError:
+            port = free_port(host)
+            return port, f"port {preferred} is taken, so this one listens on {port} instead"
+    return preferred, None
+
+
+def start_services(ports: dict[str, int] | None = None) -> tuple[list[Any], list[str]]:
+    """Start Kafka, PostgreSQL and S3 on ``ports`` (default ``WELL_KNOWN_PORTS``, each one
+    taken falling back to a free port), returning the services and their settings' lines.
+    A failure stops what was started and raises ``ServiceStartError``."""
+    from eospack.services import services_mode, start_kafka, start_postgres, start_s3
+
+    preferred = ports or WELL_KNOWN_PORTS
+    chosen: dict[str, int | None] = {}
+    notes: dict[str, str] = {}
+    for name, port in preferred.items():
+        if services_mode() == "docker":
+            chosen[name] = None
+            continue
+        chosen[name], note = well_known_or_free_port(port)
+        if note:
+            notes[name] = f"  ({note})"
+    started: list[Any] = []
+    try:
+        print("starting kafka broker ...", flush=True)
+        started.append(kafka := start_kafka(port=chosen["kafka"]))
+        print("starting postgresql ...", flush=True)
+        started.append(postgres := start_postgres(port=chosen["postgresql"]))
+        print("starting s3 endpoint ...", flush=True)
+        started.append(s3 := start_s3(port=chosen["s3"], credentials=COMPOSE_CREDENTIALS["s3"]))
+    except BaseException:
+        for service in reversed(started):
+            service.stop()
+        raise
+    user, password = COMPOSE_CREDENTIALS["postgresql"]
+    endpoint = postgres.endpoint
+    if endpoint.password:
+        user, password = endpoint.user, endpoint.password
+    url = f"postgresql://{user}:{password}@{endpoint.host}:{endpoint.port}/{endpoint.database}"
+    lines = [
+        f"kafka.bootstrap.servers  {kafka.endpoint.bootstrap_servers}{notes.get('kafka', '')}",
+        f"postgresql url           {url}{notes.get('postgresql', '')}",
+        f"postgresql jdbc url      {endpoint.jdbc_url}  (user {user}, password {password})",
+        f"s3 endpointUrl           {s3.endpoint.endpoint_url}"
+        f"  (bucket {s3.endpoint.bucket}, region {s3.endpoint.region}){notes.get('s3', '')}",
+        f"s3 accessKeyId           {s3.endpoint.access_key_id}",
+        f"s3 secretAccessKey       {s3.endpoint.secret_access_key}"
+        "  (local test credentials, as docker-compose.yml's)",
+    ]
+    return started, lines
 
 
 def services_up(_: argparse.Namespace) -> int:
-    """Start the broker, PostgreSQL and S3, print their settings, run until Ctrl-C."""
-    from eospack.services import start_kafka, start_postgres, start_s3
-
-    started = []
+    """Start the broker, PostgreSQL and S3 on docker-compose.yml's ports where they are
+    free, print their settings, run until Ctrl-C."""
+    started, lines = start_services()
     try:
-        print("starting kafka broker ...", flush=True)
-        started.append(kafka := start_kafka())
-        print("starting postgresql ...", flush=True)
-        started.append(postgres := start_postgres())
-        print("starting s3 endpoint ...", flush=True)
-        started.append(s3 := start_s3())
-        print(
-            "\n".join(
-                [
-                    "",
-                    f"kafka.bootstrap.servers  {kafka.endpoint.bootstrap_servers}",
-                    f"postgresql url           {postgres.endpoint.url}",
-                    f"postgresql jdbc url      {postgres.endpoint.jdbc_url}"
-                    f"  (user {postgres.endpoint.user})",
-                    f"s3 endpointUrl           {s3.endpoint.endpoint_url}"
-                    f"  (bucket {s3.endpoint.bucket}, region {s3.endpoint.region})",
-                    f"s3 accessKeyId           {s3.endpoint.access_key_id}",
-                    "s3 secretAccessKey       (test credentials: see eospack/services/embedded.py)",
-                    "",
-                    "running; press Ctrl-C to stop",
-                ]
-            ),
-            flush=True,
-        )
+        print("\n".join(["", *lines, "", "running; press Ctrl-C to stop"]), flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:

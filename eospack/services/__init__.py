@@ -82,9 +82,10 @@ def apache_kafka_missing() -> str | None:
     return None
 
 
-def start_kafka() -> Any:
+def start_kafka(port: int | None = None) -> Any:
     """A running Kafka broker; ``.endpoint.bootstrap_servers`` to connect, ``.endpoint.kind``
-    says whether it is Apache Kafka (``"kafka"``) or tansu (``"tansu"``)."""
+    says whether it is Apache Kafka (``"kafka"``) or tansu (``"tansu"``). ``port`` (embedded
+    only) is where it listens; None picks a free one."""
     if services_mode() == "docker":
         from eospack.services.docker import DockerKafka
 
@@ -92,32 +93,37 @@ def start_kafka() -> Any:
     if embedded_broker_kind() == "kafka":
         from eospack.services.apache_kafka import ApacheKafka
 
-        return ApacheKafka()
+        return ApacheKafka(port=port)
     from eospack.services.embedded import EmbeddedKafka
 
-    return EmbeddedKafka()
+    return EmbeddedKafka(port=port)
 
 
-def start_postgres(max_prepared_transactions: int = 64) -> Any:
-    """A running PostgreSQL; ``.endpoint.url``; ``kill()``/``start()`` restart it in place."""
+def start_postgres(max_prepared_transactions: int = 64, port: int | None = None) -> Any:
+    """A running PostgreSQL; ``.endpoint.url``; ``kill()``/``start()`` restart it in place.
+    ``port`` (embedded only) is where it listens; None picks a free one."""
     if services_mode() == "docker":
         from eospack.services.docker import DockerPostgres
 
         return DockerPostgres(max_prepared_transactions)
     from eospack.services.embedded import EmbeddedPostgres
 
-    return EmbeddedPostgres(max_prepared_transactions=max_prepared_transactions)
+    return EmbeddedPostgres(port=port, max_prepared_transactions=max_prepared_transactions)
 
 
-def start_s3(bucket: str = "eospack") -> Any:
-    """A running S3 endpoint with ``bucket`` created; ``.endpoint.client()`` for boto3."""
+def start_s3(
+    bucket: str = "eospack", port: int | None = None, credentials: tuple[str, str] | None = None
+) -> Any:
+    """A running S3 endpoint with ``bucket`` created; ``.endpoint.client()`` for boto3.
+    ``port`` and ``credentials`` (access key id, secret; embedded only: the embedded
+    endpoint accepts any) are what it listens on and prints; None keeps the defaults."""
     if services_mode() == "docker":
         from eospack.services.docker import DockerS3
 
         return DockerS3(bucket)
     from eospack.services.embedded import EmbeddedS3
 
-    return EmbeddedS3(bucket=bucket)
+    return EmbeddedS3(port=port, bucket=bucket, credentials=credentials)
 
 
 __all__ = [

@@ -277,21 +277,28 @@ def moto_server_binary() -> str:
 
 
 class EmbeddedS3(_ChildProcess):
-    """moto's S3 server with one bucket; credentials are fixed test values."""
+    """moto's S3 server with one bucket; it accepts any credentials, and the endpoint
+    carries ``credentials`` (default: fixed test values) for clients to use."""
 
     name = "s3 endpoint (moto)"
 
-    def __init__(self, port: int | None = None, bucket: str = "eospack") -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        bucket: str = "eospack",
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
         binary = moto_server_binary()
         self.port = port or free_port()
         ensure_port_free(self.name, self.port)
         super().__init__()
         self._launch([binary, "-H", LOOPBACK, "-p", str(self.port)])
+        access_key_id, secret_access_key = credentials or ("eospack-test", "eospack-test-secret")
         self.endpoint = S3Endpoint(
             endpoint_url=f"http://{LOOPBACK}:{self.port}",
             bucket=bucket,
-            access_key_id="eospack-test",
-            secret_access_key="eospack-test-secret",
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
         )
         try:
             wait_until_ready(self.name, self._answers_http, self._exit_code, self.log_file)
