@@ -10,7 +10,8 @@ Decisions:
   happen at any moment (a row visible twice, a row that was never input); the complete
   end state is checked once, after a clean run (``assert_each_row_once``): each row
   exactly once, nothing prepared, staged, in progress or open left for any sink id the
-  runs used, and no decision left pending.
+  runs used, and no decision left pending: read from the store by the adapter, and asked
+  of the sink's own inspection (``TransactionalResource.inspect``), which must agree.
 - Every sink id the runs used is remembered (from the checkpoint's query id and each
   run's options), so an option change that gives the sink a new id cannot hide the old
   id's leftovers or duplicates.
@@ -27,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from eospack.checkpoint import inspect_sink
 from eospack.commit_protocols import PreparedPiece, TaskIdentity, faults
 from eospack.commit_protocols.identity import attempt_string
 from eospack.testing import await_query
@@ -38,6 +40,7 @@ DRIVER = Path(__file__).resolve().parents[1] / "drivers" / "contract_driver.py"
 DRIVER_TIMEOUT = 240.0
 QUERY_TIMEOUT = 180.0
 ROWS_PER_BATCH = 20
+SINK_ID_GIVEN = "(unused: inspection is given the sinkId)"
 
 
 class ContractRun:
@@ -216,3 +219,16 @@ class ContractRun:
             if status == "pending"
         }
         assert pending == {}, f"decisions not done: {pending}"
+        self.assert_inspection_clean(sink_ids)
+
+    def assert_inspection_clean(self, sink_ids: set[str]) -> None:
+        """The sink's own report (``TransactionalResource.inspect``, read only) agrees with
+        the store read above: nothing left behind and no decision waiting, for each id."""
+        for sink_id in sorted(sink_ids):
+            options = {**self.options, "sinkId": sink_id}
+            state = inspect_sink(self.sink.adapter.sink_format, SINK_ID_GIVEN, options)
+            assert state.is_clean, (
+                f"{self.sink.adapter.name} sink {sink_id}: inspection reports"
+                f" {[leftover.what for leftover in state.leftovers]} left behind and batches"
+                f" {[decision.batch_id for decision in state.unfinished]} not done"
+            )
