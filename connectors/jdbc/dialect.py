@@ -141,6 +141,9 @@ class Dialect(ABC):
     stage_keeps_column_types: ClassVar[bool] = False
     """Whether ``create_stage_sql`` copies the target's declared types (with their
     lengths and scales), so a stage made before an ALTER of the target is stale."""
+    refuses_columns_by_type: ClassVar[bool] = False
+    """Whether ``refuse_lossy_columns`` reads the target's declared types, so a kept plan
+    holds only while they are unchanged (a table dropped and made again with other types)."""
     column_types: ClassVar[Mapping[type[T.DataType], str]]
     """Spark type -> SQL type, checked in order (decimals: ``decimal_type``)."""
 

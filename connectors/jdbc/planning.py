@@ -39,17 +39,31 @@ class SinkPlan:
 
 
 ColumnTypes = dict[str, str]
-_PLANS: dict[tuple[JdbcSinkOptions, str], tuple[SinkPlan, ColumnTypes | None]] = {}
+
+
+@dataclass(frozen=True)
+class WatchedTables:
+    """The tables a kept plan depends on, and their column types when it was made (None:
+    the table did not exist)."""
+
+    tables: tuple[TableName, ...]
+    types: tuple[ColumnTypes | None, ...]
+
+
+_PLANS: dict[tuple[JdbcSinkOptions, str], tuple[SinkPlan, WatchedTables | None]] = {}
 
 
 def plan_sink(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
     """The checked plan, computed once per process for these options and schema.
 
     Spark asks for the writer in the same reused planner processes at every micro-batch
-    and at every restart of a query in one session, so a plan is kept. A plan whose staging
-    table copies the target's column types is kept only while the target's types are those
-    it was made for (one catalog query): a restart after ``ALTER TABLE`` must not stage into
-    a column's old type, which would round or refuse what the target now takes.
+    and at every start of a query in one session, so a plan is kept. A plan whose checks
+    read column types is kept only while those types are the ones it was made for (one
+    catalog query per table): the target's when the staging table copies them or the
+    dialect refuses columns by their declared type, and the staging table's own. A restart
+    after ``ALTER TABLE``, a table dropped and made again with other types, or a staging
+    table altered by hand must not stage into a stale type or skip a refusal, which would
+    round or turn into numbers what the target now takes.
     """
     key = (options, schema.json())
     kept = _PLANS.get(key)
@@ -60,24 +74,33 @@ def plan_sink(options: JdbcSinkOptions, schema: StructType) -> SinkPlan:
     return plan
 
 
-def _types_unchanged(options: JdbcSinkOptions, watched: ColumnTypes | None) -> bool:
+def _types_unchanged(options: JdbcSinkOptions, watched: WatchedTables | None) -> bool:
     if watched is None:
         return True
     dialect = dialect_for(options.url)
     connection = dialect.connect(options, autocommit=True)
     try:
-        current = dialect.table_columns(connection, options.table)
+        return _watch(dialect, connection, watched.tables) == watched
     finally:
         connection.close()
-    return current is not None and _types(current) == watched
 
 
-def _types(columns: dict[str, tuple[str, bool]]) -> ColumnTypes:
+def _watch(
+    dialect: Dialect, connection: Connection, tables: tuple[TableName, ...]
+) -> WatchedTables:
+    return WatchedTables(
+        tables, tuple(_types(dialect.table_columns(connection, table)) for table in tables)
+    )
+
+
+def _types(columns: dict[str, tuple[str, bool]] | None) -> ColumnTypes | None:
+    if columns is None:
+        return None
     return {name: column_type for name, (column_type, _) in columns.items()}
 
 
-def _plan(options: JdbcSinkOptions, schema: StructType) -> tuple[SinkPlan, ColumnTypes | None]:
-    """The plan, and the target's column types when its staging table copies them."""
+def _plan(options: JdbcSinkOptions, schema: StructType) -> tuple[SinkPlan, WatchedTables | None]:
+    """The plan, and the tables whose column types it depends on (see :func:`plan_sink`)."""
     check_columns(schema)
     schema = with_batch_id_column(options, schema)
     dialect = dialect_for(options.url)
@@ -149,9 +172,9 @@ def _prepare_tables(
     protocol: str,
     stage: TableName,
     connection: Connection,
-) -> ColumnTypes | None:
-    """Create or check the target, staging and ledger tables; the target's column types
-    when the staging table copies them (see :func:`plan_sink`)."""
+) -> WatchedTables | None:
+    """Create or check the target, staging and ledger tables; the tables whose column
+    types the plan depends on (see :func:`plan_sink`)."""
     table = options.table
     existing = dialect.table_columns(connection, table)
     if existing is None:
@@ -179,7 +202,14 @@ def _prepare_tables(
     if options.exactly_once and dialect.table_columns(connection, options.ledger_table) is None:
         for statement in dialect.ledger_ddl(options.ledger_table):
             connection.execute(statement)
-    return _types(existing) if staged and dialect.stage_keeps_column_types else None
+    watched: tuple[TableName, ...] = (
+        (table,)
+        if dialect.refuses_columns_by_type or (staged and dialect.stage_keeps_column_types)
+        else ()
+    )
+    if staged:
+        watched += (stage,)
+    return _watch(dialect, connection, watched) if watched else None
 
 
 def _check_table_columns(

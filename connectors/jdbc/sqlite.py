@@ -40,6 +40,7 @@ class SqliteDialect(Dialect):
     name = "sqlite"
     placeholder = "?"
     operational_error = sqlite3.OperationalError
+    refuses_columns_by_type = True
     column_types = {
         T.LongType: "INTEGER",
         T.IntegerType: "INTEGER",
@@ -149,6 +150,15 @@ class SqliteDialect(Dialect):
                 " would compare as text (9.5 above 10.0): cast it to BIGINT or DOUBLE in the"
                 " query, or use PostgreSQL"
             )
+        if version is not None and version not in decimals:
+            declared = existing.get(version, ("", False))[0]
+            version_type = schema[version].dataType
+            if isinstance(version_type, T.NumericType) and _text_affinity(declared):
+                raise JdbcSchemaError(
+                    f"versionColumn {version!r} of dbtable {str(options.table)!r} is {declared},"
+                    f" which SQLite would compare as text ('10' below '9') though the DataFrame's"
+                    f" is {version_type.simpleString()}: declare the column INTEGER or REAL"
+                )
         for name, decimal_type in decimals.items():
             declared = existing.get(name, ("TEXT", False))[0]
             if not _keeps_decimal_text(declared, decimal_type):
@@ -238,9 +248,15 @@ def _keeps_decimal_text(declared: str, decimal_type: T.DecimalType) -> bool:
     kind = declared.upper()
     if "INT" in kind:
         return decimal_type.scale == 0 and decimal_type.precision <= 18
-    if any(text in kind for text in ("CHAR", "CLOB", "TEXT")):
+    if _text_affinity(kind):
         return True
     return not kind or "BLOB" in kind
+
+
+def _text_affinity(declared: str) -> bool:
+    """SQLite's TEXT affinity (datatype3.html, 3.1): numbers written into it become text."""
+    kind = declared.upper()
+    return "INT" not in kind and any(text in kind for text in ("CHAR", "CLOB", "TEXT"))
 
 
 def _sqlite_value(value: Any) -> Any:
@@ -249,5 +265,5 @@ def _sqlite_value(value: Any) -> Any:
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
-        return str(value)
+        return format(value, "f")  # str() would write 0E-10 and 1.000E-7
     return value
