@@ -11,7 +11,6 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eospack.commit_protocols import sink_prefix
 from eospack.connectors.jdbc.dialect import TableName, stage_table
 from eospack.testing import await_query
 
@@ -69,15 +68,6 @@ def pg_ledger(url: str, table: str) -> list[tuple[Any, ...]]:
             " WHERE target = %s ORDER BY sink_id, batch_id",
             (table,),
         ).fetchall()
-
-
-def sink_prepared(url: str, sink_id: str) -> int:
-    with psycopg.connect(url) as connection:
-        row = connection.execute(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s)",
-            (sink_prefix(sink_id),),
-        ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def sqlite_rows(path: Path, table: str) -> list[tuple[Any, ...]]:
