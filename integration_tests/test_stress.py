@@ -49,10 +49,10 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from eospack.commit_protocols import faults, sink_prefix
+from eospack.checkpoint import inspect_sink
+from eospack.commit_protocols import faults
+from eospack.commit_protocols.inspection import DONE_STATUS, SinkState
 from eospack.connectors.jdbc.options import APPLICATION_NAME
-from eospack.connectors.kafka.ledger import read_slots
-from eospack.connectors.kafka.transactions import open_transactions
 from eospack.connectors.s3.options import parse_reader_options
 from eospack.connectors.s3.reader import CommittedDataReader, FilesPartition, plan_read
 from eospack.processes import DriverProcess
@@ -586,17 +586,25 @@ class StressRig:
             "secretAccessKey": endpoint.secret_access_key,
         }
 
-    def _kafka_config(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.servers}
+    def _kafka_state(self) -> SinkState:
+        """The 2pc-kafka sink as its resource reports it (read only: nothing is fenced)."""
+        options = {
+            "kafka.bootstrap.servers": self.servers,
+            "topic": self.output_topic,
+            "ledgerTopic": self.ledger_topic,
+            "sinkId": self.sink_id,
+        }
+        return inspect_sink("2pc-kafka", "(unused: sinkId is given)", options)
 
     def kafka_open_transactions(self) -> list[str]:
-        return open_transactions(self._kafka_config(), sink_prefix(self.sink_id))
+        """The sink's open transactions: its tasks' and its own ledger's."""
+        return [leftover.name for leftover in self._kafka_state().leftovers]
 
     def kafka_slots_not_done(self) -> dict[int, str]:
         """Each ledger slot of the 2pc-kafka sink whose status is not done (none after a
         drain; done slots older than the previous batch are deleted by the sink)."""
-        slots = read_slots(self._kafka_config(), self.ledger_topic, self.sink_id)
-        return {batch: slot.status for batch, slot in slots.items() if slot.status != "done"}
+        decisions = self._kafka_state().decisions
+        return {d.batch_id: d.status for d in decisions if d.status != DONE_STATUS}
 
     def jdbc_ledger_not_done(self) -> int:
         with psycopg.connect(self.check_url) as connection:
