@@ -51,7 +51,6 @@ class Example:
     code: str
     not_run_reason: str | None
     """None: runs. A string (maybe empty: a test fails then): why it does not run."""
-    marker_line: str | None = None
 
     @property
     def id(self) -> str:
@@ -64,18 +63,21 @@ def manual_pages() -> list[Path]:
 
 def collect_examples() -> list[Example]:
     """Every fenced python block of the manual, read now (pages come and go)."""
+    return [example for page in manual_pages() for example in examples_in(page, page.read_text())]
+
+
+def examples_in(page: Path, text: str) -> list[Example]:
+    """The fenced python blocks of ``text``; a marker counts only on the fence's line above."""
     examples = []
-    for page in manual_pages():
-        text = page.read_text()
-        lines = text.splitlines()
-        for match in FENCE.finditer(text):
-            line = text.count("\n", 0, match.start()) + 1
-            before = lines[line - 2] if line >= 2 else ""
-            marker = NOT_RUN.match(before)
-            reason = marker.group(1).strip() if marker else None
-            if reason is None and ANY_MARKER.match(before):
-                reason = ""
-            examples.append(Example(page, line, match.group(1), reason, before if marker else None))
+    lines = text.splitlines()
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        before = lines[line - 2] if line >= 2 else ""
+        marker = NOT_RUN.match(before)
+        reason = marker.group(1).strip() if marker else None
+        if reason is None and ANY_MARKER.match(before):
+            reason = ""
+        examples.append(Example(page, line, match.group(1), reason))
     return examples
 
 

@@ -30,6 +30,7 @@ import pytest
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed, read_all
 from integration_tests.manual_examples import (
     DBTABLE,
+    ROOT,
     S3_PATH,
     SINK_TOPIC,
     SUBSCRIBED,
@@ -37,6 +38,7 @@ from integration_tests.manual_examples import (
     Services,
     collect_examples,
     create_table_like,
+    examples_in,
     given_namespace,
     substitute,
     unique_suffix,
@@ -82,6 +84,41 @@ def run_into_memory(frame: Any, name: str, suffix: str) -> Any:
             if mode == "update":
                 raise
     raise AssertionError("unreachable")
+
+
+def test_a_marker_directly_above_a_fence_skips_it_and_one_without_a_reason_is_caught() -> None:
+    page = ROOT / "docs" / "example.md"
+    text = "\n".join(
+        [
+            "<!-- example: not run (needs a cluster) -->",
+            "```python",
+            "a = 1",
+            "```",
+            "<!-- example: not run () -->",
+            "```python",
+            "b = 2",
+            "```",
+            "<!-- example: not run -->",
+            "```python",
+            "c = 3",
+            "```",
+            "<!-- example: not run (a blank line parts it from the fence) -->",
+            "",
+            "```python",
+            "d = 4",
+            "```",
+            "",
+        ]
+    )
+    found = [
+        (example.id, example.code, example.not_run_reason) for example in examples_in(page, text)
+    ]
+    assert found == [
+        ("docs/example.md:2", "a = 1\n", "needs a cluster"),
+        ("docs/example.md:6", "b = 2\n", ""),
+        ("docs/example.md:10", "c = 3\n", ""),
+        ("docs/example.md:15", "d = 4\n", None),
+    ]
 
 
 def test_every_example_that_does_not_run_says_why() -> None:
