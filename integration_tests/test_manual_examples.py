@@ -165,14 +165,16 @@ def test_the_example_runs_as_written_against_the_services(
         given = dict(namespace)
         exec(compile(code, example.id, "exec"), namespace)
         started = [query for query in spark.streams.active if query.id not in running_before]
+        into_memory = []
         if not started:
-            started = [
+            into_memory = [
                 run_into_memory(value, name, services.suffix)
                 for name, value in namespace.items()
                 if isinstance(value, DataFrame)
                 and value.isStreaming
                 and given.get(name) is not value
             ]
+            started = list(into_memory)
         started += [
             value
             for value in namespace.values()
@@ -188,6 +190,9 @@ def test_the_example_runs_as_written_against_the_services(
                 query.stop()
         spark.conf.set("spark.sql.shuffle.partitions", shuffle_partitions)
 
+    if into_memory:
+        emitted = {query.name: spark.table(query.name).count() for query in into_memory}
+        assert any(emitted.values()), f"no frame of the example emitted a row: {emitted}"
     for table in tables:
         with psycopg.connect(services.postgres_url) as connection:
             (rows,) = connection.execute(f"SELECT count(*) FROM {table}").fetchone() or (0,)
