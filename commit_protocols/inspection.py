@@ -87,10 +87,11 @@ class SinkState:
         return not self.leftovers and not self.unfinished
 
     def leftover_count(self) -> int:
-        """Items left behind (a staged row counts one) plus decisions not done: 0 once
-        every batch is finished and nothing is left."""
-        not_done = sum(1 for decision in self.decisions if decision.status != DONE_STATUS)
-        return sum(leftover.count for leftover in self.leftovers) + not_done
+        """Items left behind (a staged row counts one) plus decisions waiting for their
+        commit: 0 once every batch is finished and nothing is left. An abort fence is a
+        finished batch (its pieces were rolled back; the slot stays for good), not a
+        leftover."""
+        return sum(leftover.count for leftover in self.leftovers) + len(self.unfinished)
 
     def lines(self) -> list[str]:
         """The state as text lines (``eospack checkpoint inspect`` prints them)."""
@@ -106,6 +107,18 @@ class SinkState:
         lines += [f"    {leftover.what}" for leftover in self.leftovers]
         lines.append(f"  {self.cleanup}")
         return lines
+
+
+def no_decision_line(sink_id: str) -> str:
+    """The cleanup line of a sink id under which nothing at all was found: not "nothing to
+    clean", since options that address the sink another way than the query did (another
+    table spelling, topic or ledger) derive another id and would hide what the real sink
+    left behind."""
+    return (
+        f"no decision of sink {sink_id} found: if the query wrote a batch, these options"
+        " are not the query's (give url, dbtable, path, topic and ledger options exactly as"
+        " the query wrote them, or its sinkId)"
+    )
 
 
 def cleanup_line(
@@ -125,4 +138,5 @@ __all__ = [
     "Leftover",
     "SinkState",
     "cleanup_line",
+    "no_decision_line",
 ]

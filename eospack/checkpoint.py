@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from eospack.commit_protocols.inspection import SinkState
+from eospack.commit_protocols.inspection import SinkState, no_decision_line
 from eospack.errors import EospackError
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def inspect_checkpoint(
             f"{directory} is not a streaming checkpoint (no metadata file): give the"
             " checkpointLocation of a query"
         )
-    query_id = str(json.loads(metadata.read_text().splitlines()[0])["id"])
+    query_id = _query_id(metadata)
     committed = _numbered(directory / "commits")
     batches, provider = [], None
     for batch_id in sorted(_numbered(directory / "offsets")):
@@ -180,6 +180,20 @@ def inspect_checkpoint(
         if options:
             report.sinks.append(_ledger_of(inspect_sink(sink_format, query_id, options)))
     return report
+
+
+def _query_id(metadata: Path) -> str:
+    """The query id on the first line of a checkpoint's ``metadata`` (``{"id": ...}``)."""
+    lines = metadata.read_text(errors="replace").splitlines()
+    try:
+        query_id = json.loads(lines[0])["id"] if lines else None
+    except (ValueError, TypeError, KeyError):
+        query_id = None
+    if not isinstance(query_id, str) or not query_id:
+        raise CheckpointInspectError(
+            f"{metadata} holds no streaming query id: give the checkpointLocation of a query"
+        )
+    return query_id
 
 
 def _numbered(directory: Path) -> set[int]:
@@ -256,6 +270,8 @@ def inspect_sink(sink_format: str, query_id: str, options: Mapping[str, str]) ->
     except Exception as error:  # one line for the CLI, whatever the client raised
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise CheckpointInspectError(f"{sink_format} sink cannot be read: {first_line}") from error
+    if not (state.decisions or state.prepared_pieces or state.leftovers):
+        state = replace(state, cleanup=no_decision_line(state.sink_id))
     return state
 
 

@@ -64,11 +64,11 @@ def test_inspect_only_reads_and_the_query_then_recovers_what_it_reported() -> No
     )
 
 
-def test_an_abort_fence_is_no_leftover_but_counts_as_not_done() -> None:
+def test_an_abort_fence_is_a_finished_batch_and_no_leftover() -> None:
     fence = BatchDecision("s1", 3, (), ABORTED)
     state = SinkState("2pc-x", "s1", "x", (DecisionState.of(fence),), (), (), "nothing to clean")
     assert state.decisions[0].status == "aborted (fence)"
-    assert state.is_clean and state.leftover_count() == 1
+    assert state.is_clean and state.leftover_count() == 0
 
 
 def test_the_text_lines_name_every_decision_piece_and_leftover() -> None:

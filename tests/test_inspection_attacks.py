@@ -1,0 +1,89 @@
+"""Attacks on sink inspection's promises, pure logic (issue 29 session): "nothing to
+clean" is said only when the inspected sink id is known to have left nothing; a finished
+sink counts no leftover; a directory that is not a query's checkpoint is one line; no
+secret in what inspection says. The same promises against the real services are in
+``integration_tests/test_sink_inspection_attacks.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from eospack import checkpoint
+from eospack.checkpoint import CheckpointInspectError, inspect_sink
+from eospack.cli import main
+from eospack.commit_protocols import BatchDecision
+from eospack.commit_protocols.inspection import (
+    NOTHING_TO_CLEAN,
+    DecisionState,
+    SinkState,
+)
+from eospack.commit_protocols.pieces import ABORTED, DONE
+
+FAKE_FORMAT = "2pc-fake"
+
+
+def no_decision_found(query_id: str, options: Mapping[str, str]) -> SinkState:
+    """What every resource reports for a sink id it has never seen: nothing at all."""
+    return SinkState(FAKE_FORMAT, "derived0000", "somewhere", (), (), (), NOTHING_TO_CLEAN)
+
+
+def test_a_sink_id_without_any_decision_is_never_reported_as_nothing_to_clean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The options addressed the sink another way than the query did (``public.t`` for
+    ``t``, ``--topic`` left out, another ``ledgerTable``...), so the derived id is not the
+    sink's and nothing is found under it: saying "nothing to clean" would hide whatever
+    the real sink left behind. Inspection says what it did not find and how to fix it."""
+    monkeypatch.setitem(
+        checkpoint.SINK_INSPECTORS, FAKE_FORMAT, f"{__name__}:{no_decision_found.__name__}"
+    )
+
+    state = inspect_sink(FAKE_FORMAT, "query-1", {})
+
+    assert state.cleanup != NOTHING_TO_CLEAN
+    assert "\n" not in state.cleanup
+    assert "no decision of sink derived0000" in state.cleanup
+    assert "sinkId" in state.cleanup and "options" in state.cleanup
+
+
+def test_a_sink_whose_batches_are_all_done_or_fenced_counts_no_leftover() -> None:
+    """Spark's abort fences the batch's slot (``aborted (fence)``) and rolls its pieces
+    back: a finished outcome that stays in the ledger for good. Counting it as "not done"
+    made the demo's verification report a leftover forever after any Spark abort."""
+    fence = DecisionState.of(BatchDecision("s1", 3, (), ABORTED))
+    done = DecisionState.of(BatchDecision("s1", 4, (), DONE))
+    state = SinkState("2pc-x", "s1", "x", (fence, done), (), (), NOTHING_TO_CLEAN)
+
+    assert state.is_clean
+    assert state.leftover_count() == 0
+
+
+@pytest.mark.parametrize("metadata", ["", "{}\n", '{"queryId": "x"}\n', "not json\n"], ids=repr)
+def test_a_directory_whose_metadata_is_not_a_querys_is_one_line_not_a_traceback(
+    tmp_path: Path, metadata: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "metadata").write_text(metadata)
+
+    assert main(["checkpoint", "inspect", str(tmp_path)]) == 1
+
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "checkpointLocation" in error, error
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "jdbc:postgresql://db.example:5432/shop?user=app&password=S3cretInUrl",
+        "postgresql://app:S3cretInUrl@db.example/shop",
+        "jdbc:postgresql://app:S3cretInUrl@db.example/shop",
+    ],
+)
+def test_a_password_in_the_inspected_url_never_appears_in_the_error(url: str) -> None:
+    with pytest.raises(CheckpointInspectError) as raised:
+        inspect_sink("2pc-jdbc", "query-1", {"url": url, "dbtable": "t"})
+
+    assert "S3cretInUrl" not in str(raised.value) and "\n" not in str(raised.value)
+    assert "password" in str(raised.value)
