@@ -46,7 +46,7 @@ lint: $(STAMP)
 
 # The manual (docs/) as a site in build/site; strict, so a broken link or anchor fails.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 bench: $(STAMP) fetch
 	$(PY) -m benchmarks $(ARGS)
