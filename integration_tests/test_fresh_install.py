@@ -34,10 +34,12 @@ import sysconfig
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from pkgutil import walk_packages
 from typing import Any
 
 import pytest
 
+import eospack
 from eospack.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,6 +64,18 @@ print("RESULT " + json.dumps({
         eospack, pyspark_replayable_kafka, pyspark_2pc_jdbc, pyspark_2pc_s3)],
     "sys_path": sys.path,
     "meta_path": [getattr(finder, "__module__", "") for finder in sys.meta_path],
+}))
+"""
+
+# Every module of the project's eospack package, imported by name: one a package move
+# added and the wheel left out would otherwise fail first in a user's Spark worker.
+MODULES_PROBE = """
+import importlib, json, sys
+modules = [importlib.import_module(name) for name in json.loads(sys.argv[1])]
+import pyspark_2pc_kafka
+print("RESULT " + json.dumps({
+    "files": [module.__file__ for module in (*modules, pyspark_2pc_kafka)],
+    "sys_path": sys.path,
 }))
 """
 
@@ -345,6 +359,18 @@ def test_a_plain_session_finds_the_formats_of_an_editable_install_once_registere
 def test_wheel_install_is_served_from_the_fresh_install(wheel_install: FreshInstall) -> None:
     probe = wheel_install.run_python(IMPORT_PROBE, timeout=120)
     assert_not_from_the_project(probe)
+    for file in probe["files"]:
+        assert Path(file).is_relative_to(wheel_install.site_packages), file
+
+
+def test_every_module_of_the_project_imports_from_a_wheel_install(
+    wheel_install: FreshInstall,
+) -> None:
+    names = sorted(module.name for module in walk_packages(eospack.__path__, "eospack."))
+    assert "eospack.connectors.kafka.sink" in names
+    probe = wheel_install.run_python(MODULES_PROBE, json.dumps(names), timeout=120)
+    assert_not_from_the_project(probe)
+    assert len(probe["files"]) == len(names) + 1
     for file in probe["files"]:
         assert Path(file).is_relative_to(wheel_install.site_packages), file
 
