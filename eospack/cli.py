@@ -69,10 +69,12 @@ def start_services(ports: dict[str, int] | None = None) -> tuple[list[Any], list
     endpoint = postgres.endpoint
     if endpoint.password:
         user, password = endpoint.user, endpoint.password
-    url = f"postgresql://{user}:{password}@{endpoint.host}:{endpoint.port}/{endpoint.database}"
+    # Without the password: 2pc-jdbc refuses a url that carries one (it would show in plans).
+    url = f"postgresql://{user}@{endpoint.host}:{endpoint.port}/{endpoint.database}"
     lines = [
         f"kafka.bootstrap.servers  {kafka.endpoint.bootstrap_servers}{notes.get('kafka', '')}",
-        f"postgresql url           {url}{notes.get('postgresql', '')}",
+        f"postgresql url           {url}  (password {password}: export PGPASSWORD for a server"
+        f" that asks){notes.get('postgresql', '')}",
         f"postgresql jdbc url      {endpoint.jdbc_url}  (user {user}, password {password})",
         f"s3 endpointUrl           {s3.endpoint.endpoint_url}"
         f"  (bucket {s3.endpoint.bucket}, region {s3.endpoint.region}){notes.get('s3', '')}",

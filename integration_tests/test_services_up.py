@@ -12,6 +12,7 @@ import pytest
 from kafka import KafkaAdminClient
 
 from eospack.cli import COMPOSE_CREDENTIALS, start_services, well_known_or_free_port
+from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
 from eospack.services.base import free_port
 
 pytestmark = pytest.mark.integration
@@ -48,10 +49,15 @@ def test_services_listen_on_the_preferred_ports_and_a_taken_one_is_named_in_its_
         KafkaAdminClient(bootstrap_servers=bootstrap).close()
 
         user, password = COMPOSE_CREDENTIALS["postgresql"]
-        url = f"postgresql://{user}:{password}@127.0.0.1:{ports['postgresql']}/postgres"
-        assert f"postgresql url           {url}" in lines
-        with psycopg.connect(url) as connection:
+        url = f"postgresql://{user}@127.0.0.1:{ports['postgresql']}/postgres"
+        assert (
+            f"postgresql url           {url}  (password {password}: export PGPASSWORD for a"
+            " server that asks)"
+        ) in lines
+        with psycopg.connect(url, password=password) as connection:
             assert connection.execute("SELECT 1").fetchone() == (1,)
+        # The quick start passes the printed url to 2pc-jdbc's url option as it is.
+        assert parse_jdbc_options({"url": url, "dbtable": "counts"}).url.display()
 
         assert any(
             line.startswith(f"s3 endpointUrl           http://127.0.0.1:{ports['s3']}  (bucket")
