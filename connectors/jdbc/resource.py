@@ -40,6 +40,7 @@ nothing of N applied (staged rows are rolled back as orphans) or all of it.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import sqlite3
 import threading
@@ -62,7 +63,7 @@ from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkSta
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
 from eospack.commit_protocols.resource import DecidedPieceLostError
 from eospack.connectors.jdbc.dialect import PIECE_COLUMN, TableName, quote, stage_table
-from eospack.connectors.jdbc.errors import JdbcWriteError
+from eospack.connectors.jdbc.errors import JdbcSinkOptionError, JdbcWriteError
 from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for, parse_options
 from eospack.connectors.jdbc.planning import SinkPlan
 
@@ -543,6 +544,12 @@ def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:
     (``url``, ``dbtable``, optional ``user``, ``password``, ``ledgerTable``, ``sinkId``),
     its id derived as the sink derives it. Read only (``TransactionalResource.inspect``)."""
     parsed = parse_options(options)
+    if parsed.url.dialect == "sqlite" and not os.path.isfile(parsed.url.path):
+        # sqlite3 would create an empty database there: inspection never writes.
+        raise JdbcSinkOptionError(
+            f"url jdbc:sqlite:{parsed.url.path} names no database file: give the url the"
+            " query wrote"
+        )
     sink_id = parsed.sink_id or derive_sink_id(query_id, parsed.target)
     plan = SinkPlan(parsed.protocol, (), stage_table(parsed.table))
     resource = JdbcResource(parsed, plan)

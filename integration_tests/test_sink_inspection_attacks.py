@@ -1,0 +1,76 @@
+"""Attacks on sink inspection's promises against the real stores (issue 29 session):
+inspection only reads (it creates nothing), and a sink addressed another way than the
+query did is never reported as "nothing to clean" while the real sink has a decided batch
+waiting for its commit. Pure-logic attacks are in ``tests/test_inspection_attacks.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eospack.checkpoint import CheckpointInspectError, inspect_sink
+from eospack.commit_protocols import faults
+from eospack.commit_protocols.inspection import DECIDED_STATUS, NOTHING_TO_CLEAN
+from integration_tests.sink_contract.adapters import ADAPTERS, BoundSink
+from integration_tests.sink_contract.harness import ContractRun
+
+pytestmark = pytest.mark.integration
+
+
+def test_inspecting_a_sqlite_url_where_no_database_is_creates_none(tmp_path: Path) -> None:
+    """A mistyped ``jdbc:sqlite:`` path made sqlite3 create an empty database file there
+    (and switch it to WAL): inspection wrote, and then reported the empty file as a sink
+    with nothing to clean. It refuses in one line and leaves the directory as it was."""
+    missing = tmp_path / "typo.db"
+
+    with pytest.raises(CheckpointInspectError) as raised:
+        inspect_sink("2pc-jdbc", "query-1", {"url": f"jdbc:sqlite:{missing}", "dbtable": "t"})
+
+    assert sorted(tmp_path.iterdir()) == [], "inspection created a database file"
+    message = str(raised.value)
+    assert "\n" not in message and str(missing) in message and "url" in message
+
+
+@pytest.fixture
+def postgres_sink(
+    request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
+) -> Iterator[BoundSink]:
+    bound = ADAPTERS["jdbc-prepared"].open(request, tmp_path, unique_name)
+    yield bound
+    bound.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_decided_batch_is_never_hidden_as_nothing_to_clean_when_the_table_is_spelled_otherwise(
+    postgres_sink: BoundSink, call_faults: Path
+) -> None:
+    """The query wrote ``dbtable=<t>``; the user inspects with ``public.<t>``, the same
+    table to PostgreSQL but another sink id. Before: "nothing to clean" while batch 1 is
+    decided with its transactions prepared. After: the answer names the derived id as
+    unknown and says how to address the sink; with the query's spelling, batch 1 shows."""
+    run = ContractRun(postgres_sink)
+    run.add_batches(1)
+    run.run_here()
+    run.add_batches(1)
+    commit_piece = postgres_sink.adapter.calls.commit_piece
+    assert commit_piece is not None
+    faults.arm(call_faults, commit_piece, "before", batch_id=1, times=2)
+    assert run.run_through_fault() is not None, "batch 1's commit did not fail"
+    query_id = run.query_id()
+    assert query_id is not None
+
+    as_written = inspect_sink("2pc-jdbc", query_id, run.options)
+    assert [d.status for d in as_written.unfinished] == [DECIDED_STATUS]
+
+    spelled_otherwise = {**run.options, "dbtable": f"public.{run.options['dbtable']}"}
+    other = inspect_sink("2pc-jdbc", query_id, spelled_otherwise)
+
+    assert other.sink_id != as_written.sink_id
+    assert other.cleanup != NOTHING_TO_CLEAN, "a decided batch hidden behind nothing to clean"
+    assert f"no decision of sink {other.sink_id} found" in other.cleanup
+
+    run.run_here()
+    assert inspect_sink("2pc-jdbc", query_id, run.options).cleanup == NOTHING_TO_CLEAN
+    run.assert_each_row_once()
