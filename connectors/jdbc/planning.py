@@ -256,9 +256,10 @@ def _ensure_stage(
     if existing is not None and stale:
         if connection.execute(f"SELECT 1 FROM {stage.sql()} LIMIT 1").fetchone() is not None:
             raise JdbcSchemaError(
-                f"staging table {str(stage)!r} still holds rows of a query with other columns"
-                " or column types:"
-                " finish that query first (restart it from its checkpoint) or drop the table"
+                f"staging table {str(stage)!r} still holds rows staged with other columns"
+                " or column types: finish that query first (restart it from its checkpoint"
+                " with the table as it was) or drop the staging table (it holds only rows of"
+                " batches not yet decided, which their queries stage again)"
             )
         connection.execute(f"DROP TABLE {stage.sql()}")
     elif existing is not None:
