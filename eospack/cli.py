@@ -233,6 +233,8 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         jdbc = {"url": arguments.jdbc_url, "dbtable": arguments.table}
         if arguments.user:
             jdbc["user"] = arguments.user
+        if arguments.ledger_table:
+            jdbc["ledgerTable"] = arguments.ledger_table
         if arguments.sink_id:
             jdbc["sinkId"] = arguments.sink_id
     s3 = None
@@ -336,6 +338,9 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL or SQLite)")
     parser.add_argument("--table", help="the 2pc-jdbc sink's dbtable")
+    parser.add_argument(
+        "--ledger-table", help="the 2pc-jdbc sink's ledgerTable, if set (default: eospack_commits)"
+    )
     parser.add_argument(
         "--user", help="database user (password from EOSPACK_JDBC_PASSWORD, never an argument)"
     )

@@ -87,3 +87,22 @@ def test_a_password_in_the_inspected_url_never_appears_in_the_error(url: str) ->
 
     assert "S3cretInUrl" not in str(raised.value) and "\n" not in str(raised.value)
     assert "password" in str(raised.value)
+
+
+def test_the_cli_passes_a_2pc_jdbc_sinks_ledger_table_to_inspection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query that set ``ledgerTable`` keeps its decisions there: without a way to name it,
+    ``eospack checkpoint inspect`` read ``eospack_commits`` and could never see them."""
+    seen: dict[str, object] = {}
+
+    def capture(path: object, jdbc_options: object = None, *rest: object) -> None:
+        seen["jdbc"] = jdbc_options
+        raise CheckpointInspectError("captured")
+
+    monkeypatch.setattr(checkpoint, "inspect_checkpoint", capture)
+    arguments = ["--jdbc-url", "jdbc:sqlite:/x.db", "--table", "t", "--ledger-table", "ops.l"]
+
+    assert main(["checkpoint", "inspect", str(tmp_path), *arguments]) == 1
+
+    assert seen["jdbc"] == {"url": "jdbc:sqlite:/x.db", "dbtable": "t", "ledgerTable": "ops.l"}
