@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eospack.checkpoint import CheckpointInspectError, inspect_sink
+from eospack.cli import main
 from eospack.commit_protocols import faults
 from eospack.commit_protocols.inspection import DECIDED_STATUS, NOTHING_TO_CLEAN
 from integration_tests.sink_contract.adapters import ADAPTERS, BoundSink
@@ -73,4 +75,46 @@ def test_a_decided_batch_is_never_hidden_as_nothing_to_clean_when_the_table_is_s
 
     run.run_here()
     assert inspect_sink("2pc-jdbc", query_id, run.options).cleanup == NOTHING_TO_CLEAN
+    run.assert_each_row_once()
+
+
+@pytest.fixture
+def kafka_sink(
+    request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
+) -> Iterator[BoundSink]:
+    bound = ADAPTERS["kafka"].open(request, tmp_path, unique_name)
+    yield bound
+    bound.close()
+
+
+@pytest.mark.timeout(300)
+def test_the_cli_never_says_nothing_to_clean_for_a_kafka_sink_inspected_without_its_topic(
+    kafka_sink: Any, call_faults: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The query wrote ``topic``; ``--topic`` left out derives the id of a sink writing a
+    topic column. Before: "nothing to clean" while batch 1 is decided and its task
+    transactions are open. After: the derived id is named as unknown, with the fix."""
+    run = ContractRun(kafka_sink)
+    run.add_batches(1)
+    run.run_here()
+    run.add_batches(1)
+    commit_piece = kafka_sink.adapter.calls.commit_piece
+    assert commit_piece is not None
+    faults.arm(call_faults, commit_piece, "before", batch_id=1, times=2)
+    assert run.run_through_fault() is not None, "batch 1's commit did not fail"
+    arguments = ["checkpoint", "inspect", str(run.checkpoint)]
+    arguments += ["--kafka-bootstrap-servers", kafka_sink.bootstrap]
+    arguments += ["--ledger-topic", kafka_sink.ledger_topic]
+    capsys.readouterr()
+
+    assert main([*arguments, "--topic", kafka_sink.topic]) == 0
+    with_topic = capsys.readouterr().out
+    assert "batch 1: decided" in with_topic and "start the query again" in with_topic
+
+    assert main(arguments) == 0
+    without_topic = capsys.readouterr().out
+    assert NOTHING_TO_CLEAN not in without_topic, "a decided batch hidden behind nothing to clean"
+    assert "no decision of sink" in without_topic and "sinkId" in without_topic
+
+    run.run_here()
     run.assert_each_row_once()
