@@ -224,6 +224,9 @@ def checkpoint(arguments: argparse.Namespace) -> int:
     from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
 
     jdbc = None
+    if arguments.ledger_table and not arguments.jdbc_url:
+        print("eospack checkpoint inspect: --ledger-table needs --jdbc-url", file=sys.stderr)
+        return 2
     if arguments.jdbc_url or arguments.table:
         if not (arguments.jdbc_url and arguments.table):
             print(
@@ -257,9 +260,16 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         ):
             if value:
                 kafka[option] = value
-    elif arguments.topic or arguments.ledger_topic:
+        if arguments.kafka_command_config:
+            try:
+                kafka.update(kafka_command_config(arguments.kafka_command_config))
+            except (OSError, ValueError) as error:
+                print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
+                return 2
+    elif arguments.topic or arguments.ledger_topic or arguments.kafka_command_config:
         print(
-            "eospack checkpoint inspect: --topic and --ledger-topic need --kafka-bootstrap-servers",
+            "eospack checkpoint inspect: --topic, --ledger-topic and --kafka-command-config"
+            " need --kafka-bootstrap-servers",
             file=sys.stderr,
         )
         return 2
@@ -361,7 +371,33 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ledger-topic", help="the 2pc-kafka sink's ledgerTopic, if set (default: the shared one)"
     )
+    parser.add_argument(
+        "--kafka-command-config",
+        metavar="FILE",
+        help="a properties file of the 2pc-kafka cluster's client settings (security.protocol,"
+        " sasl.*, ssl.*: the sink's kafka.* options without the prefix), as Kafka's own"
+        " tools take them, so a secret is never an argument",
+    )
     parser.add_argument("--sink-id", help="the sink's sinkId option, if the query set one")
+
+
+def kafka_command_config(path: str) -> dict[str, str]:
+    """``key=value`` lines of a Kafka client properties file (``#`` and ``!`` comments,
+    blank lines skipped) as the sink's ``kafka.<key>`` options. Errors never quote a
+    value (a line may hold a password)."""
+    options = {}
+    with open(path, encoding="utf-8") as config:
+        for number, line in enumerate(config, start=1):
+            text = line.strip()
+            if not text or text.startswith(("#", "!")):
+                continue
+            key, separator, value = text.partition("=")
+            if not separator or not key.strip():
+                raise ValueError(
+                    f"{path} line {number} is not key=value: write one client setting per line"
+                )
+            options[f"kafka.{key.strip()}"] = value.strip()
+    return options
 
 
 def add_supervise_arguments(parser: argparse.ArgumentParser) -> None:

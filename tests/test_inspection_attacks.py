@@ -106,3 +106,51 @@ def test_the_cli_passes_a_2pc_jdbc_sinks_ledger_table_to_inspection(
     assert main(["checkpoint", "inspect", str(tmp_path), *arguments]) == 1
 
     assert seen["jdbc"] == {"url": "jdbc:sqlite:/x.db", "dbtable": "t", "ledgerTable": "ops.l"}
+
+
+def test_the_cli_passes_a_secured_kafka_clusters_client_settings_from_a_command_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 2pc-kafka sink on a SASL/SSL cluster could not be inspected: the command had no way
+    to pass ``kafka.*`` client settings. As Kafka's own tools do (``--command-config``), they
+    come from a properties file, so a secret is never an argument, and never printed."""
+    seen: dict[str, object] = {}
+
+    def capture(path: object, jdbc: object, s3: object, spark: object, kafka: object) -> None:
+        seen["kafka"] = kafka
+        raise CheckpointInspectError("captured")
+
+    monkeypatch.setattr(checkpoint, "inspect_checkpoint", capture)
+    config = tmp_path / "client.properties"
+    config.write_text(
+        "# the cluster's client settings\n"
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism = PLAIN\n"
+        'sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="s3cret";\n'  # noqa: E501
+    )
+    arguments = ["--kafka-bootstrap-servers", "b:9093", "--kafka-command-config", str(config)]
+
+    assert main(["checkpoint", "inspect", str(tmp_path), *arguments]) == 1
+
+    assert seen["kafka"] == {
+        "kafka.bootstrap.servers": "b:9093",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule"
+        ' required username="u" password="s3cret";',
+    }
+    assert "s3cret" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--ledger-table", "ops.l"], "--ledger-table"),
+        (["--kafka-command-config", "client.properties"], "--kafka-command-config"),
+    ],
+)
+def test_a_sink_flag_without_its_sink_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], named: str
+) -> None:
+    assert main(["checkpoint", "inspect", str(tmp_path), *arguments]) == 2
+    assert named in capsys.readouterr().err
