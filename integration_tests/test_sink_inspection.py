@@ -23,7 +23,7 @@ import pytest
 
 from eospack.checkpoint import inspect_sink
 from eospack.cli import main
-from eospack.commit_protocols import faults, sink_prefix
+from eospack.commit_protocols import sink_prefix
 from eospack.commit_protocols.inspection import (
     DECIDED_STATUS,
     DONE_STATUS,
@@ -69,15 +69,7 @@ def test_inspect_reports_a_decided_batch_and_its_prepared_pieces_changes_nothing
     sink: BoundSink, call_faults: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = ContractRun(sink)
-    run.add_batches(1)
-    run.run_here()
-    run.add_batches(1)
-    commit_piece = sink.adapter.calls.commit_piece
-    assert commit_piece is not None
-    # Twice (commit, then abort's roll forward); S3's client sends a call 5 times.
-    attempts = 5 if sink.adapter.sink_format == "2pc-s3" else 1
-    faults.arm(call_faults, commit_piece, "before", batch_id=1, times=2 * attempts)
-    assert run.run_through_fault() is not None, "batch 1's commit did not fail"
+    run.leave_batch_one_decided(call_faults)
     (sink_id,) = run.sink_ids
 
     crashed = inspect(run)

@@ -13,7 +13,6 @@ import pytest
 
 from eospack.checkpoint import CheckpointInspectError, inspect_sink
 from eospack.cli import main
-from eospack.commit_protocols import faults
 from eospack.commit_protocols.inspection import DECIDED_STATUS, NOTHING_TO_CLEAN
 from integration_tests.sink_contract.adapters import ADAPTERS, BoundSink
 from integration_tests.sink_contract.harness import ContractRun
@@ -53,13 +52,7 @@ def test_a_decided_batch_is_never_hidden_as_nothing_to_clean_when_the_table_is_s
     decided with its transactions prepared. After: the answer names the derived id as
     unknown and says how to address the sink; with the query's spelling, batch 1 shows."""
     run = ContractRun(postgres_sink)
-    run.add_batches(1)
-    run.run_here()
-    run.add_batches(1)
-    commit_piece = postgres_sink.adapter.calls.commit_piece
-    assert commit_piece is not None
-    faults.arm(call_faults, commit_piece, "before", batch_id=1, times=2)
-    assert run.run_through_fault() is not None, "batch 1's commit did not fail"
+    run.leave_batch_one_decided(call_faults)
     query_id = run.query_id()
     assert query_id is not None
 
@@ -95,13 +88,7 @@ def test_the_cli_never_says_nothing_to_clean_for_a_kafka_sink_inspected_without_
     topic column. Before: "nothing to clean" while batch 1 is decided and its task
     transactions are open. After: the derived id is named as unknown, with the fix."""
     run = ContractRun(kafka_sink)
-    run.add_batches(1)
-    run.run_here()
-    run.add_batches(1)
-    commit_piece = kafka_sink.adapter.calls.commit_piece
-    assert commit_piece is not None
-    faults.arm(call_faults, commit_piece, "before", batch_id=1, times=2)
-    assert run.run_through_fault() is not None, "batch 1's commit did not fail"
+    run.leave_batch_one_decided(call_faults)
     arguments = ["checkpoint", "inspect", str(run.checkpoint)]
     arguments += ["--kafka-bootstrap-servers", kafka_sink.bootstrap]
     arguments += ["--ledger-topic", kafka_sink.ledger_topic]

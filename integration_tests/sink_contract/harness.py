@@ -102,6 +102,19 @@ class ContractRun:
             return error
         return None
 
+    def leave_batch_one_decided(self, call_faults: Path) -> None:
+        """Batch 0 committed, batch 1 decided with every piece still prepared: batch 1's
+        piece commit fails before it applies, in Spark's commit and again in its abort's
+        roll forward (S3's client sends each call 5 times), so the run fails there."""
+        self.add_batches(1)
+        self.run_here()
+        self.add_batches(1)
+        commit_piece = self.sink.adapter.calls.commit_piece
+        assert commit_piece is not None, "the sink commits no pieces of its own"
+        attempts = 5 if self.sink.adapter.sink_format == "2pc-s3" else 1
+        faults.arm(call_faults, commit_piece, "before", batch_id=1, times=2 * attempts)
+        assert self.run_through_fault() is not None, "batch 1's commit did not fail"
+
     def run_driver(
         self,
         fault_point: str | None = None,
