@@ -395,10 +395,13 @@ def record_batch(
     last_offset_delta: int | None = None,
     compression: str = "none",
     leader_epoch: int = 5,
+    timestamps_ms: Sequence[int] | None = None,
+    base_timestamp_ms: int | None = None,
 ) -> bytes:
     """A record batch as a broker returns it, with the fields no producer sets itself
     (control bit, log-append time, a lastOffsetDelta past the records as compaction leaves
-    it) written into kafka-python's builder output, and the CRC computed again."""
+    it, a base timestamp that its deltas overflow) written into kafka-python's builder
+    output, and the CRC computed again. ``timestamps_ms``: each record's CreateTime."""
     builder = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=CODECS[compression],
@@ -408,9 +411,12 @@ def record_batch(
         base_sequence=-1,
         batch_size=2**31 - 1,
     )
-    for delta, key, value, headers in records:
-        builder.append(delta, TIMESTAMP_MS + 10 * delta, key, value, headers)
+    for index, (delta, key, value, headers) in enumerate(records):
+        timestamp = TIMESTAMP_MS + 10 * delta if timestamps_ms is None else timestamps_ms[index]
+        builder.append(delta, timestamp, key, value, headers)
     data = bytearray(builder.build())
+    if base_timestamp_ms is not None:
+        struct.pack_into(">q", data, 27, base_timestamp_ms)
     struct.pack_into(">qii", data, 0, base_offset, len(data) - 12, leader_epoch)
     attributes = struct.unpack_from(">h", data, 21)[0]
     attributes |= 0x10 if transactional else 0
@@ -789,3 +795,108 @@ def test_a_header_key_that_is_not_utf8_reads_as_sparks_source_reads_it() -> None
         bytes(data), 0, "t", 0, read_committed=True, include_headers=True, native=True
     )
     assert decoded.batch.column("headers").to_pylist() == [[{"key": "h\ufffd", "value": b"1"}]]
+
+
+# --- broker-supplied numbers at and beyond what Spark can hold ------------------------------
+
+MAX_MS = record_batches.MAX_TIMESTAMP_MILLIS
+MIN_MS = record_batches.MIN_TIMESTAMP_MILLIS
+LONG_MAX = 2**63 - 1
+
+
+def timestamped(timestamps_ms: Sequence[int], **options: Any) -> bytes:
+    """One batch of records 0..n-1 with the given CreateTimes (values ``v<offset>``)."""
+    specs: list[RecordSpec] = [
+        (delta, None, b"v%d" % delta, []) for delta in range(len(timestamps_ms))
+    ]
+    return record_batch(0, specs, timestamps_ms=timestamps_ms, **options)
+
+
+def micros_of(decoded: DecodedRecords) -> list[int]:
+    return decoded.batch.column("timestamp").cast(pa.int64()).to_pylist()
+
+
+def test_timestamps_at_the_edges_of_sparks_range_read_exactly_through_both_paths() -> None:
+    """Spark's own source reads these (its ``Math.multiplyExact`` does not overflow); most
+    lie outside Python's datetime, so the columns are compared as microseconds."""
+    edges = [MIN_MS, MIN_MS + 1, -62_135_596_800_001, -1, 0, 253_402_300_800_000, MAX_MS]
+    for timestamp in edges:  # one batch each: a batch's deltas are relative to its first
+        raw = timestamped([timestamp, timestamp])
+        for native in (True, False):
+            decoded = record_batches.decode(
+                raw, 0, TOPIC, 0, read_committed=False, include_headers=True, native=native
+            )
+            assert micros_of(decoded) == [timestamp * 1000, timestamp * 1000]
+
+
+BEYOND = [MAX_MS + 1, MIN_MS - 1, -(10**17), 2**62, LONG_MAX, -(2**63)]
+
+
+def assert_out_of_range_through_both_paths(
+    raw: bytes, fetch_offset: int, offset: int, millis: int
+) -> None:
+    """Both paths fail with the same one line naming the record and its value."""
+    messages = []
+    for native in (True, False):
+        with pytest.raises(record_batches.TimestampOutOfRangeError) as raised:
+            record_batches.decode(
+                raw,
+                fetch_offset,
+                TOPIC,
+                3,
+                read_committed=False,
+                include_headers=True,
+                native=native,
+            )
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1]
+    assert "\n" not in messages[0]
+    assert f"Record {TOPIC}-3 at offset {offset} has timestamp {millis} ms" in messages[0]
+    assert "fix the producer's timestamps" in messages[0]
+
+
+@pytest.mark.parametrize("millis", BEYOND)
+def test_a_create_time_beyond_sparks_range_fails_through_both_paths(millis: int) -> None:
+    """Was read as a wrapped instant (CreateTime -1e17 ms as year -244134, 2**62 ms as
+    1970-01-01) or, in a debug build, a panic."""
+    assert_out_of_range_through_both_paths(timestamped([0, millis, 5]), 0, 1, millis)
+
+
+@pytest.mark.parametrize("millis", [MAX_MS + 1, -(10**17)])
+def test_a_log_append_time_beyond_sparks_range_fails_through_both_paths(millis: int) -> None:
+    raw = timestamped([0, 1], log_append_time_ms=millis)
+    assert_out_of_range_through_both_paths(raw, 0, 0, millis)
+
+
+def test_a_timestamp_delta_that_overflows_a_long_fails_with_the_exact_sum() -> None:
+    """base timestamp + delta beyond a long: the sum is named, not a wrapped value."""
+    raw = timestamped([0, 10], base_timestamp_ms=LONG_MAX - 5)
+    assert_out_of_range_through_both_paths(raw, 0, 0, LONG_MAX - 5)
+    raw = timestamped([0, 10], base_timestamp_ms=MAX_MS - 5)
+    assert_out_of_range_through_both_paths(raw, 0, 1, MAX_MS + 5)
+
+
+def test_a_record_below_the_fetch_offset_is_not_checked() -> None:
+    """So startingOffsets past a bad record reads on (as the error message advises)."""
+    decoded = decode_both(timestamped([-(10**17), 7]), 1)
+    assert micros_of(decoded) == [7000]
+    assert values_of(decoded) == [(1, b"v1")]
+
+
+def test_offsets_beyond_a_long_are_corrupt_through_both_paths() -> None:
+    for base_offset, last_offset_delta in [(LONG_MAX - 1, 1), (LONG_MAX - 5, 9)]:
+        raw = bytearray(timestamped([1, 2]))
+        struct.pack_into(">q", raw, 0, base_offset)
+        struct.pack_into(">i", raw, 23, last_offset_delta)
+        struct.pack_into(">I", raw, 17, calc_crc32c(bytes(raw[21:])))
+        for native in (True, False):
+            with pytest.raises(CorruptRecordsError, match="largest offset"):
+                record_batches.decode(
+                    bytes(raw),
+                    0,
+                    TOPIC,
+                    0,
+                    read_committed=False,
+                    include_headers=True,
+                    native=native,
+                )

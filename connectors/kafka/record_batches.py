@@ -74,6 +74,29 @@ class CorruptRecordsError(EospackError, ValueError):
     """Record data that fails its CRC or cannot be parsed or decompressed."""
 
 
+class TimestampOutOfRangeError(EospackError, OverflowError):
+    """A record whose timestamp Spark's TimestampType cannot hold: the task fails, as with
+    Spark's own Kafka source (its ``Math.multiplyExact`` overflows), rather than reading a
+    wrapped or clamped instant."""
+
+
+LONG_MAX = 2**63 - 1
+MAX_TIMESTAMP_MILLIS = LONG_MAX // 1000
+"""Milliseconds since the epoch whose microseconds still fit a long (Spark's TimestampType)."""
+MIN_TIMESTAMP_MILLIS = -MAX_TIMESTAMP_MILLIS
+
+
+def timestamp_out_of_range(topic: str, partition: int, offset: int, millis: int) -> str:
+    """The one-line error of both paths (the native one is ``timestamp_out_of_range`` in
+    ``native/src/decode.rs``)."""
+    return (
+        f"Record {topic}-{partition} at offset {offset} has timestamp {millis} ms, outside what"
+        f" Spark's TimestampType holds ({MIN_TIMESTAMP_MILLIS} to {MAX_TIMESTAMP_MILLIS} ms since"
+        " the epoch; Spark's own Kafka source fails on it too): fix the producer's timestamps"
+        " (milliseconds since the epoch) or skip these offsets with startingOffsets"
+    )
+
+
 def decode(
     raw: bytes,
     fetch_offset: int,
@@ -103,6 +126,8 @@ def decode(
                 include_headers,
                 check_crcs,
             )
+        except OverflowError as error:
+            raise TimestampOutOfRangeError(str(error)) from None
         except ValueError as error:
             raise CorruptRecordsError(str(error)) from None
         if result is not None:
@@ -152,6 +177,11 @@ def reference_decode(
         taken = records.take()
     except CorruptRecordError as error:
         raise CorruptRecordsError(str(error)) from None
+    if records.next_fetch_offset > LONG_MAX:  # Python's ints do not overflow where Java's do
+        raise CorruptRecordsError(
+            f"a record batch of {topic}-{partition} has a last offset beyond the largest"
+            " offset Kafka can hold"
+        )
     batch = records_to_arrow(taken, topic, partition, include_headers)
     return DecodedRecords(batch, records.next_fetch_offset, records.leader_epoch)
 
@@ -167,19 +197,36 @@ def records_to_arrow(
     count = len(records)
     # ConsumerRecord fields: topic, partition, leader_epoch, offset, timestamp,
     # timestamp_type, key, value, headers, ...
-    millis = pa.array(columns[4], pa.int64())
     arrays = [
         pa.array(columns[6], pa.binary()),
         pa.array(columns[7], pa.binary()),
         pa.array([topic] * count, pa.string()),
         pa.array([partition] * count, pa.int32()),
         pa.array(columns[3], pa.int64()),
-        pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC")),
+        _timestamps(columns[4], columns[3], topic, partition),
         pa.array(columns[5], pa.int32()),
     ]
     if include_headers:
         arrays.append(_headers(columns[8]))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _timestamps(
+    millis: Sequence[int], offsets: Sequence[int], topic: str, partition: int
+) -> pa.Array:
+    """Record timestamps (ms) as Spark's microseconds, checked: the first record beyond
+    Spark's range fails the read (kafka-python adds base and delta as Python ints, so a sum
+    beyond a long is seen too)."""
+    try:
+        return pc.multiply_checked(pa.array(millis, pa.int64()), 1000).cast(
+            pa.timestamp("us", tz="UTC")
+        )
+    except (OverflowError, pa.ArrowInvalid):
+        for offset, value in zip(offsets, millis, strict=True):
+            if not MIN_TIMESTAMP_MILLIS <= value <= MAX_TIMESTAMP_MILLIS:
+                message = timestamp_out_of_range(topic, partition, offset, value)
+                raise TimestampOutOfRangeError(message) from None
+        raise
 
 
 def _headers(per_record: Sequence[Any]) -> pa.Array:

@@ -41,6 +41,42 @@ pub enum DecodeError {
     /// A message set of magic 0 or 1: the reference path decodes those.
     Legacy,
     Corrupt(String),
+    /// A record's timestamp that Spark's TimestampType (microseconds in a long) cannot hold.
+    TimestampOutOfRange(String),
+}
+
+/// Milliseconds since the epoch that still fit Spark's TimestampType as microseconds in a
+/// long: Spark's own Kafka source multiplies with `Math.multiplyExact` and fails beyond.
+pub const MAX_TIMESTAMP_MILLIS: i64 = i64::MAX / 1000;
+pub const MIN_TIMESTAMP_MILLIS: i64 = i64::MIN / 1000;
+
+/// The one-line error of a record timestamp out of Spark's range; the reference path
+/// (`record_batches.timestamp_out_of_range`) words it the same.
+pub fn timestamp_out_of_range(topic: &str, partition: i32, offset: i64, millis: i128) -> String {
+    format!(
+        "Record {topic}-{partition} at offset {offset} has timestamp {millis} ms, outside what \
+         Spark's TimestampType holds ({MIN_TIMESTAMP_MILLIS} to {MAX_TIMESTAMP_MILLIS} ms since \
+         the epoch; Spark's own Kafka source fails on it too): fix the producer's timestamps \
+         (milliseconds since the epoch) or skip these offsets with startingOffsets"
+    )
+}
+
+/// A record's failure: malformed bytes, or a well-formed record Spark cannot represent.
+enum RecordError {
+    Malformed(String),
+    Timestamp { offset: i64, millis: i128 },
+}
+
+impl From<String> for RecordError {
+    fn from(message: String) -> Self {
+        RecordError::Malformed(message)
+    }
+}
+
+impl From<&str> for RecordError {
+    fn from(message: &str) -> Self {
+        RecordError::Malformed(message.to_string())
+    }
 }
 
 struct Columns {
@@ -130,7 +166,16 @@ pub fn decode(request: &DecodeRequest) -> Result<Decoded, DecodeError> {
         }
         leader_epoch = read_i32(batch, 12);
         let attributes = read_i16(batch, 21);
-        let last_offset = base_offset + read_i32(batch, 23) as i64;
+        let last_offset_delta = read_i32(batch, 23) as i64;
+        let Some(last_offset) =
+            base_offset.checked_add(last_offset_delta).filter(|last| *last < i64::MAX)
+        else {
+            return Err(DecodeError::Corrupt(format!(
+                "the record batch at offset {base_offset} of {}-{} has a last offset beyond \
+                 the largest offset Kafka can hold",
+                request.topic, request.partition
+            )));
+        };
         let batch_next_offset = last_offset + 1;
         last_batch_next_offset = Some(batch_next_offset);
         let producer_id = read_i64(batch, 43);
@@ -185,11 +230,14 @@ pub fn decode(request: &DecodeRequest) -> Result<Decoded, DecodeError> {
                 base_timestamp,
                 log_append_time,
             )
-            .map_err(|error| {
-                DecodeError::Corrupt(format!(
-                    "malformed record in the batch at offset {base_offset} of {}-{}: {error}",
+            .map_err(|error| match error {
+                RecordError::Malformed(reason) => DecodeError::Corrupt(format!(
+                    "malformed record in the batch at offset {base_offset} of {}-{}: {reason}",
                     request.topic, request.partition
-                ))
+                )),
+                RecordError::Timestamp { offset, millis } => DecodeError::TimestampOutOfRange(
+                    timestamp_out_of_range(request.topic, request.partition, offset, millis),
+                ),
             })?;
             if let Some(offset) = offset {
                 next_fetch_offset = offset + 1;
@@ -229,10 +277,10 @@ fn read_record(
     fixed_timestamp: Option<i64>,
     base_timestamp: i64,
     log_append_time: bool,
-) -> Result<Option<i64>, String> {
+) -> Result<Option<i64>, RecordError> {
     let length = cursor.varint()?;
     if length < 0 {
-        return Err(format!("negative record length {length}"));
+        return Err(format!("negative record length {length}").into());
     }
     let end = cursor.position + length as usize;
     if end > cursor.data.len() {
@@ -240,7 +288,9 @@ fn read_record(
     }
     cursor.bytes(1)?;
     let timestamp_delta = cursor.varlong()?;
-    let offset = base_offset + cursor.varint()? as i64;
+    let offset = base_offset
+        .checked_add(cursor.varint()? as i64)
+        .ok_or("its offset is beyond the largest offset Kafka can hold")?;
     if offset < request.fetch_offset {
         cursor.position = end;
         return Ok(None);
@@ -259,11 +309,18 @@ fn read_record(
         columns.header_valid.append(header_count > 0);
     }
     cursor.position = end;
-    let timestamp = fixed_timestamp.unwrap_or(base_timestamp + timestamp_delta);
+    let millis = match fixed_timestamp {
+        Some(fixed) => fixed as i128,
+        None => base_timestamp as i128 + timestamp_delta as i128,
+    };
+    let micros = i64::try_from(millis)
+        .ok()
+        .and_then(|millis| millis.checked_mul(1000))
+        .ok_or(RecordError::Timestamp { offset, millis })?;
     columns.keys.append_option(key);
     columns.values.append_option(value);
     columns.offsets.append_value(offset);
-    columns.timestamps.push(timestamp * 1000);
+    columns.timestamps.push(micros);
     columns.timestamp_types.append_value(log_append_time as i32);
     Ok(Some(offset))
 }

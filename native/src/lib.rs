@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use arrow_array::ffi::{from_ffi, to_ffi, FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{make_array, Array, StructArray};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyCapsule, PyTuple};
 
@@ -41,7 +41,8 @@ fn import(schema: &Bound<'_, PyCapsule>, array: &Bound<'_, PyCapsule>) -> PyResu
 
 /// Decode the record data of one partition of a Fetch response. Returns
 /// (schema capsule, array capsule, next fetch offset, leader epoch), or None when the data
-/// holds a legacy message set (magic 0 or 1), which the reference path decodes.
+/// holds a legacy message set (magic 0 or 1), which the reference path decodes. Raises
+/// ValueError on corrupt data, OverflowError on a record timestamp out of Spark's range.
 #[pyfunction]
 #[pyo3(signature = (raw, fetch_offset, topic, partition, read_committed, aborted, include_headers, check_crcs=true))]
 #[allow(clippy::too_many_arguments)]
@@ -75,6 +76,7 @@ fn decode_records(
         }
         Err(decode::DecodeError::Legacy) => Ok(None),
         Err(decode::DecodeError::Corrupt(message)) => Err(PyValueError::new_err(message)),
+        Err(decode::DecodeError::TimestampOutOfRange(message)) => Err(PyOverflowError::new_err(message)),
     }
 }
 
