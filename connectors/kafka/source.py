@@ -105,6 +105,18 @@ class KafkaInputPartition(InputPartition):
         self.offset_ranges = tuple(offset_ranges)
 
 
+def offset_ranges_of(partition: InputPartition) -> Sequence[OffsetRange]:
+    """The ranges a task reads. When ``partitions()`` plans none (an empty topic, or
+    startingOffsets equal to endingOffsets), PySpark still runs one task with the
+    placeholder ``InputPartition(None)``: it reads nothing, so the result is an empty
+    DataFrame, as with Spark's own source."""
+    if isinstance(partition, KafkaInputPartition):
+        return partition.offset_ranges
+    if type(partition) is InputPartition and partition.value is None:
+        return ()
+    raise TypeError(f"replayable-kafka cannot read a {type(partition).__name__}")
+
+
 def input_partitions(
     options: KafkaSourceOptions, ranges: Sequence[OffsetRange]
 ) -> list[KafkaInputPartition]:
@@ -186,8 +198,7 @@ class ReplayableKafkaBatchReader(DataSourceReader):
         return input_partitions(self.options, split_ranges(ranges, self.options.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaInputPartition)
-        return read_ranges(self.options, partition.offset_ranges)
+        return read_ranges(self.options, offset_ranges_of(partition))
 
 
 class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -295,8 +306,7 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return input_partitions(self.options, self.planner.ranges(start, end, replay))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaInputPartition)
-        return read_ranges(self.options, partition.offset_ranges)
+        return read_ranges(self.options, offset_ranges_of(partition))
 
     def commit(self, end: OffsetsJson) -> None:
         """Nothing to do: Spark's commit log is the only record of consumed offsets."""
