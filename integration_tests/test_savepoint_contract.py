@@ -19,23 +19,40 @@ What the rounds throw at the restore:
 
 The shared ``spark`` session's settings (time zone, shuffle partitions, no-data batches)
 are set per run and restored afterwards.
+
+Every operator that supports event time runs the contract in event-time mode as well
+(``EVENT_TIME_CASES``; ``test_every_event_time_operator_has_a_contract_case`` fails when an
+operator has no case), in one shared session with a file source: each input file is one
+micro-batch, and the restored query reads the files after the savepoint from a directory
+of its own (where a replayable-kafka source would start from the savepoint's offsets).
+The reference runs in the same pieces on one checkpoint. Rows behind the watermark come
+in the restored query's first batch and in later ones, sessions and remembered keys end
+by GroupState timeouts in no-data batches (Spark's default) while the restored query
+still bootstraps and after a restart that no longer does, and, with no-data batches off,
+in data batches of key groups without rows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import json
+import os
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
+from eospack import stateful_ops
 from eospack.cli import main
 from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
 from eospack.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
-from eospack.stateful_ops import running_count, sessionize
+from eospack.stateful_ops import StatefulOperator, deduplicate, running_count, sessionize
 from eospack.testing import await_query, wait_until
 
 pytestmark = pytest.mark.integration
@@ -326,3 +343,149 @@ def test_restored_keys_land_in_the_key_group_a_running_query_sends_them_to(
                 split[(user, n)] = int(path.stem)
         assert len(split) == 40
         assert split == expected
+
+
+# Event-time mode: every operator that supports event time ----------------------------------
+
+EVENT_T0 = 1_700_000_000
+EVENT_SCHEMA = "k string, t long"
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+# (key, second) per file, one file per micro-batch; a watermark delay of 5 s. The savepoint
+# is taken after the first piece; the restored query runs the second piece, is restarted
+# (bootstrapping is over then) and runs the third. Rows behind the watermark Spark drops
+# them with (the previous batch's): b1, c30 (with no-data batches; not without, where the
+# previous batch's watermark is still 1), a20, y3 and c60.
+EVENT_PIECES = [
+    [[("a", 0), ("b", 2), ("c", 4), ("a", 5), ("d", 6)], [("a", 9), ("z", 40)]],
+    [[("b", 1), ("c", 30), ("e", 41), ("z", 45)], [("a", 20), ("y", 3), ("f", 70)]],
+    [[("g", 100)], [("c", 60), ("h", 101)]],
+]
+_SESSIONS = [("a", 0, 17, 3), ("b", 2, 10, 1), ("c", 4, 12, 1), ("d", 6, 14, 1)]
+_LATER_SESSIONS = [("e", 41, 49, 1), ("z", 40, 53, 2), ("f", 70, 78, 1)]
+_FIRSTS = [("a", 0), ("b", 2), ("c", 4), ("d", 6), ("z", 40), ("e", 41), ("f", 70)]
+
+
+@dataclass(frozen=True)
+class EventTimeCase:
+    """One operator on the watermarked events, as (key, numbers...) rows."""
+
+    operator: type[StatefulOperator]
+    build: Callable[[Any, Any], Any]
+    """(watermarked events, initial_state) -> the rows the query emits"""
+    expected: dict[bool, list[tuple[Any, ...]]]
+    """What the events give, with no-data batches on (True) and off (False)."""
+
+
+EVENT_TIME_CASES = {
+    "sessionize": EventTimeCase(
+        stateful_ops.Sessionize,
+        lambda events, initial: sessionize(
+            events.select("k", "ts"), "k", "ts", "8 seconds", key_groups=4, initial_state=initial
+        ).selectExpr(
+            "k",
+            f"unix_seconds(session_start) - {EVENT_T0}",
+            f"unix_seconds(session_end) - {EVENT_T0}",
+            "count",
+        ),
+        {
+            True: [*_SESSIONS, *_LATER_SESSIONS],
+            # c30 is not late without the no-data batch that moved the watermark to 35.
+            False: [*_SESSIONS, ("c", 30, 38, 1), *_LATER_SESSIONS],
+        },
+    ),
+    "deduplicate": EventTimeCase(
+        stateful_ops.Deduplicate,
+        lambda events, initial: deduplicate(
+            events, "k", "20 seconds", event_time="ts", key_groups=4, initial_state=initial
+        ).selectExpr("k", f"t - {EVENT_T0}"),
+        {
+            True: [*_FIRSTS, ("g", 100), ("h", 101)],
+            # c30 is not late there, and c (first seen at 4) was forgotten at 24.
+            False: [*_FIRSTS, ("c", 30), ("g", 100), ("h", 101)],
+        },
+    ),
+}
+
+
+def supports_event_time(operator: type[StatefulOperator]) -> bool:
+    return operator.timeout == "event" or "event_time" in inspect.signature(operator).parameters
+
+
+def test_every_event_time_operator_has_a_contract_case() -> None:
+    operators = [getattr(stateful_ops, name) for name in stateful_ops.__all__]
+    event_time = {
+        operator.name
+        for operator in operators
+        if isinstance(operator, type)
+        and issubclass(operator, StatefulOperator)
+        and operator is not StatefulOperator
+        and supports_event_time(operator)
+    }
+    assert event_time == {"sessionize", "deduplicate"}
+    assert {case.operator.name for case in EVENT_TIME_CASES.values()} == event_time
+    assert set(EVENT_TIME_CASES) == event_time
+
+
+class EventTimeProgram:
+    """The user's program on file input: ``run`` adds the next files and runs to their end."""
+
+    def __init__(self, spark: Any, build: Callable[[Any, Any], Any], no_data: bool) -> None:
+        self.spark, self.build, self.no_data = spark, build, no_data
+        self.rows: list[tuple[Any, ...]] = []
+
+    def run(self, directory: Path, checkpoint: Path, files: list[list[tuple[str, int]]]) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        written = len(list(directory.glob("*.json")))
+        for index, rows in enumerate(files, start=written):
+            path = directory / f"batch-{index:04d}.json"
+            path.write_text("\n".join(json.dumps({"k": k, "t": EVENT_T0 + t}) for k, t in rows))
+            os.utime(path, (1_000_000 + index, 1_000_000 + index))
+        events = (
+            self.spark.readStream.schema(EVENT_SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(directory))
+            .withColumn("ts", F.timestamp_seconds("t"))
+            .withWatermark("ts", "5 seconds")
+        )
+        output = self.build(events, RestoredCheckpoint(checkpoint).initial_state())
+        with session_settings(self.spark, {NO_DATA_BATCHES: str(self.no_data).lower()}):
+            query = (
+                output.writeStream.outputMode("append")
+                .foreachBatch(self.collect)
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True)
+                .start()
+            )
+            await_query(query, QUERY_SECONDS)
+
+    def collect(self, batch: Any, batch_id: int) -> None:
+        self.rows.extend(tuple(row) for row in batch.collect())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "name, no_data",
+    [
+        pytest.param(name, no_data, id=f"{name}-{'no-data' if no_data else 'data-only'}")
+        for name in EVENT_TIME_CASES
+        for no_data in (True, False)
+    ],
+)
+def test_restored_event_time_operators_emit_what_a_query_that_never_stopped_emits(
+    spark: Any, tmp_path: Path, name: str, no_data: bool
+) -> None:
+    case = EVENT_TIME_CASES[name]
+    reference = EventTimeProgram(spark, case.build, no_data)
+    for piece in EVENT_PIECES:
+        reference.run(tmp_path / "reference-input", tmp_path / "reference", piece)
+
+    program = EventTimeProgram(spark, case.build, no_data)
+    program.run(tmp_path / "stopped-input", tmp_path / "stopped", EVENT_PIECES[0])
+    savepoint, restored = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(tmp_path / "stopped"), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+    for piece in EVENT_PIECES[1:]:
+        program.run(tmp_path / "restored-input", restored, piece)
+
+    assert sorted(reference.rows) == sorted(case.expected[no_data])
+    assert Counter(program.rows) == Counter(reference.rows)

@@ -353,7 +353,7 @@ class StatefulOperator:
             return
         clock = self.clock(state)
         if self.bootstrap_directory is not None:
-            frames = (frame[~frame[MARKER_COLUMN]] for frame in frames)
+            frames = (rows_where(frame, ~frame[MARKER_COLUMN]) for frame in frames)
         if self.watermarked_column() is not None:
             frames = self.without_late_rows(frames)
         if state.hasTimedOut:
@@ -402,7 +402,7 @@ class StatefulOperator:
         for frame in frames:
             if late_ms is not None:
                 event_us = frame[EVENT_TIME_COLUMN]
-                frame = frame[(event_us.isna() | (event_us > late_ms * 1000)).to_numpy()]
+                frame = rows_where(frame, event_us.isna() | (event_us > late_ms * 1000))
             yield frame
 
     def due(self, stored: pd.DataFrame, clock: Clock) -> bool:
@@ -476,6 +476,16 @@ class StatefulOperator:
             # Spark fires when watermark > timestamp; we want watermark >= wake_up.
             watermark = clock.watermark_ms if clock.watermark_ms is not None else 0
             state.setTimeoutTimestamp(max(wake_up - 1, watermark, 1))
+
+
+def rows_where(frame: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
+    """The rows of ``frame`` where ``mask`` holds.
+
+    A timed-out call (``state.hasTimedOut``) gets one empty frame whose columns pyspark
+    builds from their names alone, so they are object-typed: ``frame[mask]`` with a mask of
+    that dtype selects columns, not rows, and leaves a frame without any column.
+    """
+    return frame.loc[mask.to_numpy(dtype=bool)]
 
 
 def without_marker(schema: StructType) -> StructType:
