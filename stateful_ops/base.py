@@ -23,8 +23,9 @@ in the stateful stage, which runs before the sink's batch commit. Markers never 
 ``update``, ``on_timeout`` or the output. A checkpoint written before settings markers existed
 has no settings row; its first batch with rows records the settings of the restarted query.
 Starting from given state (``initial_state``, a savepoint's keys): see ``initial_state``;
-restored with the old query's watermarks, an operator clocks every batch with at least the
-old query's next watermark and drops the rows the old query would have dropped as late.
+restored with the old query's watermarks, an operator with event-time timeouts clocks every
+batch with at least the old query's next watermark and drops the rows the old query would
+have dropped as late (Spark drops late rows before no other stateful operator).
 A call that receives no data row (only bootstrap markers, or only late rows) is a visit
 without data, as Spark's: it expires what is due and otherwise changes nothing.
 Limits: each batch rewrites the whole state row of every bucket that received rows, so
@@ -303,7 +304,14 @@ class StatefulOperator:
         )
 
     def watermarked_column(self) -> str | None:
-        """The input's watermarked column when restored with a watermark, else None."""
+        """The input's watermarked column when restored with a watermark, else None.
+
+        Only for event-time timeouts: Spark drops late rows before a stateful operator
+        only then, so an operator without them (processing time, none) keeps every row
+        of a watermarked input, restored or not.
+        """
+        if self.timeout != "event":
+            return None
         if all(watermark is None for watermark in self.restored_watermarks):
             return None
         for field in self.input_schema.fields:

@@ -26,11 +26,13 @@ the state fields, as ``eospack savepoint create`` writes it) bootstraps on first
   query's, as for any restart of an operator keyed by timestamps.
 - The watermark: ``batch_watermark_ms`` and ``next_batch_watermark_ms`` are the old
   query's (its offset and commit logs), and a fresh checkpoint's watermark starts at 0.
-  The operator clocks every batch with at least ``next_batch_watermark_ms`` (closing
-  sessions and expiring keys as the old query would have next) and drops rows at or
-  behind the watermark Spark would have dropped them with: ``batch_watermark_ms`` in the
-  restored query's batch 0, ``next_batch_watermark_ms`` afterwards (Spark drops rows at
-  or behind the previous batch's watermark; its own watermark takes over once it passes).
+  An operator with event-time timeouts clocks every batch with at least
+  ``next_batch_watermark_ms`` (closing sessions and expiring keys as the old query would
+  have next) and drops rows at or behind the watermark Spark would have dropped them
+  with: ``batch_watermark_ms`` in the restored query's batch 0, ``next_batch_watermark_ms``
+  afterwards (Spark drops rows at or behind the previous batch's watermark; its own
+  watermark takes over once it passes). Other operators keep every row, as Spark does
+  (it drops late rows only before event-time timeouts).
 
 Guarantee: the first batch sees exactly the savepoint's keys with their state, and every
 later batch sees the state the previous one committed. Cost: one marker row per input
