@@ -18,7 +18,7 @@ bigint                         int8, int16, int32, int64
 integer                        int8, int16, int32
 smallint                       int8, int16
 double precision               float32 (widened exactly), float64
-real                           float32
+real                           float32, float64 (rounded once, nearest-even; see below)
 boolean                        bool
 numeric (any precision/scale)  decimal128 (the column's typmod rounds as for text input)
 text, varchar(n), char(n)      string, large_string (varchar/char check their length)
@@ -30,14 +30,24 @@ timestamp, timestamptz         timestamp of any unit and zone (sent as its UTC i
 
 Dictionary-encoded columns are decoded first. **CSV stays** (``FORMAT csv``, for the
 whole COPY: one COPY has one format) when any column falls outside this table: integers
-into a narrower integer, into ``real``, ``double precision`` or ``numeric``; doubles into
-``real``; floats into ``numeric``; strings into ``numeric``, ``uuid``, ``inet``, enums or
-any other type parsed from text; arrays and user-defined types. The server then parses
-and range-checks the text as before; the columns that do have an encoding are cast to its
-Arrow type first in CSV too, so each value is stored the same in either format.
+into a narrower integer, into ``real``, ``double precision`` or ``numeric``; floats into
+``numeric``; strings into ``numeric``, ``uuid``, ``inet``, enums or any other type parsed
+from text; arrays and user-defined types. The server then parses and range-checks the
+text as before; the columns that do have an encoding are cast to its Arrow type first in
+CSV too, so each value is stored the same in either format.
+
+Floats follow Spark's own JDBC writer, which binds a double as a float8 and a float as a
+float4 parameter and lets PostgreSQL cast it to the column's type: a double into ``real``
+is rounded once to the nearest float32 (ties to even: 1 + 2^-24 is 1, not the 1.0000001
+of its shortest text parsed again) and refused like PostgreSQL's cast refuses it when it
+overflows (beyond 3.4028235e38) or underflows to zero, naming the column (``to_real``);
+a float or double into ``numeric`` goes as the text of PostgreSQL's float-to-numeric
+cast, 6 or 15 significant digits (``numeric_text``), to which the column's typmod then
+applies as it does after the cast.
 
 Guarantees: a value is stored exactly (integers, floats bit for bit, decimals digit for
-digit with their scale, timestamps to the microsecond before 1970 and up to 9999) or the
+digit with their scale, timestamps to the microsecond before 1970 and up to 9999), or
+narrowed to the column's type as Spark's JDBC writer narrows it (the floats above), or the
 COPY fails; the rows go in the caller's transaction, so a failure leaves nothing.
 """
 
@@ -114,7 +124,9 @@ _RULES: Mapping[str, _Rule] = {
         encoders.Float64EncoderBuilder,
     ),
     "float4": _Rule(
-        lambda kind: kind == pa.float32(), _fixed(pa.float32()), encoders.Float32EncoderBuilder
+        lambda kind: kind in (pa.float32(), pa.float64()),
+        _fixed(pa.float32()),
+        encoders.Float32EncoderBuilder,
     ),
     "bool": _Rule(pa.types.is_boolean, _same, encoders.BooleanEncoderBuilder),
     "numeric": _Rule(pa.types.is_decimal128, _same, encoders.Decimal128EncoderBuilder),
@@ -164,6 +176,58 @@ def _decoded(kind: pa.DataType) -> pa.DataType:
     return kind.value_type if pa.types.is_dictionary(kind) else kind
 
 
+_FLOATS = (pa.float32(), pa.float64())
+_NUMERIC_DIGITS = {pa.float64(): 15, pa.float32(): 6}
+"""Significant digits of PostgreSQL's float8 -> numeric and float4 -> numeric casts
+(``DBL_DIG``, ``FLT_DIG``: ``snprintf("%.*g")`` in ``float8_numeric``/``float4_numeric``),
+the casts Spark's JDBC writer meets: it binds doubles and floats as float8 and float4
+parameters."""
+
+
+class OutOfRange(ValueError):
+    """A value PostgreSQL's cast to the column's type would refuse, found before the COPY
+    sends it: ``column``, its ``index`` in the table being sent, and PostgreSQL's wording."""
+
+    def __init__(self, column: str, index: int, reason: str) -> None:
+        super().__init__(f"column {column!r}, row {index + 1}: {reason}")
+        self.column = column
+        self.index = index
+        self.reason = reason
+
+
+def to_real(column: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
+    """Doubles as float32, rounded once to nearest-even, as PostgreSQL's float8 -> real
+    cast does (``float8_to_float4``) for the float8 parameters of Spark's JDBC writer.
+
+    A finite double whose float32 is infinite (beyond 3.4028235e38 after rounding) or a
+    non-zero double whose float32 is zero is refused, as PostgreSQL refuses it ('value out
+    of range: overflow' / 'underflow'), never stored as Infinity or 0. Sending the double's
+    shortest text for the server to parse (``strtof``) would round twice instead: 1 + 2^-24
+    became 1.0000001, not 1, and FLT_MAX + half an ulp became FLT_MAX, not an error.
+    """
+    narrowed = column.cast(pa.float32())
+    overflow = pc.and_(pc.is_inf(narrowed), pc.invert(pc.is_inf(column)))
+    underflow = pc.and_(pc.equal(narrowed, 0), pc.not_equal(column, 0))
+    for refused, reason in ((overflow, "overflow"), (underflow, "underflow")):
+        index = pc.index(refused, True).as_py()
+        if index >= 0:
+            raise OutOfRange(name, index, f"value out of range: {reason}")
+    return narrowed
+
+
+def numeric_text(column: pa.ChunkedArray) -> pa.Array:
+    """Floats as the text PostgreSQL's float -> numeric casts make of them: 15 significant
+    digits of a double, 6 of a float (1 + 2^-24 is 1.00000005960464; 1/3 as a float is
+    0.333333), ``nan`` and ``inf`` as numeric's NaN and Infinity. The server then applies
+    the column's typmod to this text, as it does to the cast's result."""
+    digits = _NUMERIC_DIGITS[column.type]
+    spec = f".{digits}g"
+    return pa.array(
+        [None if value is None else format(value, spec) for value in column.to_pylist()],
+        pa.string(),
+    )
+
+
 class BinaryEncoding:
     """How one COPY's Arrow columns become binary COPY rows, or why they cannot.
 
@@ -176,10 +240,14 @@ class BinaryEncoding:
         self.columns = columns
         self.fallback_reason: str | None = None
         self.wire_types: dict[str, pa.DataType] = {}
+        self.numeric_texts: set[str] = set()
+        """Float columns into ``numeric``: sent (as CSV) as PostgreSQL's cast text."""
         self._builders: dict[str, Any] = {}
         for name in columns:
             kind = _decoded(schema.field(name).type)
             type_name = types.get(name, "?")
+            if type_name == "numeric" and kind in _FLOATS:
+                self.numeric_texts.add(name)
             rule = _RULES.get(type_name)
             if rule is None or not rule.accepts(kind):
                 self.fallback_reason = self.fallback_reason or (
@@ -212,20 +280,30 @@ class BinaryEncoding:
         return self.with_wire_types(table).select(self.columns).to_batches()
 
     def with_wire_types(self, table: pa.Table) -> pa.Table:
-        """Columns with an encoding cast to its Arrow type, the others as they are.
+        """Columns with an encoding cast to its Arrow type, floats into ``numeric`` as
+        PostgreSQL's cast text (``numeric_text``), the others as they are.
 
         The CSV path uses it too, so a value is stored the same whichever format the COPY
         has: a float32 into a ``double precision`` column goes as its exact double, not as
-        the shortest text of the float32 (0.1f is 0.10000000149011612, not 0.1).
+        the shortest text of the float32 (0.1f is 0.10000000149011612, not 0.1), and a
+        double into ``real`` as its float32 rounded once (``to_real``). Raises
+        ``OutOfRange`` for a double that ``real`` cannot hold.
         """
         for index, field in enumerate(table.schema):
             wire_type = self.wire_types.get(field.name)
-            if wire_type is None:
+            numeric = field.name in self.numeric_texts
+            if wire_type is None and not numeric:
                 continue
             column = table.column(index)
             if pa.types.is_dictionary(column.type):
                 column = pc.cast(column, column.type.value_type)
-            if column.type != wire_type:
+            if numeric:
+                table = table.set_column(index, field.name, numeric_text(column))
+                continue
+            assert wire_type is not None
+            if column.type == pa.float64() and wire_type == pa.float32():
+                column = to_real(column, field.name)
+            elif column.type != wire_type:
                 column = column.cast(wire_type)
             table = table.set_column(index, pa.field(field.name, wire_type), column)
         return table

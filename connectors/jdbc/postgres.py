@@ -4,10 +4,13 @@ Arrow batches, prepared transactions.
 Rows travel as binary COPY encoded straight from Arrow (``binary_copy``: each column
 in its type's wire format, chosen from the table's column types), or as CSV written by
 Arrow into ``COPY ... FROM STDIN (FORMAT csv)`` when a column has no exact binary
-encoding (listed in ``binary_copy``). CSV timestamps go as UTC wall-clock text read in a
-``TimeZone = 'UTC'`` transaction (Arrow formats zoned timestamps about 15x slower). Errors
-are classified by SQLSTATE, never by message text; connection errors name the server
-(host, port, database) and the fix, never the password.
+encoding (listed in ``binary_copy``). Either way floats are first narrowed in Arrow as
+Spark's JDBC writer has PostgreSQL narrow them (a double into ``real`` rounded once, a
+float into ``numeric`` as the cast's 15- or 6-digit text), never left to the server's
+parse of their shortest text, which rounds a second time. CSV timestamps go as UTC
+wall-clock text read in a ``TimeZone = 'UTC'`` transaction (Arrow formats zoned timestamps
+about 15x slower). Errors are classified by SQLSTATE, never by message text; connection
+errors name the server (host, port, database) and the fix, never the password.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pyarrow.csv as pa_csv
 from psycopg import sql
 from pyspark.sql import types as T
 
-from eospack.connectors.jdbc.binary_copy import BinaryEncoding, column_types
+from eospack.connectors.jdbc.binary_copy import BinaryEncoding, OutOfRange, column_types
 from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
 from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcWriteError
 
@@ -344,10 +347,12 @@ def copy_batches(
         return 0
     encoding = BinaryEncoding(columns, first.schema, column_types(cursor, table.sql()))
     rows = 0
+    chunk_start = 0
 
     def counted() -> Iterator[pa.Table]:
-        nonlocal rows
+        nonlocal rows, chunk_start
         for chunk in itertools.chain([first], chunks):
+            chunk_start = rows
             rows += chunk.num_rows
             yield chunk
 
@@ -367,6 +372,13 @@ def copy_batches(
                     ready = csv_ready(encoding.with_wire_types(chunk))
                     pa_csv.write_csv(ready, buffer, _CSV_OPTIONS)
                     copy.write(buffer.getbuffer())
+    except OutOfRange as error:
+        raise JdbcWriteError(
+            f"2pc-jdbc could not write column {error.column!r} of {str(table)!r} (row"
+            f" {chunk_start + error.index + 1} of the task): {error.reason}, as PostgreSQL's"
+            " cast of a double to real refuses it (SQLSTATE 22003): cast the column to FLOAT"
+            " in the query (Infinity or 0 for such values) or make the column double precision"
+        ) from error
     except psycopg.Error as error:
         refused = refused_value_error(error, table, columns)
         if refused is None:

@@ -1,0 +1,431 @@
+"""2pc-jdbc stores a Spark ``float`` or ``double`` in a PostgreSQL ``real``, ``double
+precision``, ``numeric`` or ``numeric(p,s)`` column exactly as Spark's own JDBC writer
+does (the oracle: the PostgreSQL JDBC driver binds ``setDouble``/``setFloat`` as float8 /
+float4 parameters, and the server casts them to the column's type), on both COPY paths:
+binary COPY and the CSV fallback.
+
+Each case writes the same rows through the sink and, with ``DataFrame.write.jdbc``, into
+an identical twin table, and compares the stored values exactly: ``real`` and ``double
+precision`` as their bits (``float4send``/``float8send``), ``numeric`` as its text. The
+values are exact float32 midpoints (1 + 2^-24 must round to even, not be rounded twice
+through its shortest decimal text), ties of PostgreSQL's float-to-numeric text (15
+significant digits for a double, 6 for a float), signed zeros, NaN, infinities,
+denormals and random doubles (seeded; the seed is printed, ``EOSPACK_FLOAT_SEED``
+replays it). A value a column refuses (a double beyond ``real``'s range or rounding to
+zero in it, an infinity or 11 integer digits into ``numeric(20,10)``) is refused by
+Spark's writer, and by the sink with one line naming the column, storing nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import struct
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eospack.connectors.jdbc.binary_copy import BinaryEncoding, column_types
+from eospack.connectors.jdbc.dialect import TableName
+from eospack.connectors.jdbc.errors import JdbcWriteError
+from eospack.connectors.jdbc.postgres import copy_batches
+from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
+
+pytestmark = pytest.mark.integration
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+FIXED_VALUES = [
+    1 + 2**-24,  # an exact float32 midpoint: round to even gives 1.0, shortest text 1.0000001
+    1 + 3 * 2**-24,  # a midpoint rounding up to even
+    -(1 + 2**-24),
+    2.0**24 + 1,  # 16777217: a midpoint between floats 16777216 and 16777218
+    0.1,
+    1 / 3,
+    0.0,
+    -0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e-45,
+    1.4e-45,
+    2.0**-149,  # the smallest float32 denormal
+    3 * 2.0**-151,  # rounds up to 2^-149
+    2.0**-150,  # a tie between 0 and 2^-149: rounds to 0, so real refuses it (underflow)
+    1e-46,
+    1e-300,
+    5e-324,
+    3.4028235e38,  # above FLT_MAX but below the midpoint to 2^128: rounds to FLT_MAX
+    FLT_MAX,
+    2.0**128 - 2.0**103,  # FLT_MAX + half an ulp: rounds to 2^128, real refuses it (overflow)
+    -3.5e38,
+    3.5e38,
+    1e300,
+    1000000000000005.0,  # a tie at 15 significant digits (float8 -> numeric)
+    1234565.0,  # a tie at 6 significant digits (float4 -> numeric)
+    123456789.0,
+    12345678901.5,  # 11 integer digits: numeric(20,10) refuses it
+    9999999999.99999999,
+    5e-11,  # numeric(20,10) rounds the tie half away from zero
+    -2.5e-11,
+    0.30000000000000004,
+    2.0**53 + 2,
+]
+
+RANDOM_VALUES = 400
+HEADLINE = {
+    "d_real": "1",
+    "f_real": "1",
+    "d_double": "1.0000000596046448",
+    "f_double": "1",
+    "d_numeric": "1.00000005960464",
+    "f_numeric": "1",
+    "d_numeric_20_10": "1.0000000596",
+    "f_numeric_20_10": "1.0000000000",
+}
+"""What 1 + 2^-24 (the first value) is stored as, also when the oracle is not compared."""
+
+SOURCES = {"d": ("DOUBLE", pa.float64()), "f": ("FLOAT", pa.float32())}
+COLUMN_TYPES = {
+    "real": "real",
+    "double": "double precision",
+    "numeric": "numeric",
+    "numeric_20_10": "numeric(20,10)",
+}
+BINARY_TARGETS = ("real", "double")
+"""Column types that take a float or double in binary COPY; numeric columns are always
+written through CSV (PostgreSQL's float-to-numeric text has no binary encoding)."""
+
+
+def random_values(seed: int, count: int) -> list[float]:
+    """Exact float32 midpoints, doubles spread over real's range and random bit patterns."""
+    generator = random.Random(seed)
+    values: list[float] = []
+    while len(values) < count:
+        kind = len(values) % 3
+        if kind == 0:
+            bits = generator.randrange(1, 0x7F7F_FFFF)
+            low = struct.unpack("<f", struct.pack("<I", bits))[0]
+            high = struct.unpack("<f", struct.pack("<I", bits + 1))[0]
+            value = (low + high) / 2
+        elif kind == 1:
+            value = 10 ** generator.uniform(-46, 39)
+        else:
+            value = struct.unpack("<d", struct.pack("<Q", generator.getrandbits(64)))[0]
+            if math.isnan(value):
+                continue
+        values.append(-value if generator.random() < 0.5 else value)
+    return values
+
+
+def as_float32(value: float) -> float:
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def column_names(targets: tuple[str, ...]) -> list[str]:
+    return [f"{source}_{target}" for target in targets for source in SOURCES]
+
+
+def table_ddl(name: str, targets: tuple[str, ...], *, forced_csv: bool) -> str:
+    """``id integer`` takes Spark's bigint only through CSV (a narrower integer)."""
+    columns = ", ".join(
+        f"{column} {COLUMN_TYPES[column.split('_', 1)[1]]}" for column in column_names(targets)
+    )
+    return f'CREATE TABLE "{name}" (id {"integer" if forced_csv else "bigint"}, {columns})'
+
+
+def spark_schema(targets: tuple[str, ...]) -> str:
+    return "id BIGINT, " + ", ".join(
+        f"{column} {SOURCES[column[0]][0]}" for column in column_names(targets)
+    )
+
+
+def refused_by_postgresql(connection: psycopg.Connection, value: float, column: str) -> bool:
+    """Whether PostgreSQL's assignment cast from the bound parameter type (float8 for a
+    double, float4 for a float) to the column's type refuses ``value``: the rule Spark's
+    writer meets."""
+    source, target = column.split("_", 1)
+    parameter = "float8" if source == "d" else "float4"
+    try:
+        connection.execute(f"SELECT %s::float8::{parameter}::{COLUMN_TYPES[target]}", (value,))
+    except psycopg.DataError:
+        return True
+    return False
+
+
+def input_table(
+    connection: psycopg.Connection, values: list[float], targets: tuple[str, ...]
+) -> tuple[pa.Table, list[tuple[str, float]]]:
+    """One row per value, each column holding it (as float32 in float columns), or NULL
+    where the column refuses it; and the refused (column, value) pairs."""
+    columns: dict[str, Any] = {"id": pa.array(range(len(values)), pa.int64())}
+    refused: list[tuple[str, float]] = []
+    for column in column_names(targets):
+        source = column[0]
+        kept: list[float | None] = []
+        for value in values:
+            value = as_float32(value) if source == "f" else value
+            if refused_by_postgresql(connection, value, column):
+                refused.append((column, value))
+                kept.append(None)
+            else:
+                kept.append(value)
+        columns[column] = pa.array(kept, SOURCES[source][1])
+    return pa.table(columns), refused
+
+
+def stored_values(url: str, table: str, targets: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """Rows by id: ``real``/``double precision`` as their bits, ``numeric`` as text."""
+    selected = []
+    for column in column_names(targets):
+        target = column.split("_", 1)[1]
+        if target == "real":
+            selected.append(f"encode(float4send({column}), 'hex')")
+        elif target == "double":
+            selected.append(f"encode(float8send({column}), 'hex')")
+        else:
+            selected.append(f"{column}::text")
+    with psycopg.connect(url) as connection:
+        return connection.execute(
+            f'SELECT id, {", ".join(selected)} FROM "{table}" ORDER BY id'
+        ).fetchall()
+
+
+def readable(url: str, table: str, targets: tuple[str, ...]) -> dict[int, tuple[Any, ...]]:
+    with psycopg.connect(url) as connection:
+        connection.execute("SET extra_float_digits = 3")
+        rows = connection.execute(
+            f"SELECT id, {', '.join(f'{c}::text' for c in column_names(targets))}"
+            f' FROM "{table}" ORDER BY id'
+        ).fetchall()
+    return {row[0]: row[1:] for row in rows}
+
+
+@pytest.fixture(scope="module")
+def jdbc_writer(spark: Any) -> dict[str, str]:
+    """Spark's own JDBC writer with the PostgreSQL JDBC driver (the ``postgresql-jdbc`` jar
+    set, fetched with mvn once), added to the shared session with ``ADD JAR``; skips when
+    the jars are neither cached nor fetchable."""
+    from eospack.services import ServiceStartError
+    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+
+    if not is_cached("postgresql-jdbc") and mvn_executable() is None:
+        pytest.skip("needs the PostgreSQL JDBC driver: not cached and mvn was not found")
+    try:
+        jars = resolve_classpath("postgresql-jdbc")
+    except ServiceStartError as error:
+        pytest.skip(f"needs the PostgreSQL JDBC driver: {error}")
+    for jar in jars:
+        spark.sql(f"ADD JAR '{jar}'")
+    return {"driver": "org.postgresql.Driver"}
+
+
+def oracle_properties(endpoint: Any, writer: dict[str, str]) -> dict[str, str]:
+    properties = {"user": endpoint.user, **writer}
+    if endpoint.password:
+        properties["password"] = endpoint.password
+    return properties
+
+
+def sink_options(endpoint: Any, table: str) -> dict[str, str]:
+    options = {
+        "url": endpoint.jdbc_url,
+        "user": endpoint.user,
+        "dbtable": table,
+        "protocol": "prepared",
+    }
+    if endpoint.password:
+        options["password"] = endpoint.password
+    return options
+
+
+def seed_from_environment() -> int:
+    seed = int(os.environ.get("EOSPACK_FLOAT_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"EOSPACK_FLOAT_SEED={seed}")
+    return seed
+
+
+PATHS = pytest.mark.parametrize("forced_csv", [False, True], ids=["binary", "csv-fallback"])
+
+
+@PATHS
+@pytest.mark.timeout(300)
+def test_floats_and_doubles_are_stored_as_sparks_own_jdbc_writer_stores_them(
+    spark, jdbc_writer, postgres, tmp_path, unique_name, forced_csv
+):
+    """Binary: ``real`` and ``double precision`` columns only (every column has a binary
+    encoding); CSV: the same with an ``integer`` id (a bigint into it forces CSV) and the
+    ``numeric`` columns. The twin table is written by ``DataFrame.write.jdbc``."""
+    seed = seed_from_environment()
+    url = postgres.endpoint.url
+    targets = tuple(COLUMN_TYPES) if forced_csv else BINARY_TARGETS
+    twin = f"{unique_name}_spark"
+    values = FIXED_VALUES + random_values(seed, RANDOM_VALUES)
+    with psycopg.connect(url, autocommit=True) as connection:
+        for name in (unique_name, twin):
+            connection.execute(table_ddl(name, targets, forced_csv=forced_csv))
+        rows, _ = input_table(connection, values, targets)
+    source = tmp_path / "in"
+    source.mkdir()
+    pq.write_table(rows, source / "part-0000.parquet")
+
+    run_file_query(
+        spark,
+        source,
+        tmp_path / "checkpoint",
+        spark_schema(targets),
+        sink_options(postgres.endpoint, unique_name),
+    )
+    spark.read.schema(spark_schema(targets)).parquet(str(source)).write.mode("append").jdbc(
+        postgres.endpoint.jdbc_url,
+        twin,
+        properties=oracle_properties(postgres.endpoint, jdbc_writer),
+    )
+
+    ours, oracle = stored_values(url, unique_name, targets), stored_values(url, twin, targets)
+    assert len(ours) == len(oracle) == len(values)
+    if ours != oracle:
+        ours_text, oracle_text = readable(url, unique_name, targets), readable(url, twin, targets)
+        names = column_names(targets)
+        differences = [
+            f"{names[index]} {values[row[0]]!r}: sink {ours_text[row[0]][index]},"
+            f" Spark's writer {oracle_text[row[0]][index]}"
+            for row, expected in zip(ours, oracle, strict=True)
+            for index in range(len(names))
+            if row[index + 1] != expected[index + 1]
+        ]
+        pytest.fail(
+            f"seed {seed}: {len(differences)} values differ from Spark's JDBC writer:\n"
+            + "\n".join(differences[:40])
+        )
+    first_row = dict(
+        zip(column_names(targets), readable(url, unique_name, targets)[0], strict=True)
+    )
+    assert {name: first_row[name] for name in HEADLINE if name in first_row} == {
+        name: text for name, text in HEADLINE.items() if name in first_row
+    }
+    assert pg_leftovers(url, unique_name) == (0, 0)
+    with psycopg.connect(url, autocommit=True) as connection:
+        with connection.transaction(), connection.cursor() as cursor:
+            types = column_types(cursor, f'"{unique_name}"')
+        encoding = BinaryEncoding(rows.column_names, rows.schema, types)
+        assert encoding.binary is not forced_csv, encoding.fallback_reason
+
+
+REFUSED = [
+    pytest.param("d_real", 3.5e38, False, id="double-over-real-max-binary"),
+    pytest.param("d_real", 3.5e38, True, id="double-over-real-max-csv"),
+    pytest.param("d_real", 1e-46, False, id="double-under-real-min-binary"),
+    pytest.param("d_real", 1e-46, True, id="double-under-real-min-csv"),
+]
+
+
+@pytest.mark.parametrize(("column", "value", "forced_csv"), REFUSED)
+@pytest.mark.timeout(180)
+def test_a_double_that_real_cannot_hold_fails_the_task_naming_the_column(
+    spark, postgres, tmp_path, unique_name, column, value, forced_csv
+):
+    """Spark's writer fails with PostgreSQL's 'value out of range' (float8 to float4); the
+    sink must fail too, through the whole query, and store neither Infinity nor zero."""
+    url = postgres.endpoint.url
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(table_ddl(unique_name, BINARY_TARGETS, forced_csv=forced_csv))
+    source = tmp_path / "in"
+    source.mkdir()
+    pq.write_table(
+        pa.table({"id": pa.array([1, 2], pa.int64()), column: pa.array([1.5, value])}),
+        source / "part-0000.parquet",
+    )
+    with pytest.raises(Exception) as caught:
+        run_file_query(
+            spark,
+            source,
+            tmp_path / "checkpoint",
+            f"id BIGINT, {column} DOUBLE",
+            sink_options(postgres.endpoint, unique_name),
+        )
+    lines = [
+        line
+        for line in str(caught.value).splitlines()
+        if re.search(rf"JdbcWriteError: .*column '{column}' .*row 2 of .*out of range", line)
+    ]
+    assert lines, str(caught.value)[-3000:]
+    with psycopg.connect(url) as connection:
+        assert connection.execute(f'SELECT count(*) FROM "{unique_name}"').fetchone() == (0,)
+    assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+@pytest.mark.timeout(300)
+def test_every_value_a_column_refuses_is_refused_by_sparks_writer_and_by_both_copy_paths(
+    spark, jdbc_writer, postgres, unique_name
+):
+    """Each (column, value) that PostgreSQL's cast refuses among the fixed values: Spark's
+    writer fails on it alone, and so does the sink's COPY (binary where the column has a
+    binary encoding, and CSV) with ``JdbcWriteError`` naming the column, leaving nothing."""
+    url = postgres.endpoint.url
+    with psycopg.connect(url, autocommit=True) as connection:
+        _, refused = input_table(connection, FIXED_VALUES, tuple(COLUMN_TYPES))
+        for suffix, forced_csv, targets in (
+            ("binary", False, BINARY_TARGETS),
+            ("csv", True, tuple(COLUMN_TYPES)),
+            ("spark", True, tuple(COLUMN_TYPES)),
+        ):
+            connection.execute(table_ddl(f"{unique_name}_{suffix}", targets, forced_csv=forced_csv))
+    assert {column for column, _ in refused} == {"d_real", "d_numeric_20_10", "f_numeric_20_10"}
+    properties = oracle_properties(postgres.endpoint, jdbc_writer)
+    accepted_by_spark = []
+    for column, value in refused:
+        frame = spark.createDataFrame([(1, value)], f"id BIGINT, {column} {SOURCES[column[0]][0]}")
+        try:
+            frame.write.mode("append").jdbc(
+                postgres.endpoint.jdbc_url, f"{unique_name}_spark", properties=properties
+            )
+        except Exception:  # its PSQLException cannot be deserialised here: any failure counts
+            continue
+        accepted_by_spark.append((column, value))
+    assert accepted_by_spark == []
+
+    not_refused = []
+    for column, value in refused:
+        binary = column.split("_", 1)[1] in BINARY_TARGETS
+        for suffix in ("binary", "csv") if binary else ("csv",):
+            table = TableName(None, f"{unique_name}_{suffix}")
+            batch = pa.record_batch(
+                [pa.array([1], pa.int64()), pa.array([value], SOURCES[column[0]][1])],
+                names=["id", column],
+            )
+            with psycopg.connect(url) as connection, connection.cursor() as cursor:
+                try:
+                    copy_batches(cursor, table, ["id", column], [batch], 100)
+                except JdbcWriteError as error:
+                    assert f"column {column!r}" in str(error), str(error)
+                    assert "\n" not in str(error)
+                    connection.rollback()
+                    continue
+                connection.rollback()
+                not_refused.append((suffix, column, value))
+    assert not_refused == []
+    with psycopg.connect(url) as connection:
+        for suffix in ("binary", "csv", "spark"):
+            count = connection.execute(f'SELECT count(*) FROM "{unique_name}_{suffix}"')
+            assert count.fetchone() == (0,)
+
+
+def test_the_fixed_values_cover_each_refusal_and_each_rounding_direction() -> None:
+    """The fixed values hold what the cases rely on (pure arithmetic, no services)."""
+    assert as_float32(1 + 2**-24) == 1.0
+    assert as_float32(1 + 3 * 2**-24) == 1 + 4 * 2**-24
+    assert as_float32(2.0**128 - 2.0**103) == math.inf
+    assert as_float32(3.4028235e38) == FLT_MAX
+    assert as_float32(2.0**-150) == 0.0
+    assert format(1000000000000005.0, ".15g") == "1e+15"
+    assert format(1234565.0, ".6g") == "1.23456e+06"
+    assert Decimal(format(5e-11, ".15g")) == Decimal("5E-11")
