@@ -20,6 +20,7 @@ import pytest
 from kafka import KafkaProducer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from eospack.connectors.kafka.record_batches import MAX_TIMESTAMP_MILLIS
 from eospack.services.kafka_tools import create_topic, end_offsets
@@ -74,10 +75,18 @@ def test_a_stream_over_an_empty_topic_ends_with_no_rows(spark, kafka, unique_nam
     servers = kafka.endpoint.bootstrap_servers
     create_topic(servers, unique_name, partitions=2)
     seen: list[Any] = []
-    query = (
+    await_query(stream_all(spark, servers, unique_name, tmp_path, seen), 120)
+    assert seen == []
+
+
+def stream_all(
+    spark: SparkSession, servers: str, topic: str, tmp_path: Any, seen: list[Any]
+) -> StreamingQuery:
+    """An AvailableNow query over ``topic`` from earliest, collecting its rows into ``seen``."""
+    return (
         spark.readStream.format("replayable-kafka")
         .option("kafka.bootstrap.servers", servers)
-        .option("subscribe", unique_name)
+        .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .load()
         .writeStream.foreachBatch(lambda frame, _batch: seen.extend(frame.collect()))
@@ -85,8 +94,6 @@ def test_a_stream_over_an_empty_topic_ends_with_no_rows(spark, kafka, unique_nam
         .trigger(availableNow=True)
         .start()
     )
-    await_query(query, 120)
-    assert seen == []
 
 
 def produce_timestamps(servers: str, topic: str, timestamps_ms: list[int]) -> None:
@@ -147,20 +154,11 @@ def test_a_timestamp_beyond_sparks_range_fails_the_read_as_sparks_source_does(
         with pytest.raises(Exception, match="long overflow"):
             read(spark, "kafka", servers, unique_name).collect()
 
-    query = (
-        spark.readStream.format("replayable-kafka")
-        .option("kafka.bootstrap.servers", servers)
-        .option("subscribe", unique_name)
-        .option("startingOffsets", "earliest")
-        .load()
-        .writeStream.foreachBatch(lambda frame, _batch: frame.collect())
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    seen: list[Any] = []
     with pytest.raises(StreamingQueryException) as failed:
-        await_query(query, 120)
+        await_query(stream_all(spark, servers, unique_name, tmp_path, seen), 120)
     assert named in error_text(failed.value)
+    assert seen == []
 
     # As the message advises: starting past the record reads on.
     after = json.dumps({unique_name: {"0": 2}})
