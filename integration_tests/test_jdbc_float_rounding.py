@@ -182,10 +182,10 @@ def input_table(
     return pa.table(columns), refused
 
 
-def stored_values(url: str, table: str, targets: tuple[str, ...]) -> list[tuple[Any, ...]]:
+def stored_values(url: str, table: str, names: list[str]) -> list[tuple[Any, ...]]:
     """Rows by id: ``real``/``double precision`` as their bits, ``numeric`` as text."""
     selected = []
-    for column in column_names(targets):
+    for column in names:
         target = column.split("_", 1)[1]
         if target == "real":
             selected.append(f"encode(float4send({column}), 'hex')")
@@ -199,14 +199,36 @@ def stored_values(url: str, table: str, targets: tuple[str, ...]) -> list[tuple[
         ).fetchall()
 
 
-def readable(url: str, table: str, targets: tuple[str, ...]) -> dict[int, tuple[Any, ...]]:
+def readable(url: str, table: str, names: list[str]) -> dict[int, tuple[Any, ...]]:
     with psycopg.connect(url) as connection:
         connection.execute("SET extra_float_digits = 3")
         rows = connection.execute(
-            f"SELECT id, {', '.join(f'{c}::text' for c in column_names(targets))}"
-            f' FROM "{table}" ORDER BY id'
+            f'SELECT id, {", ".join(f"{c}::text" for c in names)} FROM "{table}" ORDER BY id'
         ).fetchall()
     return {row[0]: row[1:] for row in rows}
+
+
+def assert_stored_alike(
+    url: str, table: str, twin: str, names: list[str], inputs: list[Any], seed: int
+) -> None:
+    """The sink's table holds exactly what Spark's writer put in the twin, row by row
+    (``inputs[id]`` is row ``id``'s input, for the message)."""
+    ours, oracle = stored_values(url, table, names), stored_values(url, twin, names)
+    assert len(ours) == len(oracle) == len(inputs)
+    if ours == oracle:
+        return
+    ours_text, oracle_text = readable(url, table, names), readable(url, twin, names)
+    differences = [
+        f"{names[index]} {inputs[row[0]]!r}: sink {ours_text[row[0]][index]},"
+        f" Spark's writer {oracle_text[row[0]][index]}"
+        for row, expected in zip(ours, oracle, strict=True)
+        for index in range(len(names))
+        if row[index + 1] != expected[index + 1]
+    ]
+    pytest.fail(
+        f"seed {seed}: {len(differences)} values differ from Spark's JDBC writer:\n"
+        + "\n".join(differences[:40])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -290,25 +312,9 @@ def test_floats_and_doubles_are_stored_as_sparks_own_jdbc_writer_stores_them(
         properties=oracle_properties(postgres.endpoint, jdbc_writer),
     )
 
-    ours, oracle = stored_values(url, unique_name, targets), stored_values(url, twin, targets)
-    assert len(ours) == len(oracle) == len(values)
-    if ours != oracle:
-        ours_text, oracle_text = readable(url, unique_name, targets), readable(url, twin, targets)
-        names = column_names(targets)
-        differences = [
-            f"{names[index]} {values[row[0]]!r}: sink {ours_text[row[0]][index]},"
-            f" Spark's writer {oracle_text[row[0]][index]}"
-            for row, expected in zip(ours, oracle, strict=True)
-            for index in range(len(names))
-            if row[index + 1] != expected[index + 1]
-        ]
-        pytest.fail(
-            f"seed {seed}: {len(differences)} values differ from Spark's JDBC writer:\n"
-            + "\n".join(differences[:40])
-        )
-    first_row = dict(
-        zip(column_names(targets), readable(url, unique_name, targets)[0], strict=True)
-    )
+    names = column_names(targets)
+    assert_stored_alike(url, unique_name, twin, names, values, seed)
+    first_row = dict(zip(names, readable(url, unique_name, names)[0], strict=True))
     assert {name: first_row[name] for name in HEADLINE if name in first_row} == {
         name: text for name, text in HEADLINE.items() if name in first_row
     }
@@ -318,6 +324,91 @@ def test_floats_and_doubles_are_stored_as_sparks_own_jdbc_writer_stores_them(
             types = column_types(cursor, f'"{unique_name}"')
         encoding = BinaryEncoding(rows.column_names, rows.schema, types)
         assert encoding.binary is not forced_csv, encoding.fallback_reason
+
+
+EXACT_SOURCES = {"l": "BIGINT", "n": "DECIMAL(38,18)"}
+EXACT_NAMES = ["l_real", "l_double", "l_numeric", "n_real", "n_double", "n_numeric_20_10"]
+FIXED_INTEGERS = [
+    2**24 + 1,  # a float32 midpoint: ties to even, 16777216
+    2**24 + 3,
+    2**53 + 1,  # a float64 midpoint
+    2**53 + 3,
+    2**62 + 2**38,  # a float32 midpoint at 2^62
+    2**63 - 1,
+    -(2**63),
+    0,
+    -1,
+    123456789,
+]
+FIXED_DECIMALS = [
+    Decimal(2**24 + 1),
+    Decimal(2**24 + 1) + Decimal("1e-18"),  # just above the midpoint: rounds up
+    Decimal("1.000000059604644775"),  # 1 + 2^-24 cut to 18 places: just below the midpoint
+    Decimal("1.000000059604644776"),  # just above it
+    Decimal("0.1"),
+    Decimal("-0.333333333333333333"),
+    Decimal("9999999999.99999999994999"),
+    Decimal("0.00000000005"),  # numeric(20,10) rounds the tie away from zero
+    Decimal(0),
+    Decimal("123456789.123456789123456789"),
+]
+
+
+def exact_inputs(seed: int, count: int) -> list[tuple[int, Decimal]]:
+    """Integers of every magnitude and decimals with 18 places, fixed then random."""
+    generator = random.Random(seed)
+    integers = list(FIXED_INTEGERS)
+    decimals = list(FIXED_DECIMALS)
+    while len(integers) < count:
+        integers.append(
+            generator.getrandbits(generator.randrange(1, 64)) * generator.choice((1, -1))
+        )
+        digits = generator.randrange(1, 28)
+        decimals.append(
+            Decimal(generator.getrandbits(digits * 10 // 3) * generator.choice((1, -1)))
+            .scaleb(-18)
+            .quantize(Decimal("1e-18"))
+        )
+    return list(zip(integers, decimals[: len(integers)], strict=True))
+
+
+@pytest.mark.timeout(300)
+def test_integers_and_decimals_into_float_and_numeric_columns_are_stored_as_by_spark(
+    spark, jdbc_writer, postgres, tmp_path, unique_name
+):
+    """The same class of hole checked for the other sources the server narrows (they go
+    through CSV, parsed once from their exact text): a bigint or a decimal into ``real``
+    and ``double precision`` (rounded once, ties to even) and into ``numeric``."""
+    seed = seed_from_environment()
+    url = postgres.endpoint.url
+    twin = f"{unique_name}_spark"
+    inputs = exact_inputs(seed, 300)
+    columns = ", ".join(f"{name} {COLUMN_TYPES[name.split('_', 1)[1]]}" for name in EXACT_NAMES)
+    with psycopg.connect(url, autocommit=True) as connection:
+        for name in (unique_name, twin):
+            connection.execute(f'CREATE TABLE "{name}" (id integer, {columns})')
+    arrays: dict[str, Any] = {"id": pa.array(range(len(inputs)), pa.int64())}
+    for name in EXACT_NAMES:
+        if name.startswith("l"):
+            arrays[name] = pa.array([integer for integer, _ in inputs], pa.int64())
+        else:
+            arrays[name] = pa.array([number for _, number in inputs], pa.decimal128(38, 18))
+    source = tmp_path / "in"
+    source.mkdir()
+    pq.write_table(pa.table(arrays), source / "part-0000.parquet")
+    schema = "id BIGINT, " + ", ".join(f"{name} {EXACT_SOURCES[name[0]]}" for name in EXACT_NAMES)
+
+    run_file_query(
+        spark, source, tmp_path / "checkpoint", schema, sink_options(postgres.endpoint, unique_name)
+    )
+    spark.read.schema(schema).parquet(str(source)).write.mode("append").jdbc(
+        postgres.endpoint.jdbc_url,
+        twin,
+        properties=oracle_properties(postgres.endpoint, jdbc_writer),
+    )
+
+    assert_stored_alike(url, unique_name, twin, EXACT_NAMES, inputs, seed)
+    assert readable(url, unique_name, EXACT_NAMES)[0][0] == "1.6777216e+07"
 
 
 REFUSED = [
