@@ -18,6 +18,7 @@ Spark's writer, and by the sink with one line naming the column, storing nothing
 
 from __future__ import annotations
 
+import decimal
 import math
 import os
 import random
@@ -409,6 +410,143 @@ def test_integers_and_decimals_into_float_and_numeric_columns_are_stored_as_by_s
 
     assert_stored_alike(url, unique_name, twin, EXACT_NAMES, inputs, seed)
     assert readable(url, unique_name, EXACT_NAMES)[0][0] == "1.6777216e+07"
+
+
+INTEGER_TYPES = {"int2": "smallint", "int4": "integer", "int8": "bigint"}
+INTEGER_SOURCES = {
+    "d": ("DOUBLE", pa.float64(), "float8"),
+    "f": ("FLOAT", pa.float32(), "float4"),
+    "n": ("DECIMAL(38,18)", pa.decimal128(38, 18), "numeric(38,18)"),
+}
+INTEGER_NAMES = [f"{source}_{target}" for target in INTEGER_TYPES for source in INTEGER_SOURCES]
+FIXED_TIES = [
+    0.5,
+    1.5,
+    2.5,
+    -0.5,
+    -2.5,
+    0.49999999999999994,
+    -0.0,
+    32766.5,
+    32767.5,  # rounds to 32768: smallint refuses it
+    -32768.5,  # half to even -32768 (a float), half away from zero -32769 (a decimal)
+    -32769.5,
+    2147483646.5,
+    2147483647.5,
+    -2147483648.5,
+    2.0**63 - 1024,  # the largest double below 2^63
+    2.0**63,
+    -(2.0**63),
+    1e10,
+    math.nan,
+    math.inf,
+    -math.inf,
+]
+FIXED_DECIMAL_TIES = [
+    Decimal("32767.499999999999999999"),
+    Decimal("9223372036854775807.4"),
+    Decimal("9223372036854775807.5"),
+    Decimal("-9223372036854775808.5"),
+    Decimal("-9223372036854775808.499999999999999999"),
+]
+
+
+def integer_inputs(seed: int, count: int) -> list[tuple[float, Decimal]]:
+    """(double, decimal) per row: ties and range edges, then random ties and fractions of
+    every magnitude up to 2^64."""
+    generator = random.Random(seed)
+    places = Decimal("1e-18")
+    with decimal.localcontext(decimal.Context(prec=60)):
+        rows = [
+            (value, Decimal(value if math.isfinite(value) else 0).quantize(places))
+            for value in FIXED_TIES
+        ]
+    rows += [(float(number), number) for number in FIXED_DECIMAL_TIES]
+    with decimal.localcontext(decimal.Context(prec=60)):
+        while len(rows) < count:
+            whole = generator.getrandbits(generator.randrange(1, 65)) * generator.choice((1, -1))
+            fraction = generator.choice(
+                (Decimal("0.5"), Decimal(generator.getrandbits(60)) / 2**60)
+            )
+            number = (whole + fraction).quantize(places)
+            rows.append((float(number), number))
+    return rows
+
+
+def refused_cast(connection: psycopg.Connection, value: Any, parameter: str, kind: str) -> bool:
+    try:
+        connection.execute(f"SELECT %s::{parameter}::{kind}", (value,))
+    except psycopg.DataError:
+        return True
+    return False
+
+
+@PATHS
+@pytest.mark.timeout(300)
+def test_floats_and_decimals_into_integer_columns_are_rounded_as_by_sparks_writer(
+    spark, jdbc_writer, postgres, tmp_path, unique_name, forced_csv
+):
+    """The same class found elsewhere: a double, float or decimal into ``smallint``,
+    ``integer`` or ``bigint`` was sent as text, which the server refused ('invalid input
+    syntax' for 2.5, and for a decimal 2.00), where Spark's writer stores the value its
+    float8/float4/numeric parameter casts to (floats half to even, decimals half away from
+    zero). Both COPY paths against the twin table; the values PostgreSQL's cast refuses are
+    NULL in the compared rows, and a sample of them must fail the sink's COPY naming the
+    column."""
+    seed = seed_from_environment()
+    url = postgres.endpoint.url
+    twin = f"{unique_name}_spark"
+    inputs = integer_inputs(seed, 300)
+    columns = ", ".join(f"{name} {INTEGER_TYPES[name[2:]]}" for name in INTEGER_NAMES)
+    arrays: dict[str, Any] = {"id": pa.array(range(len(inputs)), pa.int64())}
+    refused: list[tuple[str, Any]] = []
+    with psycopg.connect(url, autocommit=True) as connection:
+        for name in (unique_name, twin):
+            id_type = "integer" if forced_csv else "bigint"
+            connection.execute(f'CREATE TABLE "{name}" (id {id_type}, {columns})')
+        for name in INTEGER_NAMES:
+            _, arrow_type, parameter = INTEGER_SOURCES[name[0]]
+            kept: list[Any] = []
+            for double, number in inputs:
+                value: Any = {"d": double, "f": as_float32(double), "n": number}[name[0]]
+                if refused_cast(connection, value, parameter, INTEGER_TYPES[name[2:]]):
+                    refused.append((name, value))
+                    value = None
+                kept.append(value)
+            arrays[name] = pa.array(kept, arrow_type)
+    rows = pa.table(arrays)
+    source = tmp_path / "in"
+    source.mkdir()
+    pq.write_table(rows, source / "part-0000.parquet")
+    schema = "id BIGINT, " + ", ".join(
+        f"{name} {INTEGER_SOURCES[name[0]][0]}" for name in INTEGER_NAMES
+    )
+
+    run_file_query(
+        spark, source, tmp_path / "checkpoint", schema, sink_options(postgres.endpoint, unique_name)
+    )
+    spark.read.schema(schema).parquet(str(source)).write.mode("append").jdbc(
+        postgres.endpoint.jdbc_url,
+        twin,
+        properties=oracle_properties(postgres.endpoint, jdbc_writer),
+    )
+
+    assert_stored_alike(url, unique_name, twin, INTEGER_NAMES, inputs, seed)
+    assert readable(url, unique_name, INTEGER_NAMES)[2] == ("2", "2", "3") * 3  # 2.5
+    assert pg_leftovers(url, unique_name) == (0, 0)
+    with psycopg.connect(url) as connection, connection.cursor() as cursor:
+        encoding = BinaryEncoding(
+            rows.column_names, rows.schema, column_types(cursor, f'"{unique_name}"')
+        )
+        assert encoding.binary is not forced_csv, encoding.fallback_reason
+        for name, value in refused[:: max(1, len(refused) // 25)]:
+            batch = pa.record_batch(
+                [pa.array([1], pa.int64()), pa.array([value], INTEGER_SOURCES[name[0]][1])],
+                names=["id", name],
+            )
+            refusal = pytest.raises(JdbcWriteError, match=f"column '{name}' .*out of range")
+            with refusal, connection.transaction():
+                copy_batches(cursor, TableName(None, unique_name), ["id", name], [batch], 10)
 
 
 REFUSED = [

@@ -12,11 +12,11 @@ encoding is therefore chosen per column from the catalog (``column_types``), and
 Arrow column is first cast losslessly to the Arrow type that matches the column:
 
 =============================  =========================================================
-column type (domains: base)    Arrow columns accepted (cast first, never narrowing)
+column type (domains: base)    Arrow columns accepted (cast first; narrowing: below)
 =============================  =========================================================
-bigint                         int8, int16, int32, int64
-integer                        int8, int16, int32
-smallint                       int8, int16
+bigint                         int8, int16, int32, int64; float32, float64, decimal128
+integer                        int8, int16, int32; float32, float64, decimal128
+smallint                       int8, int16; float32, float64, decimal128
 double precision               float32 (widened exactly), float64
 real                           float32, float64 (rounded once, nearest-even; see below)
 boolean                        bool
@@ -43,7 +43,10 @@ of its shortest text parsed again) and refused like PostgreSQL's cast refuses it
 overflows (beyond 3.4028235e38) or underflows to zero, naming the column (``to_real``);
 a float or double into ``numeric`` goes as the text of PostgreSQL's float-to-numeric
 cast, 6 or 15 significant digits (``numeric_text``), to which the column's typmod then
-applies as it does after the cast.
+applies as it does after the cast. A float or decimal into an integer column is rounded
+as PostgreSQL's casts round it (floats half to even, ``rint``; decimals half away from
+zero) and refused outside the type's range (``to_integer``); sent as text, the server
+refused 2.5 and even a decimal 2.00 where Spark's writer stores 2 and 2.
 
 Guarantees: a value is stored exactly (integers, floats bit for bit, decimals digit for
 digit with their scale, timestamps to the microsecond before 1970 and up to 9999), or
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -81,7 +85,10 @@ def _binary(field: pa.Field) -> Any:
 
 
 def _integers(*kinds: pa.DataType) -> Callable[[pa.DataType], bool]:
-    return lambda kind: kind in kinds
+    """Integer columns take these integer types, and floats and decimals (rounded)."""
+    return lambda kind: (
+        kind in kinds or kind in (pa.float32(), pa.float64()) or pa.types.is_decimal128(kind)
+    )
 
 
 _SMALL_INTEGERS = (pa.int8(), pa.int16())
@@ -186,13 +193,52 @@ parameters."""
 
 class OutOfRange(ValueError):
     """A value PostgreSQL's cast to the column's type would refuse, found before the COPY
-    sends it: ``column``, its ``index`` in the table being sent, and PostgreSQL's wording."""
+    sends it: ``column``, its ``index`` in the table being sent, PostgreSQL's wording and
+    which cast (``reason``), and the ``fix``."""
 
-    def __init__(self, column: str, index: int, reason: str) -> None:
+    def __init__(self, column: str, index: int, reason: str, fix: str) -> None:
         super().__init__(f"column {column!r}, row {index + 1}: {reason}")
         self.column = column
         self.index = index
         self.reason = reason
+        self.fix = fix
+
+
+_INTEGER_RANGES = {pa.int16(): ("smallint", 2**15), pa.int32(): ("integer", 2**31)}
+_INTEGER_RANGES[pa.int64()] = ("bigint", 2**63)
+
+
+def to_integer(column: pa.ChunkedArray, wire_type: pa.DataType, name: str) -> pa.ChunkedArray:
+    """Floats and decimals as integers the way PostgreSQL casts Spark's JDBC writer's float8,
+    float4 and numeric parameters: floats rounded half to even (``rint`` in ``dtoi4``,
+    ``ftoi4``...), decimals half away from zero (``numeric_int4``...); NaN, infinities and
+    values outside the type's range refused with PostgreSQL's '<type> out of range'."""
+    type_name, bound = _INTEGER_RANGES[wire_type]
+    if pa.types.is_decimal(column.type):
+        whole = pa.decimal128(38, 0)
+        rounded = pc.round(column, 0, round_mode="half_towards_infinity").cast(whole)
+        refused = pc.or_(
+            pc.less(rounded, pa.scalar(Decimal(-bound), whole)),
+            pc.greater(rounded, pa.scalar(Decimal(bound - 1), whole)),
+        )
+        source = "a decimal"
+    else:
+        rounded = pc.round(column, 0, round_mode="half_to_even")
+        refused = pc.or_(
+            pc.is_nan(rounded),
+            pc.or_(pc.less(rounded, float(-bound)), pc.greater_equal(rounded, float(bound))),
+        )
+        source = "a double" if column.type == pa.float64() else "a float"
+    index = pc.index(refused, True).as_py()
+    if index >= 0:
+        raise OutOfRange(
+            name,
+            index,
+            f"{type_name} out of range, as PostgreSQL's cast of {source} to {type_name}"
+            " refuses it (SQLSTATE 22003)",
+            "make the DataFrame's values fit the column's type, or change the column",
+        )
+    return rounded.cast(wire_type)
 
 
 def to_real(column: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
@@ -211,7 +257,14 @@ def to_real(column: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
     for refused, reason in ((overflow, "overflow"), (underflow, "underflow")):
         index = pc.index(refused, True).as_py()
         if index >= 0:
-            raise OutOfRange(name, index, f"value out of range: {reason}")
+            raise OutOfRange(
+                name,
+                index,
+                f"value out of range: {reason}, as PostgreSQL's cast of a double to real"
+                " refuses it (SQLSTATE 22003)",
+                "cast the column to FLOAT in the query (Infinity or 0 for such values) or"
+                " make the column double precision",
+            )
     return narrowed
 
 
@@ -303,6 +356,8 @@ class BinaryEncoding:
             assert wire_type is not None
             if column.type == pa.float64() and wire_type == pa.float32():
                 column = to_real(column, field.name)
+            elif pa.types.is_integer(wire_type) and not pa.types.is_integer(column.type):
+                column = to_integer(column, wire_type, field.name)
             elif column.type != wire_type:
                 column = column.cast(wire_type)
             table = table.set_column(index, pa.field(field.name, wire_type), column)

@@ -6,7 +6,8 @@ in its type's wire format, chosen from the table's column types), or as CSV writ
 Arrow into ``COPY ... FROM STDIN (FORMAT csv)`` when a column has no exact binary
 encoding (listed in ``binary_copy``). Either way floats are first narrowed in Arrow as
 Spark's JDBC writer has PostgreSQL narrow them (a double into ``real`` rounded once, a
-float into ``numeric`` as the cast's 15- or 6-digit text), never left to the server's
+float into ``numeric`` as the cast's 15- or 6-digit text, a float or decimal into an
+integer rounded), never left to the server's
 parse of their shortest text, which rounds a second time. CSV timestamps go as UTC
 wall-clock text read in a ``TimeZone = 'UTC'`` transaction (Arrow formats zoned timestamps
 about 15x slower). Errors are classified by SQLSTATE, never by message text; connection
@@ -375,9 +376,7 @@ def copy_batches(
     except OutOfRange as error:
         raise JdbcWriteError(
             f"2pc-jdbc could not write column {error.column!r} of {str(table)!r} (row"
-            f" {chunk_start + error.index + 1} of the task): {error.reason}, as PostgreSQL's"
-            " cast of a double to real refuses it (SQLSTATE 22003): cast the column to FLOAT"
-            " in the query (Infinity or 0 for such values) or make the column double precision"
+            f" {chunk_start + error.index + 1} of the task): {error.reason}: {error.fix}"
         ) from error
     except psycopg.Error as error:
         refused = refused_value_error(error, table, columns)
