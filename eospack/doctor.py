@@ -4,10 +4,10 @@ Why: the two usual failures on a new machine, a missing or unsupported Java and 
 that Spark's automatic lookup cannot see, otherwise show up as JVM stack traces
 (``[DATA_SOURCE_NOT_FOUND]``) only once a query runs. Each check prints one line saying
 what is wrong and what to do. A third line says which Kafka data path runs (the native
-extension, or the pure-Python reference where it could not be built). Given a running
-session (``run_doctor(spark=...)``, or ``eospack doctor --session`` for the one
-:func:`eospack.spark.local_session` starts) it also reports the settings behind a
-micro-batch's fixed cost (:func:`session_checks`).
+extension and whether it is a release build, or the pure-Python reference where it could
+not be built). Given a running session (``run_doctor(spark=...)``, or ``eospack doctor
+--session`` for the one :func:`eospack.spark.local_session` starts) it also reports the
+settings behind a micro-batch's fixed cost (:func:`session_checks`).
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def java_check(java_home: str | None = None) -> CheckResult:
 
 
 def data_path_check() -> CheckResult:
-    """The one line about the Kafka data path: the native extension, or the pure-Python
-    reference (slower, never wrong) and what is missing for the native one."""
+    """The one line about the Kafka data path: the native extension and its build (release,
+    or debug: slower, never wrong), or the pure-Python reference (slower, never wrong) and
+    what is missing for the native one."""
     from eospack.connectors.kafka import native_path
 
     return CheckResult(True, f"kafka data path: {native_path.active_path()}")

@@ -113,6 +113,61 @@ def test_a_machine_with_a_rust_compiler_runs_the_native_path() -> None:
     assert record_batches.active_path().startswith("native (eospack._native ")
 
 
+@pytest.mark.skipif(
+    shutil.which("cargo") is None or os.environ.get("EOSPACK_NATIVE") == "0",
+    reason="no Rust compiler here: the reference path is the one that runs",
+)
+def test_make_install_builds_the_native_path_optimised() -> None:
+    """The extension this venv runs (built by `make install`, an editable install, which
+    setuptools-rust compiles in debug mode unless told otherwise) is a release build, as
+    the benchmarks measure it."""
+    from eospack.connectors.kafka import native_path
+
+    assert native_path.NATIVE is not None, native_path.NATIVE_MISSING
+    assert native_path.NATIVE.build_profile() == "release"
+    assert native_path.active_path() == (
+        f"native (eospack._native {native_path.NATIVE.__version__}, Rust, release build)"
+    )
+
+
+def test_doctor_says_when_the_native_path_is_a_debug_build(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    from eospack.connectors.kafka import native_path
+
+    debug_build = SimpleNamespace(__version__="0.1.0", build_profile=lambda: "debug")
+    monkeypatch.setattr(native_path, "NATIVE", debug_build)
+    monkeypatch.setattr(native_path, "_warned", False)
+    line = (
+        "kafka data path: native (eospack._native 0.1.0, Rust, debug build): not optimised,"
+        " reads Kafka 1.3-1.7x slower than a release build; reinstall eospack (pip install .),"
+        " which compiles it optimised"
+    )
+    assert data_path_check() == (True, line)
+    with caplog.at_level(logging.WARNING):
+        native_path.warn_if_reference_path()
+        native_path.warn_if_reference_path()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"eospack's Kafka data path is {line.removeprefix('kafka data path: ')}"]
+
+
+def test_a_release_build_is_not_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    from eospack.connectors.kafka import native_path
+
+    release_build = SimpleNamespace(__version__="0.1.0", build_profile=lambda: "release")
+    monkeypatch.setattr(native_path, "NATIVE", release_build)
+    monkeypatch.setattr(native_path, "_warned", False)
+    with caplog.at_level(logging.WARNING):
+        native_path.warn_if_reference_path()
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
 def test_doctor_names_the_reference_path_and_what_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

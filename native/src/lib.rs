@@ -133,6 +133,17 @@ fn set_producer_state(
         .map_err(PyValueError::new_err)
 }
 
+/// How this extension was compiled: "release" (optimised, what every install builds) or
+/// "debug" (debug assertions on, reads Kafka 1.3-1.7x slower). `eospack doctor` prints it.
+#[pyfunction]
+fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
 /// Kafka's default partition of a key (murmur2, as the Java client computes it).
 #[pyfunction]
 fn partition_for_key(key: &[u8], partitions: i32) -> i32 {
@@ -145,6 +156,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(encode_records, module)?)?;
     module.add_function(wrap_pyfunction!(set_producer_state, module)?)?;
     module.add_function(wrap_pyfunction!(partition_for_key, module)?)?;
+    module.add_function(wrap_pyfunction!(build_profile, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
