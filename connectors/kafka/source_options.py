@@ -26,6 +26,10 @@ LATEST = -1
 # startingOffsets JSON key (never a topic name: Kafka's have no "@"): where unlisted
 # partitions start; RestoredCheckpoint says "earliest", as for partitions discovered later.
 UNLISTED = "@unlisted"
+LONG_MAX = 2**63 - 1
+"""Offsets and timestamps are longs in Kafka's requests (and Spark's options): beyond, a
+value is refused here, not left to fail a request with ``struct.error``."""
+INT_MAX = 2**31 - 1
 
 TopicPartitionKey = tuple[str, int]
 
@@ -236,7 +240,9 @@ def _subscription(options: OptionReader) -> Subscription:
     parsed = _json_object(value, "assign", '{"topic":[0,1]}')
     partitions: list[TopicPartitionKey] = []
     for topic, numbers in parsed.items():
-        if not isinstance(numbers, list) or not all(_is_int(n) and n >= 0 for n in numbers):
+        if not isinstance(numbers, list) or not all(
+            _is_int(n) and 0 <= n <= INT_MAX for n in numbers
+        ):
             raise KafkaSourceOptionError(
                 f"Option assign lists {numbers!r} for topic {topic}: use a JSON list of"
                 ' partition numbers, e.g. {"topic":[0,1]}'
@@ -320,13 +326,13 @@ def _partition_json(
                 f"Option {name} maps topic {topic} to {partitions!r}: use {accepted}{example}"
             )
         for partition, number in partitions.items():
-            if not str(partition).isdigit():
+            if not str(partition).isdigit() or int(partition) > INT_MAX:
                 raise KafkaSourceOptionError(
                     f"Option {name} has partition {partition!r} for topic {topic}:"
                     f" partitions are non-negative integers, e.g. {example}"
                 )
             lowest = 0 if timestamps else EARLIEST
-            if not _is_int(number) or number < lowest:
+            if not _is_int(number) or not lowest <= number <= LONG_MAX:
                 what = "a timestamp in epoch milliseconds" if timestamps else "an offset, -2 or -1"
                 raise KafkaSourceOptionError(
                     f"Option {name} has {number!r} for {topic}-{partition}: use {what}"
@@ -356,7 +362,7 @@ def _is_int(value: object) -> bool:
 
 def _timestamp(options: OptionReader, name: str) -> int:
     value = options.text(name) or ""
-    if not value.isdigit():
+    if not value.isdigit() or int(value) > LONG_MAX:
         raise options.refuse(name, "a timestamp in epoch milliseconds")
     return int(value)
 

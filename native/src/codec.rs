@@ -105,6 +105,11 @@ impl<'a> Cursor<'a> {
         loop {
             let byte = *self.data.get(self.position).ok_or("truncated varint")?;
             self.position += 1;
+            if shift == 63 && byte > 1 {
+                // The tenth byte holds bit 63 only: more is a value beyond a long, which a
+                // shift would cut silently (kafka-python, the reference, reads it whole).
+                return Err("varint beyond a long".into());
+            }
             value |= ((byte & 0x7f) as u64) << shift;
             if byte & 0x80 == 0 {
                 break;
@@ -117,8 +122,11 @@ impl<'a> Cursor<'a> {
         Ok(((value >> 1) as i64) ^ -((value & 1) as i64))
     }
 
+    /// A varint of Kafka's record format: an int32. A value beyond is corrupt data, never
+    /// cut to its low 32 bits (an offset delta or a length read so is another record).
     pub fn varint(&mut self) -> Result<i32, String> {
-        Ok(self.varlong()? as i32)
+        let value = self.varlong()?;
+        i32::try_from(value).map_err(|_| format!("varint {value} beyond an int"))
     }
 
     pub fn bytes(&mut self, length: usize) -> Result<&'a [u8], String> {

@@ -190,7 +190,13 @@ pub fn decode(request: &DecodeRequest) -> Result<Decoded, DecodeError> {
                 aborted.pop_front();
             }
             if control {
-                if is_abort_marker(batch)? {
+                if is_abort_marker(batch).map_err(|error| {
+                    DecodeError::Corrupt(format!(
+                        "malformed control record in the batch at offset {base_offset} of {}-{}: \
+                         {error}",
+                        request.topic, request.partition
+                    ))
+                })? {
                     aborted_producers.remove(&producer_id);
                 }
             } else if transactional && aborted_producers.contains(&producer_id) {
@@ -243,29 +249,95 @@ pub fn decode(request: &DecodeRequest) -> Result<Decoded, DecodeError> {
                 next_fetch_offset = offset + 1;
             }
         }
+        if cursor.position != records.len() {
+            return Err(DecodeError::Corrupt(format!(
+                "the record batch at offset {base_offset} of {}-{} has {} bytes after its {count} \
+                 records",
+                request.topic,
+                request.partition,
+                records.len() - cursor.position
+            )));
+        }
     }
+    // As the Java consumer and kafka-python: the next fetch starts past the last batch read.
     if let Some(offset) = last_batch_next_offset {
-        next_fetch_offset = next_fetch_offset.max(offset);
+        next_fetch_offset = offset;
     }
     Ok(Decoded { columns: finish(columns, request), next_fetch_offset, leader_epoch })
 }
 
-fn is_abort_marker(batch: &[u8]) -> Result<bool, DecodeError> {
-    let mut cursor = Cursor::new(&batch[BATCH_HEADER_BYTES..]);
-    let parse = |cursor: &mut Cursor| -> Result<Option<bool>, String> {
-        cursor.varint()?; // length
-        cursor.bytes(1)?; // attributes
-        cursor.varlong()?; // timestamp delta
-        cursor.varint()?; // offset delta
-        match cursor.nullable_bytes()? {
-            Some(key) if key.len() >= 4 => Ok(Some(i16::from_be_bytes([key[2], key[3]]) == 0)),
-            _ => Ok(None),
-        }
-    };
-    match parse(&mut cursor) {
-        Ok(marker) => Ok(marker.unwrap_or(false)),
-        Err(_) => Ok(false),
+/// Whether a control batch is an abort marker, as the Java consumer reads it: an empty
+/// batch (the log cleaner keeps them) is no marker; a first record without a key of at least
+/// 4 bytes (version, type) or with a negative version is corrupt.
+fn is_abort_marker(batch: &[u8]) -> Result<bool, String> {
+    if read_i32(batch, 57) <= 0 {
+        return Ok(false);
     }
+    let record = parse_record(&mut Cursor::new(&batch[BATCH_HEADER_BYTES..]))?;
+    let key = record.key.ok_or("a control record without a key")?;
+    if key.len() < 4 {
+        return Err(format!("a control record key of {} bytes", key.len()));
+    }
+    let version = i16::from_be_bytes([key[0], key[1]]);
+    if version < 0 {
+        return Err(format!("a control record key of version {version}"));
+    }
+    Ok(i16::from_be_bytes([key[2], key[3]]) == 0)
+}
+
+/// One record of a batch, its structure checked whatever is kept of it.
+struct RawRecord<'a> {
+    timestamp_delta: i64,
+    offset_delta: i32,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    header_count: i32,
+    /// The header bytes (already checked: non-null keys, lengths within the record).
+    headers: &'a [u8],
+}
+
+/// Parses one record as the Java consumer and kafka-python do: every field, headers
+/// included, within the record's length, which must be used exactly.
+fn parse_record<'a>(cursor: &mut Cursor<'a>) -> Result<RawRecord<'a>, String> {
+    let length = cursor.varint()?;
+    if length < 0 {
+        return Err(format!("negative record length {length}"));
+    }
+    let start = cursor.position;
+    let end = start + length as usize;
+    if end > cursor.data.len() {
+        return Err("truncated record".into());
+    }
+    let mut record = Cursor { data: &cursor.data[..end], position: start };
+    record.bytes(1)?; // attributes
+    let timestamp_delta = record.varlong()?;
+    let offset_delta = record.varint()?;
+    let key = record.nullable_bytes()?;
+    let value = record.nullable_bytes()?;
+    let header_count = record.varint()?;
+    if header_count < 0 {
+        return Err(format!("invalid number of record headers {header_count}"));
+    }
+    let headers_start = record.position;
+    for _ in 0..header_count {
+        record.nullable_bytes()?.ok_or("a header key is null")?;
+        record.nullable_bytes()?;
+    }
+    if record.position != end {
+        return Err(format!(
+            "invalid record size: {length} bytes, but its fields take {}",
+            record.position - start
+        ));
+    }
+    cursor.position = end;
+    Ok(RawRecord {
+        timestamp_delta,
+        offset_delta,
+        key,
+        value,
+        header_count,
+        headers: &cursor.data[headers_start..end],
+    })
 }
 
 /// Appends one record unless it lies below the fetch offset; returns its offset when kept.
@@ -278,47 +350,35 @@ fn read_record(
     base_timestamp: i64,
     log_append_time: bool,
 ) -> Result<Option<i64>, RecordError> {
-    let length = cursor.varint()?;
-    if length < 0 {
-        return Err(format!("negative record length {length}").into());
-    }
-    let end = cursor.position + length as usize;
-    if end > cursor.data.len() {
-        return Err("truncated record".into());
-    }
-    cursor.bytes(1)?;
-    let timestamp_delta = cursor.varlong()?;
+    let record = parse_record(cursor)?;
     let offset = base_offset
-        .checked_add(cursor.varint()? as i64)
+        .checked_add(record.offset_delta as i64)
+        .filter(|offset| *offset < i64::MAX)
         .ok_or("its offset is beyond the largest offset Kafka can hold")?;
     if offset < request.fetch_offset {
-        cursor.position = end;
         return Ok(None);
     }
-    let key = cursor.nullable_bytes()?;
-    let value = cursor.nullable_bytes()?;
-    let header_count = cursor.varint()?;
-    if request.include_headers {
-        for _ in 0..header_count.max(0) {
-            let header_key = cursor.nullable_bytes()?.ok_or("a header key is null")?;
-            // As Spark's own source (Java's String of UTF-8): malformed bytes become U+FFFD.
-            columns.header_keys.append_value(String::from_utf8_lossy(header_key));
-            columns.header_values.append_option(cursor.nullable_bytes()?);
-        }
-        columns.header_offsets.push(columns.header_keys.len() as i32);
-        columns.header_valid.append(header_count > 0);
-    }
-    cursor.position = end;
     let millis = match fixed_timestamp {
         Some(fixed) => fixed as i128,
-        None => base_timestamp as i128 + timestamp_delta as i128,
+        None => base_timestamp as i128 + record.timestamp_delta as i128,
     };
     let micros = i64::try_from(millis)
         .ok()
         .and_then(|millis| millis.checked_mul(1000))
         .ok_or(RecordError::Timestamp { offset, millis })?;
-    columns.keys.append_option(key);
-    columns.values.append_option(value);
+    if request.include_headers {
+        let mut headers = Cursor::new(record.headers);
+        for _ in 0..record.header_count {
+            let header_key = headers.nullable_bytes()?.ok_or("a header key is null")?;
+            // As Spark's own source (Java's String of UTF-8): malformed bytes become U+FFFD.
+            columns.header_keys.append_value(String::from_utf8_lossy(header_key));
+            columns.header_values.append_option(headers.nullable_bytes()?);
+        }
+        columns.header_offsets.push(columns.header_keys.len() as i32);
+        columns.header_valid.append(record.header_count > 0);
+    }
+    columns.keys.append_option(record.key);
+    columns.values.append_option(record.value);
     columns.offsets.append_value(offset);
     columns.timestamps.push(micros);
     columns.timestamp_types.append_value(log_append_time as i32);
