@@ -33,7 +33,13 @@ demo: $(STAMP) fetch
 # 1-15%): more workers would not finish sooner.
 TEST_WORKERS ?= 2
 test: $(STAMP) fetch
-	$(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest -m "not chaos and not production_kafka" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+
+# Kafka as production runs it: a 3-broker KRaft cluster (RF 3, min ISR 2) and a SASL_SSL
+# broker with a least-privilege user (integration_tests/test_kafka_secured.py and
+# test_kafka_cluster_services.py; a few minutes, one worker: each cluster is ~1.5 GB).
+test-kafka-production: $(STAMP) fetch
+	$(PY) -m pytest -m production_kafka integration_tests -p no:cacheprovider $(ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)

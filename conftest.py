@@ -113,6 +113,40 @@ def real_kafka(kafka: Any) -> Any:
     return kafka
 
 
+def _needs_apache_kafka(what: str) -> None:
+    from eospack.services import apache_kafka_missing, services_mode
+
+    missing = apache_kafka_missing()
+    if services_mode() == "docker" or missing is not None:
+        why = missing or "EOSPACK_SERVICES=docker"
+        pytest.skip(f"{what} runs embedded Apache Kafka only: {why}")
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[Any]:
+    """Three Apache Kafka KRaft nodes (RF 3, min ISR 2; ``kill(node)``/``start(node)``),
+    started on first use (``eospack.services.kafka_cluster.ApacheKafkaCluster``)."""
+    _needs_apache_kafka("the 3-broker cluster")
+    from eospack.services.kafka_cluster import ApacheKafkaCluster
+
+    cluster = ApacheKafkaCluster(brokers=3)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka() -> Iterator[Any]:
+    """An Apache Kafka broker with a SASL_SSL listener, SCRAM users ``admin`` and ``app``
+    (the documented least-privilege grant), started on first use
+    (``eospack.services.kafka_cluster.SecuredKafka``)."""
+    _needs_apache_kafka("the SASL_SSL broker")
+    from eospack.services.kafka_cluster import SecuredKafka
+
+    broker = SecuredKafka()
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Any]:
     """PostgreSQL with max_prepared_transactions > 0."""

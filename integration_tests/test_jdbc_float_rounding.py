@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import decimal
 import math
-import os
 import random
 import re
 import struct
@@ -38,6 +37,12 @@ from eospack.connectors.jdbc.dialect import TableName
 from eospack.connectors.jdbc.errors import JdbcWriteError
 from eospack.connectors.jdbc.postgres import copy_batches
 from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
+from integration_tests.jdbc_oracle import (
+    oracle_properties,
+    seed_from_environment,
+    sink_options,
+    spark_jdbc_writer,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -234,46 +239,8 @@ def assert_stored_alike(
 
 @pytest.fixture(scope="module")
 def jdbc_writer(spark: Any) -> dict[str, str]:
-    """Spark's own JDBC writer with the PostgreSQL JDBC driver (the ``postgresql-jdbc`` jar
-    set, fetched with mvn once), added to the shared session with ``ADD JAR``; skips when
-    the jars are neither cached nor fetchable."""
-    from eospack.services import ServiceStartError
-    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
-
-    if not is_cached("postgresql-jdbc") and mvn_executable() is None:
-        pytest.skip("needs the PostgreSQL JDBC driver: not cached and mvn was not found")
-    try:
-        jars = resolve_classpath("postgresql-jdbc")
-    except ServiceStartError as error:
-        pytest.skip(f"needs the PostgreSQL JDBC driver: {error}")
-    for jar in jars:
-        spark.sql(f"ADD JAR '{jar}'")
-    return {"driver": "org.postgresql.Driver"}
-
-
-def oracle_properties(endpoint: Any, writer: dict[str, str]) -> dict[str, str]:
-    properties = {"user": endpoint.user, **writer}
-    if endpoint.password:
-        properties["password"] = endpoint.password
-    return properties
-
-
-def sink_options(endpoint: Any, table: str) -> dict[str, str]:
-    options = {
-        "url": endpoint.jdbc_url,
-        "user": endpoint.user,
-        "dbtable": table,
-        "protocol": "prepared",
-    }
-    if endpoint.password:
-        options["password"] = endpoint.password
-    return options
-
-
-def seed_from_environment() -> int:
-    seed = int(os.environ.get("EOSPACK_FLOAT_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"EOSPACK_FLOAT_SEED={seed}")
-    return seed
+    """Spark's own JDBC writer with the PostgreSQL JDBC driver (``jdbc_oracle``)."""
+    return spark_jdbc_writer(spark)
 
 
 PATHS = pytest.mark.parametrize("forced_csv", [False, True], ids=["binary", "csv-fallback"])

@@ -18,6 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewPartitions, NewTopic
@@ -265,11 +266,17 @@ def produce_transaction(
 
 
 def end_offsets(
-    bootstrap_servers: str, topic: str, isolation_level: str = "read_uncommitted"
+    bootstrap_servers: str,
+    topic: str,
+    isolation_level: str = "read_uncommitted",
+    client: Mapping[str, Any] | None = None,
 ) -> dict[int, int]:
     """Each partition's end offset; with ``read_committed``, the last stable offset (the
-    first offset of a still-open transaction, if any)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, isolation_level=isolation_level)
+    first offset of a still-open transaction, if any). ``client``: kafka-python settings
+    (a secured cluster's)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers, isolation_level=isolation_level, **(client or {})
+    )
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
         return {tp.partition: offset for tp, offset in consumer.end_offsets(partitions).items()}
@@ -282,16 +289,19 @@ def read_all(
     topic: str,
     timeout: float = 30.0,
     isolation_level: str = "read_uncommitted",
+    client: Mapping[str, Any] | None = None,
 ) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """Read every record up to the current end offsets: (partition, offset, key, value).
 
     ``read_committed`` skips records of aborted transactions and stops at open ones.
+    ``client``: kafka-python settings (a secured cluster's).
     """
-    ends = end_offsets(bootstrap_servers, topic, isolation_level)
+    ends = end_offsets(bootstrap_servers, topic, isolation_level, client)
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
         isolation_level=isolation_level,
+        **(client or {}),
     )
     rows: list[tuple[int, int, bytes | None, bytes | None]] = []
     try:

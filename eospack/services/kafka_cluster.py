@@ -1,0 +1,585 @@
+"""Apache Kafka as production runs it, on one machine: several brokers, or a secured broker.
+
+- ``ApacheKafkaCluster``: N KRaft nodes, each controller and broker (three by default: the
+  quorum survives one node down), replication factor 3 and ``min.insync.replicas`` 2 for
+  new topics and the internal topics (RF and ISR capped by N). Heap 450 MiB each.
+- ``SecuredKafka``: one KRaft node whose client listener is SASL_SSL: SCRAM-SHA-512 users
+  ``admin`` (a super user, also the inter-broker user) and ``app`` (granted only
+  ``APP_GRANT``, the least privilege docs/connectors/*.md document), a CA and a broker
+  certificate generated at start (SAN ``127.0.0.1`` and ``localhost``, so hostname
+  verification passes), ``StandardAuthorizer``, and ``transaction.max.timeout.ms`` lowered
+  to 300000 (below 2pc-kafka's default timeout, as teams set it). The controller listener
+  is PLAINTEXT on loopback: the broker's own registration there is ``User:ANONYMOUS``, a
+  super user; clients use the SASL_SSL listener only.
+
+Both are made of ``KafkaNode`` processes, each killable (SIGKILL, ``kill(node_id)``) and
+restartable on the same ports and log directory (``start(node_id)``). Passwords are
+random per start and never logged; ``client_options(user)`` gives a user's ``kafka.*``
+options (the secret in ``sasl.jaas.config``), ``client_config(user)`` kafka-python's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eospack.services.apache_kafka import (
+    LOG4J2_PROPERTIES,
+    START_TIMEOUT_SECONDS,
+    ApacheKafka,
+    java_executable,
+    new_cluster_id,
+)
+from eospack.services.base import (
+    KafkaEndpoint,
+    ServiceStartError,
+    ensure_port_free,
+    free_port,
+    port_accepts_connections,
+    remember_broker,
+    wait_until_ready,
+)
+from eospack.services.embedded import LOOPBACK, _ChildProcess
+from eospack.services.maven import resolve_classpath
+
+CLUSTER_HEAP = "450m"
+SECURED_TRANSACTION_MAX_TIMEOUT_MS = 300_000
+"""The secured broker's ``transaction.max.timeout.ms``: below 2pc-kafka's default (900000),
+as a team's broker may have it."""
+ADMIN_USER = "admin"
+APP_USER = "app"
+APP_TOPIC_PREFIX = "app."
+"""The application user's topics: its grant covers every topic whose name starts so."""
+APP_TRANSACTIONAL_ID_PREFIX = "eospack-"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One ACL: ``operations`` on resources of ``resource_type`` whose names start with
+    ``prefix`` (a PREFIXED pattern), allowed to ``User:<user>``."""
+
+    resource_type: str
+    prefix: str
+    operations: tuple[str, ...]
+
+
+APP_GRANT = (
+    Grant("TOPIC", APP_TOPIC_PREFIX, ("READ", "WRITE", "DESCRIBE", "CREATE")),
+    Grant("TRANSACTIONAL_ID", APP_TRANSACTIONAL_ID_PREFIX, ("DESCRIBE", "WRITE")),
+)
+"""The least-privilege grant of the application user (docs/connectors/2pc-kafka.md and
+replayable-kafka.md, 'Security / ACLs'): no cluster permission, no DESCRIBE_CONFIGS."""
+
+
+class KafkaNode(ApacheKafka):
+    """One KRaft node (controller and broker) of a cluster, its settings given: launched by
+    ``launch``, ready once ``is_ready`` says so; ``kill``/``start`` as ``ApacheKafka``."""
+
+    def __init__(
+        self,
+        name: str,
+        node_id: int,
+        settings: Mapping[str, str],
+        is_ready: Callable[[KafkaNode], bool],
+        heap: str,
+    ) -> None:
+        self.name = name
+        self.node_id = node_id
+        self.java = java_executable()
+        self.classpath = resolve_classpath("kafka-broker")
+        self.heap = heap
+        self._is_ready = is_ready
+        _ChildProcess.__init__(self)
+        self.log_dir = self.workdir / "data"
+        self.config_file = self.workdir / "server.properties"
+        self.log4j_file = self.workdir / "log4j2.properties"
+        self.config_file.write_text(
+            "".join(
+                f"{key}={value}\n"
+                for key, value in {**settings, "log.dirs": str(self.log_dir)}.items()
+            )
+        )
+        self.log4j_file.write_text(LOG4J2_PROPERTIES)
+
+    def format_storage(self, cluster_id: str, *extra: str) -> None:
+        command = self._java_command(
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            cluster_id,
+            "--config",
+            str(self.config_file),
+            *extra,
+            heap="256m",
+        )
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=120, check=False
+            )
+        except subprocess.TimeoutExpired as error:
+            raise ServiceStartError(
+                f"{self.name} could not format its storage within 120 s"
+            ) from error
+        if result.returncode != 0:
+            # The command line may hold SCRAM passwords: only the tool's last lines are shown.
+            lines = (result.stderr or result.stdout).strip().splitlines()[-2:]
+            raise ServiceStartError(
+                f"{self.name} could not format its storage (exit code {result.returncode}):"
+                f" {' | '.join(lines) or 'no output'}"
+            )
+
+    def launch(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        self._launch(self._java_command("kafka.Kafka", str(self.config_file), heap=self.heap))
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
+        wait_until_ready(
+            self.name, lambda: self._is_ready(self), self._exit_code, self.log_file, timeout=timeout
+        )
+
+    def start(self) -> None:
+        """Start (or restart after ``kill``) the node on the same ports and log directory."""
+        self.launch()
+        self.wait_ready()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def _unfenced(bootstrap: str, node_id: int, config: Mapping[str, Any]) -> bool:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="eospack-readiness",
+        request_timeout_ms=5_000,
+        **config,
+    )
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    return any(
+        broker["broker_id"] == node_id and not broker.get("is_fenced")
+        for broker in cluster["brokers"]
+    )
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+class _Nodes:
+    """What both clusters share: their nodes, killed and restarted one by one."""
+
+    name = "kafka cluster (apache kafka)"
+    nodes: dict[int, KafkaNode]
+    endpoint: KafkaEndpoint
+
+    def node(self, node_id: int) -> KafkaNode:
+        return self.nodes[node_id]
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL node ``node_id``, keeping its ports and log directory for ``start``."""
+        self.nodes[node_id]._terminate(signal.SIGKILL)
+
+    def start(self, node_id: int) -> None:
+        """Restart node ``node_id`` (after ``kill``) and wait until it is an unfenced broker."""
+        self.nodes[node_id].start()
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _start_all(self) -> None:
+        for node in self.nodes.values():
+            node.launch()
+        for node in self.nodes.values():
+            node.wait_ready()
+
+
+class ApacheKafkaCluster(_Nodes):
+    """``brokers`` KRaft nodes on loopback, each controller and broker; see the module doc.
+
+    ``endpoint.bootstrap_servers`` lists every node; ``nodes[node_id].port`` is one node's
+    client port. ``leader(topic, partition)`` and ``transaction_coordinator(id)`` say which
+    node serves what, for tests that kill a given one."""
+
+    def __init__(self, brokers: int = 3, heap: str = CLUSTER_HEAP) -> None:
+        if brokers < 1:
+            raise ServiceStartError(f"{self.name} needs at least one broker, not {brokers}")
+        self.name = f"kafka cluster of {brokers} (apache kafka)"
+        ports = _free_ports(2 * brokers)
+        client_ports = dict(zip(range(1, brokers + 1), ports[:brokers], strict=True))
+        controller_ports = dict(zip(range(1, brokers + 1), ports[brokers:], strict=True))
+        for port in ports:
+            ensure_port_free(self.name, port)
+        voters = ",".join(f"{i}@{LOOPBACK}:{controller_ports[i]}" for i in client_ports)
+        replication = str(min(3, brokers))
+        min_isr = str(min(2, brokers))
+        self.nodes = {}
+        try:
+            for node_id, port in client_ports.items():
+                settings = {
+                    "process.roles": "broker,controller",
+                    "node.id": str(node_id),
+                    "controller.quorum.voters": voters,
+                    "listeners": f"PLAINTEXT://{LOOPBACK}:{port},"
+                    f"CONTROLLER://{LOOPBACK}:{controller_ports[node_id]}",
+                    "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{port}",
+                    "controller.listener.names": "CONTROLLER",
+                    "inter.broker.listener.name": "PLAINTEXT",
+                    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "num.partitions": "1",
+                    "default.replication.factor": replication,
+                    "min.insync.replicas": min_isr,
+                    "offsets.topic.replication.factor": replication,
+                    "offsets.topic.num.partitions": "4",
+                    "transaction.state.log.replication.factor": replication,
+                    "transaction.state.log.min.isr": min_isr,
+                    "transaction.state.log.num.partitions": "4",
+                    "share.coordinator.state.topic.replication.factor": replication,
+                    "share.coordinator.state.topic.min.isr": min_isr,
+                    "group.initial.rebalance.delay.ms": "0",
+                    "broker.heartbeat.interval.ms": "500",
+                    "broker.session.timeout.ms": "3000",
+                    "log.initial.task.delay.ms": "1000",
+                    "log.cleaner.backoff.ms": "1000",
+                }
+                self.nodes[node_id] = KafkaNode(
+                    f"kafka node {node_id} of {brokers} (apache kafka)",
+                    node_id,
+                    settings,
+                    lambda node: (
+                        port_accepts_connections(LOOPBACK, node.port)
+                        and _unfenced(f"{LOOPBACK}:{node.port}", node.node_id, {})
+                    ),
+                    heap,
+                )
+                self.nodes[node_id].port = port
+            cluster_id = new_cluster_id()
+            for node in self.nodes.values():
+                node.format_storage(cluster_id)
+            self._start_all()
+        except BaseException:
+            self.stop()
+            raise
+        servers = ",".join(f"{LOOPBACK}:{port}" for port in client_ports.values())
+        self.endpoint = KafkaEndpoint(bootstrap_servers=servers, kind="kafka")
+        remember_broker(self.endpoint)
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """The node that leads ``topic``-``partition`` now (fresh metadata)."""
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.endpoint.bootstrap_servers)
+        try:
+            described = admin.describe_topics([topic])
+        finally:
+            admin.close()
+        for entry in described[0]["partitions"]:
+            if entry["partition"] == partition:
+                return int(entry["leader"])
+        raise KeyError(f"{topic}-{partition}")
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        """The node that coordinates ``transactional_id``'s transactions now."""
+        from kafka import KafkaAdminClient
+        from kafka.protocol.metadata import CoordinatorType
+
+        admin = KafkaAdminClient(bootstrap_servers=self.endpoint.bootstrap_servers)
+        try:
+            return int(
+                admin._manager.run(
+                    admin._find_coordinator_id, transactional_id, CoordinatorType.TRANSACTION
+                )
+            )
+        finally:
+            admin.close()
+
+
+# The secured broker -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """PEM files: the CA (what clients trust) and the broker's key and chain."""
+
+    ca_file: Path
+    broker_keystore: Path
+
+
+def generate_certificates(directory: Path) -> Certificates:
+    """A CA and a broker certificate it signs, valid for ``127.0.0.1`` and ``localhost``
+    (subjectAltName), for a day; the broker's keystore is its PKCS#8 key and chain in PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "eospack test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    broker = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(LOOPBACK))]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    ca_file = directory / "ca.pem"
+    ca_file.write_bytes(ca.public_bytes(pem))
+    keystore = directory / "broker-keystore.pem"
+    keystore.write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + broker.public_bytes(pem)
+        + ca.public_bytes(pem)
+    )
+    keystore.chmod(0o600)
+    return Certificates(ca_file, keystore)
+
+
+class SecuredKafka(_Nodes):
+    """One KRaft node with a SASL_SSL client listener; see the module doc.
+
+    ``endpoint.bootstrap_servers`` is the SASL_SSL listener; ``client_options(user)`` the
+    ``kafka.*`` options of ``admin`` or ``app`` (``password=`` overrides, for a wrong one)."""
+
+    def __init__(
+        self,
+        heap: str = "512m",
+        transaction_max_timeout_ms: int = SECURED_TRANSACTION_MAX_TIMEOUT_MS,
+    ) -> None:
+        self.heap = heap
+        self.transaction_max_timeout_ms = transaction_max_timeout_ms
+        self.name = "secured kafka broker (apache kafka, SASL_SSL)"
+        self.passwords = {
+            ADMIN_USER: secrets.token_urlsafe(18),
+            APP_USER: secrets.token_urlsafe(18),
+        }
+        port, controller_port = _free_ports(2)
+        self.port = port
+        admin_jaas = _scram_jaas(ADMIN_USER, self.passwords[ADMIN_USER])
+        self.nodes = {}
+        try:
+            node = KafkaNode(self.name, 1, {}, lambda node: self._ready(), self.heap)
+            self.nodes[1] = node
+            self.certificates = generate_certificates(node.workdir)
+            settings = {
+                "process.roles": "broker,controller",
+                "node.id": "1",
+                "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{controller_port}",
+                "listeners": f"SASL_SSL://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}",
+                "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{port}",
+                "controller.listener.names": "CONTROLLER",
+                "inter.broker.listener.name": "SASL_SSL",
+                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+                "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": admin_jaas,
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(self.certificates.broker_keystore),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.certificates.ca_file),
+                "ssl.endpoint.identification.algorithm": "https",
+                "ssl.client.auth": "none",
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": f"User:{ADMIN_USER};User:ANONYMOUS",
+                "allow.everyone.if.no.acl.found": "false",
+                "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
+                "num.partitions": "1",
+                "offsets.topic.replication.factor": "1",
+                "offsets.topic.num.partitions": "4",
+                "transaction.state.log.replication.factor": "1",
+                "transaction.state.log.min.isr": "1",
+                "transaction.state.log.num.partitions": "4",
+                "share.coordinator.state.topic.replication.factor": "1",
+                "share.coordinator.state.topic.min.isr": "1",
+                "group.initial.rebalance.delay.ms": "0",
+                "broker.heartbeat.interval.ms": "500",
+                "broker.session.timeout.ms": "3000",
+                "log.initial.task.delay.ms": "1000",
+                "log.cleaner.backoff.ms": "1000",
+            }
+            node.config_file.write_text(
+                "".join(
+                    f"{k}={v}\n" for k, v in {**settings, "log.dirs": str(node.log_dir)}.items()
+                )
+            )
+            node.config_file.chmod(0o600)
+            scram = [
+                argument
+                for user, password in self.passwords.items()
+                for argument in (
+                    "--add-scram",
+                    f"{SCRAM_MECHANISM}=[name={user},password={password}]",
+                )
+            ]
+            node.format_storage(new_cluster_id(), "--standalone", *scram)
+            self.endpoint = KafkaEndpoint(bootstrap_servers=f"{LOOPBACK}:{port}", kind="kafka")
+            self._start_all()
+            self.grant(APP_USER, APP_GRANT)
+        except BaseException:
+            self.stop()
+            raise
+        remember_broker(self.endpoint)
+
+    def _ready(self) -> bool:
+        return port_accepts_connections(LOOPBACK, self.port) and _unfenced(
+            self.endpoint.bootstrap_servers, 1, self.client_config(ADMIN_USER)
+        )
+
+    def client_options(self, user: str = APP_USER, password: str | None = None) -> dict[str, str]:
+        """``user``'s ``kafka.*`` options for replayable-kafka and 2pc-kafka (bootstrap
+        servers included); ``password`` replaces the real one (a test of a wrong one)."""
+        secret = self.passwords[user] if password is None else password
+        return {
+            "kafka.bootstrap.servers": self.endpoint.bootstrap_servers,
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": SCRAM_MECHANISM,
+            "kafka.sasl.jaas.config": _scram_jaas(user, secret),
+            "kafka.ssl.truststore.location": str(self.certificates.ca_file),
+            "kafka.ssl.truststore.type": "PEM",
+            "kafka.ssl.endpoint.identification.algorithm": "https",
+        }
+
+    def client_config(self, user: str = APP_USER, password: str | None = None) -> dict[str, Any]:
+        """kafka-python's settings for ``user`` (without ``bootstrap_servers``)."""
+        return {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": SCRAM_MECHANISM,
+            "sasl_plain_username": user,
+            "sasl_plain_password": self.passwords[user] if password is None else password,
+            "ssl_cafile": str(self.certificates.ca_file),
+            "ssl_check_hostname": True,
+        }
+
+    def admin_client(self, user: str = ADMIN_USER) -> Any:
+        from kafka import KafkaAdminClient
+
+        return KafkaAdminClient(
+            bootstrap_servers=self.endpoint.bootstrap_servers,
+            request_timeout_ms=10_000,
+            **self.client_config(user),
+        )
+
+    def grant(self, user: str, grants: tuple[Grant, ...]) -> None:
+        """Allow ``user`` each of ``grants`` (CreateAcls, as the super user), and wait
+        until the authorizer shows them."""
+        from kafka.admin import (
+            ACL,
+            ACLFilter,
+            ACLOperation,
+            ACLPermissionType,
+            ACLResourcePatternType,
+            ResourcePattern,
+            ResourcePatternFilter,
+            ResourceType,
+        )
+
+        acls = [
+            ACL(
+                principal=f"User:{user}",
+                host="*",
+                operation=ACLOperation[operation],
+                permission_type=ACLPermissionType.ALLOW,
+                resource_pattern=ResourcePattern(
+                    ResourceType[grant.resource_type], grant.prefix, ACLResourcePatternType.PREFIXED
+                ),
+            )
+            for grant in grants
+            for operation in grant.operations
+        ]
+        admin = self.admin_client()
+        try:
+            result = admin.create_acls(acls)
+            if result.get("failed"):
+                raise ServiceStartError(f"{self.name} could not create ACLs: {result['failed']}")
+            wanted = ACLFilter(
+                principal=f"User:{user}",
+                host="*",
+                operation=ACLOperation.ANY,
+                permission_type=ACLPermissionType.ANY,
+                resource_pattern=ResourcePatternFilter(
+                    ResourceType.ANY, None, ACLResourcePatternType.ANY
+                ),
+            )
+            deadline = time.monotonic() + 30
+            while len(admin.describe_acls(wanted)[0]) < len(acls):
+                if time.monotonic() > deadline:
+                    raise ServiceStartError(f"{self.name}: the ACLs of {user} did not show")
+                time.sleep(0.1)
+        finally:
+            admin.close()
+
+
+def _scram_jaas(user: str, password: str) -> str:
+    return (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required"
+        f' username="{user}" password="{password}";'
+    )
