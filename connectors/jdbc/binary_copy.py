@@ -158,13 +158,19 @@ _RULES: Mapping[str, _Rule] = {
 }
 
 COLUMN_TYPES_SQL = (
-    "SELECT a.attname, CASE WHEN t.typtype = 'd' THEN b.typname ELSE t.typname END"
+    "WITH RECURSIVE chain (attname, typname, typtype, typbasetype) AS ("
+    " SELECT a.attname, t.typname, t.typtype, t.typbasetype"
     " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-    " LEFT JOIN pg_type b ON b.oid = t.typbasetype"
     " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"
+    " UNION ALL SELECT c.attname, t.typname, t.typtype, t.typbasetype"
+    " FROM chain c JOIN pg_type t ON t.oid = c.typbasetype WHERE c.typtype = 'd')"
+    " SELECT attname, typname FROM chain WHERE typtype <> 'd'"
 )
-"""Each column's type name (``pg_type.typname``; a domain's base type, whose receive
-function a domain's own uses before checking its constraints)."""
+"""Each column's type name (``pg_type.typname``; a domain's base type, followed through
+domains over domains, whose receive functions all end in the base type's before checking
+their constraints). Only one level was followed before: a double into a domain over a
+domain over ``real`` went as its shortest text (rounded twice), over ``numeric`` with all
+its digits, and over ``integer`` was refused ('invalid input syntax')."""
 
 
 def column_types(cursor: Any, table_sql: str) -> dict[str, str]:
@@ -216,8 +222,12 @@ def to_integer(column: pa.ChunkedArray, wire_type: pa.DataType, name: str) -> pa
     values outside the type's range refused with PostgreSQL's '<type> out of range'."""
     type_name, bound = _INTEGER_RANGES[wire_type]
     if pa.types.is_decimal(column.type):
-        whole = pa.decimal128(38, 0)
-        rounded = pc.round(column, 0, round_mode="half_towards_infinity").cast(whole)
+        # One more integer digit before rounding (9.5 in a decimal(38,37) rounds to 10,
+        # which that type cannot hold: Arrow raised instead of rounding), in decimal256.
+        widened = pa.decimal256(column.type.precision + 1, column.type.scale)
+        whole = pa.decimal256(40, 0)
+        rounded = pc.round(column.cast(widened), 0, round_mode="half_towards_infinity")
+        rounded = rounded.cast(whole)
         refused = pc.or_(
             pc.less(rounded, pa.scalar(Decimal(-bound), whole)),
             pc.greater(rounded, pa.scalar(Decimal(bound - 1), whole)),
