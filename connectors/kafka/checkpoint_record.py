@@ -16,9 +16,13 @@ both (an at-least-once run recovers what an exactly-once one left, from the same
 Limits: the record is kept only when the query gives ``checkpointLocation`` as an option
 (Spark hands it to the sink lower-cased; one set through
 ``spark.sql.streaming.checkpointLocation`` does not reach the sink) and it is an absolute
-local path or a ``file:`` URI. Any other scheme (``hdfs:``, ``s3a:``, ``dbfs:``) or a
-relative path is skipped with one info log per process: there, keep ``ledgerTopic`` as it
-was, since a change is not detected.
+local path or a ``file:`` URI (read and written through ``eospack.checkpoint_files``). A
+checkpoint on a Hadoop file system (``s3a:``, ``abfss:``, ``gs:``, ``hdfs:``, ``dbfs:``) or
+a relative path is skipped with one info log per process: Spark calls the sink's
+``streamWriter`` in a Python planner process, which has no JVM to reach Hadoop's file
+systems through (and eospack opens no second client to the store). There, keep
+``ledgerTopic`` and ``sinkId`` as they were, since a change is not detected. Recovery does
+not depend on the record: the sink id derives from the query id Spark hands every task.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from eospack.checkpoint_files import LocalFiles
 from eospack.connectors.kafka.sink_options import KafkaSinkOptionError, KafkaSinkOptions
 
 logger = logging.getLogger(__name__)
@@ -99,9 +103,8 @@ def check_against_record(options: KafkaSinkOptions) -> None:
 def read_record(path: Path) -> dict[str, Any] | None:
     """The record at ``path``, or None when there is none. An unreadable record is an
     error: guessing could let a changed ledgerTopic through."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text = LocalFiles(path.parent).read_text(path.name)
+    if text is None:
         return None
     try:
         record = json.loads(text)
@@ -119,17 +122,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def write_record(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` atomically: a temporary file in the same directory, flushed to
     disk, then renamed over ``path`` (a reader sees the old record or the new, whole)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            json.dump(record, file, separators=(",", ":"))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    LocalFiles(path.parent).write_text(path.name, json.dumps(record, separators=(",", ":")))
 
 
 def _log_skipped_once(checkpoint_location: str | None) -> None:
@@ -140,7 +133,8 @@ def _log_skipped_once(checkpoint_location: str | None) -> None:
     where = (
         "no checkpointLocation option"
         if not checkpoint_location
-        else "the checkpoint is not an absolute local path or file: URI"
+        else "the checkpoint is on a Hadoop file system, out of reach of the sink's planner"
+        " process, or a relative path"
     )
     logger.info(
         "2pc-kafka keeps no record of ledgerTopic in the checkpoint (%s): a restart with"
