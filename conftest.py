@@ -70,11 +70,36 @@ def spark_kafka_jars() -> tuple[list[Path], str | None]:
 
 
 @pytest.fixture(scope="session")
-def spark(spark_kafka_jars: tuple[list[Path], str | None]) -> Iterator[Any]:
-    """The session's SparkSession, with Spark's own Kafka connector when it is resolvable."""
+def hadoop_aws_jars() -> tuple[list[Path], str | None]:
+    """S3A's jars (hadoop-aws and its AWS SDK bundle, ~690 MB, fetched once) if cached or
+    fetchable with mvn, else ([], why not): checkpoints on ``s3a://`` need them."""
+    from eospack.services import ServiceStartError
+    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+
+    if not is_cached("hadoop-aws") and mvn_executable() is None:
+        return [], "its jars are not cached and mvn was not found (install Maven)"
+    try:
+        return resolve_classpath("hadoop-aws"), None
+    except ServiceStartError as error:
+        return [], str(error)
+
+
+@pytest.fixture(scope="session")
+def spark(
+    spark_kafka_jars: tuple[list[Path], str | None],
+    hadoop_aws_jars: tuple[list[Path], str | None],
+) -> Iterator[Any]:
+    """The session's SparkSession, with Spark's own Kafka connector and S3A when they are
+    resolvable. S3A goes on the driver's class path (local mode: the executor runs in the
+    driver JVM), so its SDK bundle is never copied into the executor's work directory."""
     from eospack.spark import local_session
 
-    session = local_session(app_name="eospack-tests", extra_jars=spark_kafka_jars[0])
+    class_path = ":".join(str(jar) for jar in hadoop_aws_jars[0])
+    session = local_session(
+        app_name="eospack-tests",
+        extra_jars=spark_kafka_jars[0],
+        conf={"spark.driver.extraClassPath": class_path} if class_path else None,
+    )
     yield session
     session.stop()
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
+from eospack.checkpoint_files import CheckpointFiles, checkpoint_files
 from eospack.commit_protocols.inspection import SinkState, no_decision_line
 from eospack.errors import EospackError
 
@@ -133,13 +133,15 @@ class CheckpointReport:
 
 
 def inspect_checkpoint(
-    path: str | Path,
+    path: str | Path | CheckpointFiles,
     jdbc_options: dict[str, str] | None = None,
     s3_options: dict[str, str] | None = None,
     spark: SparkSession | None = None,
     kafka_options: dict[str, str] | None = None,
 ) -> CheckpointReport:
-    """Read ``path`` (a local checkpoint directory or ``file://`` URI) and, with
+    """Read ``path`` (a local checkpoint directory, a ``file://`` URI, or any Hadoop file
+    system URI such as ``s3a://``, read through ``spark``'s Hadoop file system, default the
+    active session: ``eospack.checkpoint_files``) and, with
     ``jdbc_options`` (``url``, ``dbtable``, optional ``user`` and ``sinkId``; the password
     from ``EOSPACK_JDBC_PASSWORD``), that 2pc-jdbc sink; with ``s3_options`` (``path``,
     optional ``endpointUrl``, ``region``, ``sinkId``; credentials from boto3's default
@@ -147,30 +149,27 @@ def inspect_checkpoint(
     ``topic``, optional ``ledgerTopic``, ``sinkId``), that 2pc-kafka sink. Each sink is read
     through its resource (``inspect_sink``), never written. With ``spark``, each
     stateful_ops operator's name, keys and key groups at the last committed batch."""
-    text = str(path)
-    directory = Path(unquote(urlsplit(text).path) if text.startswith("file:") else text)
-    metadata = directory / "metadata"
-    if not metadata.is_file():
+    files = path if isinstance(path, CheckpointFiles) else checkpoint_files(path, spark)
+    metadata = files.read_text("metadata")
+    if metadata is None:
         raise CheckpointInspectError(
-            f"{directory} is not a streaming checkpoint (no metadata file): give the"
+            f"{files.location} is not a streaming checkpoint (no metadata file): give the"
             " checkpointLocation of a query"
         )
-    query_id = _query_id(metadata)
-    committed = _numbered(directory / "commits")
+    query_id = _query_id(metadata, files.uri("metadata"))
+    committed = _numbered(files, "commits")
     batches, provider = [], None
-    for batch_id in sorted(_numbered(directory / "offsets")):
-        lines = (directory / "offsets" / str(batch_id)).read_text().splitlines()
+    for batch_id in sorted(_numbered(files, "offsets")):
+        lines = (files.read_text(f"offsets/{batch_id}") or "").splitlines()
         settings = json.loads(lines[1]).get("conf", {}) if len(lines) > 1 else {}
         provider = settings.get(PROVIDER_SETTING, provider)
         offsets = [json.loads(line) if line != "-" else None for line in lines[2:]]
         batches.append(Batch(batch_id, batch_id in committed, offsets))
-    report = CheckpointReport(
-        str(directory), query_id, batches, provider, _operators(directory / "state")
-    )
+    report = CheckpointReport(files.location, query_id, batches, provider, _operators(files))
     if spark is not None:
         last = max((batch.batch_id for batch in batches if batch.committed), default=None)
         report.operators[:] = [
-            _with_keys(spark, directory, operator, last) for operator in report.operators
+            _with_keys(spark, files.location, operator, last) for operator in report.operators
         ]
     sinks = {"2pc-jdbc": jdbc_options, "2pc-s3": s3_options, "2pc-kafka": kafka_options}
     if "2pc-jdbc" in sinks and jdbc_options:
@@ -182,9 +181,9 @@ def inspect_checkpoint(
     return report
 
 
-def _query_id(metadata: Path) -> str:
+def _query_id(text: str, metadata: str) -> str:
     """The query id on the first line of a checkpoint's ``metadata`` (``{"id": ...}``)."""
-    lines = metadata.read_text(errors="replace").splitlines()
+    lines = text.splitlines()
     try:
         query_id = json.loads(lines[0])["id"] if lines else None
     except (ValueError, TypeError, KeyError):
@@ -196,32 +195,28 @@ def _query_id(metadata: Path) -> str:
     return query_id
 
 
-def _numbered(directory: Path) -> set[int]:
-    if not directory.is_dir():
-        return set()
-    return {int(entry.name) for entry in directory.iterdir() if entry.name.isdigit()}
+def _numbered(files: CheckpointFiles, directory: str) -> set[int]:
+    return {int(name) for name in files.names(directory) if name.isdigit()}
 
 
-def _operators(state: Path) -> list[OperatorState]:
+def _operators(files: CheckpointFiles) -> list[OperatorState]:
     operators: list[OperatorState] = []
-    if not state.is_dir():
-        return operators
-    for operator in sorted(entry for entry in state.iterdir() if entry.name.isdigit()):
-        partitions = [entry for entry in operator.iterdir() if entry.name.isdigit()]
+    for operator in sorted((name for name in files.names("state") if name.isdigit()), key=int):
+        partitions = [name for name in files.names(f"state/{operator}") if name.isdigit()]
         versions, size = [], 0
-        for file in operator.rglob("*"):
-            if file.is_file():
-                size += file.stat().st_size
-                if file.suffix in STATE_FILE_SUFFIXES and file.stem.isdigit():
-                    versions.append(int(file.stem))
+        for relative, length in files.file_sizes(f"state/{operator}"):
+            size += length
+            file = Path(relative)
+            if file.suffix in STATE_FILE_SUFFIXES and file.stem.isdigit():
+                versions.append(int(file.stem))
         operators.append(
-            OperatorState(operator.name, len(partitions), max(versions, default=None), size)
+            OperatorState(operator, len(partitions), max(versions, default=None), size)
         )
     return operators
 
 
 def _with_keys(
-    spark: SparkSession, directory: Path, operator: OperatorState, batch_id: int | None
+    spark: SparkSession, directory: str, operator: OperatorState, batch_id: int | None
 ) -> OperatorState:
     """``operator`` with its stateful_ops keys and key groups (unchanged for Spark's own
     operators, whose state is not eospack's group-state table)."""
@@ -232,7 +227,7 @@ def _with_keys(
     if batch_id is None:
         return operator
     try:
-        table = read_state_table(spark, str(directory), batch_id, int(operator.operator_id))
+        table = read_state_table(spark, directory, batch_id, int(operator.operator_id))
     except AnalysisException:  # not a group-state table: another kind of operator
         return operator
     if table is None:

@@ -222,6 +222,7 @@ def supervise(arguments: argparse.Namespace) -> int:
 def checkpoint(arguments: argparse.Namespace) -> int:
     """Print what a checkpoint holds (and a 2pc sink's decisions and leftovers)."""
     from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
+    from eospack.checkpoint_files import is_local
 
     jdbc = None
     if arguments.ledger_table and not arguments.jdbc_url:
@@ -274,14 +275,20 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         )
         return 2
     spark = None
-    if arguments.state:
+    try:
+        conf = spark_settings(arguments.conf)
+    except ValueError as error:
+        print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
+        return 2
+    if arguments.state or not is_local(arguments.path):
         from eospack.spark import local_session
 
-        print("eospack checkpoint inspect: reading operator state with Spark", file=sys.stderr)
-        spark = local_session("eospack checkpoint inspect")
+        why = "operator state" if arguments.state else arguments.path
+        print(f"eospack checkpoint inspect: reading {why} with Spark", file=sys.stderr)
+        spark = local_session("eospack checkpoint inspect", conf=conf)
     try:
         report = inspect_checkpoint(arguments.path, jdbc, s3, spark, kafka)
-    except (CheckpointInspectError, ValueError, ConnectionError) as error:
+    except (CheckpointInspectError, ValueError, ConnectionError, OSError) as error:
         print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
         return 1
     print(report.to_json() if arguments.json else report.to_text(), flush=True)
@@ -290,20 +297,29 @@ def checkpoint(arguments: argparse.Namespace) -> int:
 
 def savepoint(arguments: argparse.Namespace) -> int:
     """Create a savepoint of a stopped query, or prepare a new checkpoint from one."""
+    from eospack.checkpoint_files import is_local
     from eospack.savepoint import SavepointError, create_savepoint, describe, restore_savepoint
 
     command = f"eospack savepoint {arguments.action}"
     try:
-        if arguments.action == "create":
-            from eospack.spark import local_session
+        conf = spark_settings(arguments.conf)
+    except ValueError as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return 2
+    try:
+        from eospack.spark import local_session
 
+        if arguments.action == "create":
             print(f"{command}: reading the state of {arguments.source} with Spark", flush=True)
             manifest = create_savepoint(
-                local_session("eospack savepoint"), arguments.source, arguments.target
+                local_session("eospack savepoint", conf=conf), arguments.source, arguments.target
             )
             print(f"{command}: wrote {arguments.target}\n{describe(manifest)}", flush=True)
         else:
-            manifest = restore_savepoint(arguments.source, arguments.target, arguments.mode)
+            spark = None
+            if not (is_local(arguments.source) and is_local(arguments.target)):
+                spark = local_session("eospack savepoint", conf=conf)
+            manifest = restore_savepoint(arguments.source, arguments.target, arguments.mode, spark)
             print(
                 f"{command}: {arguments.target} is ready ({arguments.mode})\n"
                 f"{describe(manifest)}\n"
@@ -320,14 +336,56 @@ def savepoint(arguments: argparse.Namespace) -> int:
     return 0
 
 
+OBJECT_STORAGE_HELP = (
+    "Paths are local paths, file:// URIs or any Hadoop file system URI (s3a://, abfss://,"
+    " gs://, hdfs://), read and written through Spark's Hadoop file system: put the file"
+    " system's jar on Spark's classpath (hadoop-aws for s3a, hadoop-azure for abfss,"
+    " gcs-connector for gs) and its settings with --conf; credentials come from the file"
+    " system's own chain (for s3a: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, an"
+    " instance role), never an argument. See docs/operations.md, Checkpoints on object"
+    " storage."
+)
+
+
+def spark_settings(settings: Sequence[str]) -> dict[str, str]:
+    """``--conf KEY=VALUE`` arguments as Spark settings; an argument without ``=`` is
+    refused by its key (a value is never quoted: it could be a secret)."""
+    conf = {}
+    for setting in settings:
+        key, separator, value = setting.partition("=")
+        if not separator or not key.strip():
+            raise ValueError(
+                f"--conf {key.strip()[:40]!r}... is not KEY=VALUE: give one Spark setting each"
+            )
+        conf[key.strip()] = value
+    return conf
+
+
+def add_conf_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session eospack starts (repeatable), e.g."
+        " spark.jars.packages=org.apache.hadoop:hadoop-aws:<Spark's Hadoop version> or"
+        " spark.hadoop.fs.s3a.endpoint=...",
+    )
+
+
 def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = OBJECT_STORAGE_HELP
     parser.add_argument("action", choices=["create", "restore"])
     parser.add_argument(
-        "source", help="create: the stopped query's checkpointLocation; restore: the savepoint"
+        "source",
+        help="create: the stopped query's checkpointLocation; restore: the savepoint (a path"
+        " or URI)",
     )
     parser.add_argument(
-        "target", help="create: a new directory for the savepoint; restore: a new checkpoint"
+        "target",
+        help="create: a new directory for the savepoint; restore: a new checkpoint (a path or URI)",
     )
+    add_conf_argument(parser)
     parser.add_argument(
         "--mode",
         choices=["no-claim", "claim"],
@@ -338,8 +396,14 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = OBJECT_STORAGE_HELP
     parser.add_argument("action", choices=["inspect"])
-    parser.add_argument("path", help="the query's checkpointLocation (a path or file:// URI)")
+    parser.add_argument(
+        "path",
+        help="the query's checkpointLocation: a path, a file:// URI, or a Hadoop file system"
+        " URI such as s3a://bucket/prefix (read through Spark, which then starts)",
+    )
+    add_conf_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
         "--state",

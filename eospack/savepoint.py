@@ -1,7 +1,9 @@
 """Savepoints: a stopped query's last committed batch, owned by the user, restorable into a
 new query with other ``key_groups``, shuffle partitions or state store provider.
 
-A savepoint is a directory (local path or ``file://`` URI)::
+A savepoint is a directory (a local path, a ``file://`` URI, or any Hadoop file system URI
+such as ``s3a://``, read and written through Spark's Hadoop file system:
+``eospack.checkpoint_files``)::
 
     manifest.json              written last: a directory without it is no savepoint
     state/operator-<id>.parquet  one row per key: key columns and state fields
@@ -32,9 +34,11 @@ ledger starts empty; a query that sets ``sinkId`` must set a new one when restor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +49,12 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
+from eospack.checkpoint_files import (
+    CheckpointFiles,
+    LocalFiles,
+    as_hadoop,
+    checkpoint_files,
+)
 from eospack.connectors.kafka.source_options import UNLISTED
 from eospack.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
@@ -100,14 +110,16 @@ class Manifest:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def read(cls, directory: Path) -> Manifest:
-        path = directory / MANIFEST
-        if not path.is_file():
+    def read(cls, directory: Path | CheckpointFiles, relative: str = "") -> Manifest:
+        """The manifest of the savepoint at ``directory`` (below it: ``relative``)."""
+        files = LocalFiles(directory) if isinstance(directory, Path) else directory
+        text = files.read_text(f"{relative}/{MANIFEST}" if relative else MANIFEST)
+        if text is None:
             raise SavepointError(
-                f"{directory} is not a savepoint (no {MANIFEST}): give a directory written by"
-                " eospack savepoint create"
+                f"{files.uri(relative)} is not a savepoint (no {MANIFEST}): give a directory"
+                " written by eospack savepoint create"
             )
-        raw = json.loads(path.read_text())
+        raw = json.loads(text)
         if raw.get("format") != FORMAT or raw.get("format_version") not in READABLE_VERSIONS:
             raise SavepointError(
                 f"{directory} has format {raw.get('format')} version"
@@ -136,15 +148,17 @@ def create_savepoint(
     spark: SparkSession, checkpoint: str | Path, destination: str | Path
 ) -> Manifest:
     """Write a savepoint of ``checkpoint``'s last committed batch to ``destination`` (which
-    must not exist). Reads the checkpoint only; the query should be stopped."""
+    must not exist). Reads the checkpoint only; the query should be stopped. Either may be
+    a local path or a Hadoop file system URI (through ``spark``'s Hadoop file system)."""
     from eospack import __version__
 
-    source = local_path(checkpoint)
-    target = local_path(destination)
+    checkpoint_location = checkpoint_files(checkpoint, spark)
+    target_files = checkpoint_files(destination, spark)
     try:
-        report = inspect_checkpoint(source)
+        report = inspect_checkpoint(checkpoint_location)
     except CheckpointInspectError as error:
         raise SavepointError(str(error)) from None
+    source = checkpoint_location.location
     if not report.batches:
         raise SavepointError(f"{source} has no batch yet: run the query until it commits one")
     last = report.batches[-1]
@@ -154,15 +168,21 @@ def create_savepoint(
             " have applied it): start the query again from this checkpoint, stop it after it"
             " commits a batch, then create the savepoint"
         )
-    if target.exists():
-        raise SavepointError(f"{target} exists: give a new directory for the savepoint")
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    if target_files.exists():
+        raise SavepointError(
+            f"{target_files.location} exists: give a new directory for the savepoint"
+        )
+    if isinstance(target_files, LocalFiles):
+        target = target_files.root
+        staging = target.with_name(f".{target.name}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+    else:  # written locally, then uploaded: the state files first, the manifest last
+        staging = Path(tempfile.mkdtemp(prefix="eospack-savepoint-")) / "savepoint"
     (staging / "state").mkdir(parents=True)
     operators = []
     for operator in report.operators:
         operator_id = int(operator.operator_id)
-        table = read_state_table(spark, str(source), last.batch_id, operator_id)
+        table = read_state_table(spark, source, last.batch_id, operator_id)
         if table is None:
             continue
         metadata = table.schema.metadata or {}
@@ -187,31 +207,59 @@ def create_savepoint(
         eospack_version=__version__,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         settings={"state_store_provider": report.state_store_provider or "Spark default"},
-        batch_watermark_ms=logged_watermark(source / "offsets" / str(last.batch_id), 1),
-        next_batch_watermark_ms=logged_watermark(source / "commits" / str(last.batch_id), 1),
+        batch_watermark_ms=watermark_in(
+            checkpoint_location.read_text(f"offsets/{last.batch_id}"), 1
+        ),
+        next_batch_watermark_ms=watermark_in(
+            checkpoint_location.read_text(f"commits/{last.batch_id}"), 1
+        ),
     )
-    (staging / MANIFEST).write_text(manifest.to_json())
-    os.rename(staging, target)
+    if isinstance(target_files, LocalFiles):
+        (staging / MANIFEST).write_text(manifest.to_json())
+        os.rename(staging, target)
+        return manifest
+    try:
+        target_files.put(staging / "state", "state")
+        target_files.write_text(MANIFEST, manifest.to_json())
+    finally:
+        shutil.rmtree(staging.parent, ignore_errors=True)
     return manifest
 
 
 def restore_savepoint(
-    savepoint: str | Path, new_checkpoint: str | Path, mode: ClaimMode = "no-claim"
+    savepoint: str | Path,
+    new_checkpoint: str | Path,
+    mode: ClaimMode = "no-claim",
+    spark: SparkSession | None = None,
 ) -> Manifest:
     """Prepare ``new_checkpoint`` (new or empty) for a query that continues from
     ``savepoint``. ``no-claim`` copies it: the savepoint is never changed and the new
     checkpoint shares nothing with it. ``claim`` moves it into the new checkpoint, which
-    owns it from then on (no copy; the savepoint's old path is gone)."""
+    owns it from then on (no copy on one file system; the savepoint's old path is gone).
+    Either may be a Hadoop file system URI: then ``spark`` (default: the active session)
+    copies or moves it through Hadoop's file systems."""
     if mode not in ("no-claim", "claim"):
         raise SavepointError(f"--mode {mode!r}: use no-claim or claim")
-    source = local_path(savepoint)
-    manifest = Manifest.read(source)
-    target = local_path(new_checkpoint)
-    if target.exists() and any(target.iterdir()):
+    source_files = checkpoint_files(savepoint, spark)
+    manifest = Manifest.read(source_files)
+    target_files = checkpoint_files(new_checkpoint, spark)
+    if target_files.names():
         raise SavepointError(
-            f"{target} is not empty: restore into a new checkpoint directory (a query on an"
-            " existing checkpoint goes on from it and would ignore the savepoint)"
+            f"{target_files.location} is not empty: restore into a new checkpoint directory"
+            " (a query on an existing checkpoint goes on from it and would ignore the"
+            " savepoint)"
         )
+    if not (isinstance(source_files, LocalFiles) and isinstance(target_files, LocalFiles)):
+        hadoop_source, hadoop_target = as_hadoop(source_files), as_hadoop(target_files)
+        if mode == "no-claim":
+            partial = f".{RESTORED_DIRECTORY}.partial"
+            hadoop_target.delete(partial)
+            hadoop_source.copy_to("", hadoop_target, partial)
+            hadoop_target.rename(partial, RESTORED_DIRECTORY)
+        else:
+            hadoop_source.move_to("", hadoop_target, RESTORED_DIRECTORY)
+        return manifest
+    source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
     restored = target / RESTORED_DIRECTORY
     if mode == "no-claim":
@@ -226,11 +274,32 @@ def restore_savepoint(
 class RestoredCheckpoint:
     """What a query started on ``checkpoint_location`` takes from a restored savepoint: its
     sources' starting offsets and its operators' initial state. On a checkpoint that no
-    restore prepared, it hands out the defaults, so one program serves both."""
+    restore prepared, it hands out the defaults, so one program serves both.
 
-    def __init__(self, checkpoint_location: str | Path) -> None:
-        self.directory = local_path(checkpoint_location) / RESTORED_DIRECTORY
-        self.manifest = Manifest.read(self.directory) if self.directory.is_dir() else None
+    A checkpoint on a Hadoop file system (``s3a://``, ...) is read through ``spark``
+    (default: the active session); its operators' state files are copied into
+    ``work_directory``, where the operator splits them by key group and its tasks read
+    them: a directory every executor can read (default: a directory of this checkpoint
+    under the local temporary directory, which serves local mode and one-host clusters)."""
+
+    def __init__(
+        self,
+        checkpoint_location: str | Path,
+        spark: SparkSession | None = None,
+        work_directory: str | Path | None = None,
+    ) -> None:
+        self.checkpoint: CheckpointFiles = checkpoint_files(checkpoint_location, spark)
+        if isinstance(self.checkpoint, LocalFiles):
+            self.directory = self.checkpoint.root / RESTORED_DIRECTORY
+            self.manifest = Manifest.read(self.directory) if self.directory.is_dir() else None
+            return
+        location = self.checkpoint.location
+        if work_directory is None:
+            digest = hashlib.sha256(location.encode()).hexdigest()[:16]
+            work_directory = Path(tempfile.gettempdir()) / f"eospack-restored-{digest}"
+        self.directory = Path(work_directory) / RESTORED_DIRECTORY
+        restored = self.checkpoint.is_directory(RESTORED_DIRECTORY)
+        self.manifest = Manifest.read(self.checkpoint, RESTORED_DIRECTORY) if restored else None
 
     @property
     def restored(self) -> bool:
@@ -260,12 +329,15 @@ class RestoredCheckpoint:
             return None
         for snapshot in self.manifest.operators:
             if snapshot.operator_id == operator:
+                state_file = self.directory / snapshot.file
+                if not isinstance(self.checkpoint, LocalFiles) and not state_file.is_file():
+                    self.checkpoint.get(f"{RESTORED_DIRECTORY}/{snapshot.file}", state_file)
                 return InitialState(
-                    path=str(self.directory / snapshot.file),
+                    path=str(state_file),
                     work_directory=str(self.directory / f"operator-{operator}-split"),
                     batch_watermark_ms=self.manifest.batch_watermark_ms,
                     next_batch_watermark_ms=self.manifest.next_batch_watermark_ms,
-                    checkpoint_location=str(self.directory.parent),
+                    checkpoint_location=self.checkpoint.location,
                     operator_id=operator,
                 )
         return None
@@ -275,8 +347,17 @@ def logged_watermark(path: Path, line: int) -> int | None:
     """The watermark in line ``line`` of Spark's offset log (``batchWatermarkMs``) or commit
     log (``nextBatchWatermarkMs``) entry at ``path``; None when it holds none."""
     try:
-        entry = json.loads(path.read_text().splitlines()[line])
-    except (OSError, IndexError, ValueError):
+        text = path.read_text()
+    except OSError:
+        return None
+    return watermark_in(text, line)
+
+
+def watermark_in(text: str | None, line: int) -> int | None:
+    """The watermark in line ``line`` of the text of an offset or commit log entry."""
+    try:
+        entry = json.loads((text or "").splitlines()[line])
+    except (IndexError, ValueError):
         return None
     value = entry.get("batchWatermarkMs", entry.get("nextBatchWatermarkMs"))
     return int(value) if isinstance(value, int) else None

@@ -64,6 +64,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from eospack.checkpoint_files import checkpoint_files
 from eospack.stateful_ops.errors import OperatorDefinitionError
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ def bootstrap_needed(spark: SparkSession, initial_state: InitialState, key_group
         return False
     checkpoint = initial_state.checkpoint_location
     if checkpoint is None or not any(
-        path.name.isdigit() for path in (Path(checkpoint) / "commits").glob("*")
+        name.isdigit() for name in checkpoint_files(checkpoint, spark).names("commits")
     ):
         return True
     try:
