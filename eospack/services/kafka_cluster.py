@@ -290,34 +290,54 @@ class ApacheKafkaCluster(_Nodes):
         self.endpoint = KafkaEndpoint(bootstrap_servers=servers, kind="kafka")
         remember_broker(self.endpoint)
 
-    def leader(self, topic: str, partition: int = 0) -> int:
-        """The node that leads ``topic``-``partition`` now (fresh metadata)."""
+    def _ask(self, question: Callable[[Any], Any], timeout: float = 30.0) -> Any:
+        """``question(admin)`` with a fresh admin client, asked again while a node is down
+        (a client may pick the dead one first) for at most ``timeout`` seconds."""
         from kafka import KafkaAdminClient
+        from kafka import errors as kafka_errors
 
-        admin = KafkaAdminClient(bootstrap_servers=self.endpoint.bootstrap_servers)
-        try:
-            described = admin.describe_topics([topic])
-        finally:
-            admin.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.endpoint.bootstrap_servers, request_timeout_ms=5_000
+                )
+                try:
+                    return question(admin)
+                finally:
+                    admin.close()
+            except kafka_errors.KafkaError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """The node that leads ``topic``-``partition`` now (fresh metadata; -1: none)."""
+        described = self._ask(lambda admin: admin.describe_topics([topic]))
         for entry in described[0]["partitions"]:
-            if entry["partition"] == partition:
-                return int(entry["leader"])
+            if entry["partition_index"] == partition:
+                return int(entry["leader_id"])
+        raise KeyError(f"{topic}-{partition}")
+
+    def in_sync_replicas(self, topic: str, partition: int = 0) -> list[int]:
+        """The nodes in sync for ``topic``-``partition`` now, sorted."""
+        described = self._ask(lambda admin: admin.describe_topics([topic]))
+        for entry in described[0]["partitions"]:
+            if entry["partition_index"] == partition:
+                return sorted(int(node) for node in entry["isr_nodes"])
         raise KeyError(f"{topic}-{partition}")
 
     def transaction_coordinator(self, transactional_id: str) -> int:
         """The node that coordinates ``transactional_id``'s transactions now."""
-        from kafka import KafkaAdminClient
         from kafka.protocol.metadata import CoordinatorType
 
-        admin = KafkaAdminClient(bootstrap_servers=self.endpoint.bootstrap_servers)
-        try:
-            return int(
-                admin._manager.run(
+        return int(
+            self._ask(
+                lambda admin: admin._manager.run(
                     admin._find_coordinator_id, transactional_id, CoordinatorType.TRANSACTION
                 )
             )
-        finally:
-            admin.close()
+        )
 
 
 # The secured broker -----------------------------------------------------------------
