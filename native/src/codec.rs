@@ -105,13 +105,13 @@ impl<'a> Cursor<'a> {
         loop {
             let byte = *self.data.get(self.position).ok_or("truncated varint")?;
             self.position += 1;
-            if shift == 63 && byte > 1 {
-                // The tenth byte holds bit 63 only: more is a value beyond a long, which a
-                // shift would cut silently (kafka-python, the reference, reads it whole).
-                return Err("varint beyond a long".into());
-            }
             value |= ((byte & 0x7f) as u64) << shift;
             if byte & 0x80 == 0 {
+                if shift == 63 && byte > 1 {
+                    // The tenth byte holds bit 63 only: more is a value beyond a long, which
+                    // the shift cut silently (kafka-python, the reference, reads it whole).
+                    return Err(beyond("a long", None));
+                }
                 break;
             }
             shift += 7;
@@ -126,7 +126,10 @@ impl<'a> Cursor<'a> {
     /// cut to its low 32 bits (an offset delta or a length read so is another record).
     pub fn varint(&mut self) -> Result<i32, String> {
         let value = self.varlong()?;
-        i32::try_from(value).map_err(|_| format!("varint {value} beyond an int"))
+        if value as i32 as i64 != value {
+            return Err(beyond("an int", Some(value)));
+        }
+        Ok(value as i32)
     }
 
     pub fn bytes(&mut self, length: usize) -> Result<&'a [u8], String> {
@@ -145,6 +148,15 @@ impl<'a> Cursor<'a> {
             return Ok(None);
         }
         self.bytes(length as usize).map(Some)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn beyond(what: &str, value: Option<i64>) -> String {
+    match value {
+        Some(value) => format!("varint {value} beyond {what}"),
+        None => format!("varint beyond {what}"),
     }
 }
 

@@ -273,8 +273,8 @@ fn is_abort_marker(batch: &[u8]) -> Result<bool, String> {
     if read_i32(batch, 57) <= 0 {
         return Ok(false);
     }
-    let record = parse_record(&mut Cursor::new(&batch[BATCH_HEADER_BYTES..]))?;
-    let key = record.key.ok_or("a control record without a key")?;
+    let key = record_key(&mut Cursor::new(&batch[BATCH_HEADER_BYTES..]))?;
+    let key = key.ok_or("a control record without a key")?;
     if key.len() < 4 {
         return Err(format!("a control record key of {} bytes", key.len()));
     }
@@ -285,20 +285,8 @@ fn is_abort_marker(batch: &[u8]) -> Result<bool, String> {
     Ok(i16::from_be_bytes([key[2], key[3]]) == 0)
 }
 
-/// One record of a batch, its structure checked whatever is kept of it.
-struct RawRecord<'a> {
-    timestamp_delta: i64,
-    offset_delta: i32,
-    key: Option<&'a [u8]>,
-    value: Option<&'a [u8]>,
-    header_count: i32,
-    /// The header bytes (already checked: non-null keys, lengths within the record).
-    headers: &'a [u8],
-}
-
-/// Parses one record as the Java consumer and kafka-python do: every field, headers
-/// included, within the record's length, which must be used exactly.
-fn parse_record<'a>(cursor: &mut Cursor<'a>) -> Result<RawRecord<'a>, String> {
+/// The key of one record, the record parsed whole by the rules of `read_record`.
+fn record_key<'a>(cursor: &mut Cursor<'a>) -> Result<Option<&'a [u8]>, String> {
     let length = cursor.varint()?;
     if length < 0 {
         return Err(format!("negative record length {length}"));
@@ -308,39 +296,31 @@ fn parse_record<'a>(cursor: &mut Cursor<'a>) -> Result<RawRecord<'a>, String> {
     if end > cursor.data.len() {
         return Err("truncated record".into());
     }
-    let mut record = Cursor { data: &cursor.data[..end], position: start };
-    record.bytes(1)?; // attributes
-    let timestamp_delta = record.varlong()?;
-    let offset_delta = record.varint()?;
-    let key = record.nullable_bytes()?;
-    let value = record.nullable_bytes()?;
-    let header_count = record.varint()?;
+    cursor.bytes(1)?; // attributes
+    cursor.varlong()?; // timestamp delta
+    cursor.varint()?; // offset delta
+    let key = cursor.nullable_bytes()?;
+    cursor.nullable_bytes()?; // value
+    let header_count = cursor.varint()?;
     if header_count < 0 {
         return Err(format!("invalid number of record headers {header_count}"));
     }
-    let headers_start = record.position;
     for _ in 0..header_count {
-        record.nullable_bytes()?.ok_or("a header key is null")?;
-        record.nullable_bytes()?;
+        cursor.nullable_bytes()?.ok_or("a header key is null")?;
+        cursor.nullable_bytes()?;
     }
-    if record.position != end {
+    if cursor.position != end {
         return Err(format!(
             "invalid record size: {length} bytes, but its fields take {}",
-            record.position - start
+            cursor.position - start
         ));
     }
-    cursor.position = end;
-    Ok(RawRecord {
-        timestamp_delta,
-        offset_delta,
-        key,
-        value,
-        header_count,
-        headers: &cursor.data[headers_start..end],
-    })
+    Ok(key)
 }
 
 /// Appends one record unless it lies below the fetch offset; returns its offset when kept.
+/// Every record is parsed whole, kept or not, as the Java consumer and kafka-python do:
+/// every field, headers included, within the record's length, which must be used exactly.
 fn read_record(
     cursor: &mut Cursor,
     columns: &mut Columns,
@@ -350,35 +330,63 @@ fn read_record(
     base_timestamp: i64,
     log_append_time: bool,
 ) -> Result<Option<i64>, RecordError> {
-    let record = parse_record(cursor)?;
+    let length = cursor.varint()?;
+    if length < 0 {
+        return Err(format!("negative record length {length}").into());
+    }
+    let start = cursor.position;
+    let end = start + length as usize;
+    if end > cursor.data.len() {
+        return Err("truncated record".into());
+    }
+    cursor.bytes(1)?; // attributes
+    let timestamp_delta = cursor.varlong()?;
+    let offset_delta = cursor.varint()?;
+    let key = cursor.nullable_bytes()?;
+    let value = cursor.nullable_bytes()?;
+    let header_count = cursor.varint()?;
+    if header_count < 0 {
+        return Err(format!("invalid number of record headers {header_count}").into());
+    }
     let offset = base_offset
-        .checked_add(record.offset_delta as i64)
+        .checked_add(offset_delta as i64)
         .filter(|offset| *offset < i64::MAX)
         .ok_or("its offset is beyond the largest offset Kafka can hold")?;
-    if offset < request.fetch_offset {
+    let keep = offset >= request.fetch_offset;
+    let collect = keep && request.include_headers;
+    for _ in 0..header_count {
+        let header_key = cursor.nullable_bytes()?.ok_or("a header key is null")?;
+        let header_value = cursor.nullable_bytes()?;
+        if collect {
+            // As Spark's own source (Java's String of UTF-8): malformed bytes become U+FFFD.
+            columns.header_keys.append_value(String::from_utf8_lossy(header_key));
+            columns.header_values.append_option(header_value);
+        }
+    }
+    if cursor.position != end {
+        return Err(format!(
+            "invalid record size: {length} bytes, but its fields take {}",
+            cursor.position - start
+        )
+        .into());
+    }
+    if !keep {
         return Ok(None);
     }
     let millis = match fixed_timestamp {
         Some(fixed) => fixed as i128,
-        None => base_timestamp as i128 + record.timestamp_delta as i128,
+        None => base_timestamp as i128 + timestamp_delta as i128,
     };
     let micros = i64::try_from(millis)
         .ok()
         .and_then(|millis| millis.checked_mul(1000))
         .ok_or(RecordError::Timestamp { offset, millis })?;
-    if request.include_headers {
-        let mut headers = Cursor::new(record.headers);
-        for _ in 0..record.header_count {
-            let header_key = headers.nullable_bytes()?.ok_or("a header key is null")?;
-            // As Spark's own source (Java's String of UTF-8): malformed bytes become U+FFFD.
-            columns.header_keys.append_value(String::from_utf8_lossy(header_key));
-            columns.header_values.append_option(headers.nullable_bytes()?);
-        }
+    if collect {
         columns.header_offsets.push(columns.header_keys.len() as i32);
-        columns.header_valid.append(record.header_count > 0);
+        columns.header_valid.append(header_count > 0);
     }
-    columns.keys.append_option(record.key);
-    columns.values.append_option(record.value);
+    columns.keys.append_option(key);
+    columns.values.append_option(value);
     columns.offsets.append_value(offset);
     columns.timestamps.push(micros);
     columns.timestamp_types.append_value(log_append_time as i32);
