@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eospack.connectors.kafka.authentication import raise_if_refused
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import KafkaBrokerUnreachableError, KafkaSourceOptionError
 from eospack.connectors.kafka.offset_format import topic_id_text
@@ -48,7 +49,8 @@ class KafkaMetadata:
 
     One kafka-python consumer, created on first use, with bootstrap and requests bounded by
     the metadata timeout (kafka.request.timeout.ms, default 10 s): an unreachable broker is
-    a KafkaBrokerUnreachableError naming the servers, never a hang.
+    a KafkaBrokerUnreachableError naming the servers, never a hang; a broker that refused
+    the SASL login is a KafkaAuthenticationError saying so (``authentication``).
     """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
@@ -80,6 +82,7 @@ class KafkaMetadata:
             return action(self._consumer)
         except (KafkaTimeoutError, KafkaConnectionError) as error:
             self.close()
+            raise_if_refused(self._options.metadata_consumer_config(), "replayable-kafka")
             raise self._unreachable(error) from None
 
     def cluster_view(self, subscription: Subscription) -> ClusterView:

@@ -30,6 +30,11 @@ class KafkaBrokerUnreachableError(EospackError, ConnectionError):
     """The bootstrap servers did not answer within the metadata timeout."""
 
 
+class KafkaAuthenticationError(EospackError, ConnectionError):
+    """A broker refused the SASL handshake or the credentials (``authentication``): the
+    message names the mechanism, the user, the protocol and the servers, never a secret."""
+
+
 class KafkaDataLossError(EospackError, RuntimeError):
     """Offsets that a batch must read are gone (retention, deleted topic, shrunk partition)."""
 

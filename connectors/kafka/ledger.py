@@ -54,6 +54,7 @@ from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
+from eospack.connectors.kafka.cluster_configs import describe_configs
 from eospack.connectors.kafka.sink_options import (
     DEFAULT_LEDGER_TOPIC,
     KafkaSinkOptions,
@@ -351,33 +352,41 @@ def is_ledger_topic(options: KafkaSinkOptions, topic: str) -> bool:
     """Whether ``topic`` is a 2pc-kafka ledger topic, of this sink or any other: its name is
     this sink's or the default ledger topic, or it carries the configuration every ledger
     topic is created with (``LEDGER_TOPIC_CONFIGS``, as topic overrides). A task refuses to
-    write rows there: a row could forge a decision, or hold every ledger reader back."""
+    write rows there: a row could forge a decision, or hold every ledger reader back.
+    When the topic's configuration may not be read (no DESCRIBE_CONFIGS on it), only the
+    names are checked, and a warning says so once per process and topic."""
     if topic in (options.ledger_topic, DEFAULT_LEDGER_TOPIC):
         return True
-    return _has_ledger_configs(options.bootstrap_servers, options.producer_params, topic)
+    found = _has_ledger_configs(options.bootstrap_servers, options.producer_params, topic)
+    return bool(found)
 
 
 @functools.cache
 def _has_ledger_configs(
     bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], topic: str
-) -> bool:
+) -> bool | None:
     """Asked once per process, cluster and topic (DescribeConfigs); a topic that does not
-    exist yet (created on first write) is no ledger."""
+    exist yet (created on first write) is no ledger; None (warned) when it cannot be told."""
     admin = admin_client({**CONTROL_SETTINGS, **client_config(bootstrap_servers, producer_params)})
     resource = ConfigResource(ConfigResourceType.TOPIC, topic, list(LEDGER_TOPIC_CONFIGS))
     try:
-        described = admin.describe_configs([resource])
-    except kafka_errors.UnknownTopicOrPartitionError:
-        return False
+        described = describe_configs(admin, [resource]).get(("topic", topic))
     finally:
         admin.close()
-    values = {
-        name: setting.get("value")
-        for names in described.values()
-        for settings in names.values()
-        for name, setting in settings.items()
-    }
-    return all(values.get(name) == value for name, value in LEDGER_TOPIC_CONFIGS.items())
+    if described is None or described.error is kafka_errors.UnknownTopicOrPartitionError:
+        return False
+    if described.error is not None:
+        logger.warning(
+            "2pc-kafka cannot check whether topic %s is another sink's ledger topic: its"
+            " DescribeConfigs was refused (%s), so rows are refused only for ledger topics"
+            " known by name (the sink's ledgerTopic and %s); grant DESCRIBE_CONFIGS on the"
+            " topic to let it check",
+            topic,
+            described.error.__name__,
+            DEFAULT_LEDGER_TOPIC,
+        )
+        return None
+    return all(described.values.get(name) == value for name, value in LEDGER_TOPIC_CONFIGS.items())
 
 
 def ensure_ledger_topic(options: KafkaSinkOptions) -> None:
@@ -397,6 +406,8 @@ def _ensure_topic(
 
 
 def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:
+    """Create ``topic`` unless it exists; a refusal is one ``LedgerError`` line naming the
+    ACL the user lacks and the ``ledgerTopic`` option."""
     admin = admin_client(config)
     try:
         if topic in admin.list_topics():
@@ -414,5 +425,17 @@ def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:
             )
         except kafka_errors.TopicAlreadyExistsError:
             pass
+        except (
+            kafka_errors.TopicAuthorizationFailedError,
+            kafka_errors.ClusterAuthorizationFailedError,
+        ) as error:
+            user = config.get("sasl_plain_username")
+            principal = f"User:{user}" if user else "the query's principal"
+            raise LedgerError(
+                f"2pc-kafka may not create its ledger topic {topic} ({type(error).__name__}):"
+                f" grant {principal} CREATE, READ, WRITE and DESCRIBE on topic {topic}, or"
+                " set the option ledgerTopic to a topic inside the user's grant (see"
+                " docs/connectors/2pc-kafka.md, Security / ACLs)"
+            ) from None
     finally:
         admin.close()

@@ -37,7 +37,10 @@ from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter, d
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka import native_path
+from eospack.connectors.kafka.authentication import raise_if_refused
 from eospack.connectors.kafka.checkpoint_record import check_against_record
+from eospack.connectors.kafka.cluster_configs import describe_configs, fit_transaction_timeout
+from eospack.connectors.kafka.ledger import ensure_ledger_topic, is_ledger_topic
 from eospack.connectors.kafka.resource import KafkaResource
 from eospack.connectors.kafka.sink_options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
@@ -70,11 +73,15 @@ class TwoPhaseKafkaDataSource(DataSource):
             )
         check_schema(options, schema)
         native_path.warn_if_reference_path()
-        facts = cluster_facts(options)
+        facts = cluster_facts(options, fit_timeout=options.exactly_once)
         options = replace(options, cluster_id=facts.cluster_id)
         check_against_record(options)
+        check_topic_option(options)
         if options.exactly_once:
             options = with_broker_timeout(options, facts.transaction_max_timeout_ms)
+            # Before any transaction begins: a ledger topic the user may not create fails
+            # the query here, in one line, instead of the first commit after tasks ran.
+            ensure_ledger_topic(options)
         return KafkaStreamWriter(options)
 
 
@@ -158,44 +165,78 @@ class ClusterFacts:
     cluster_id: str | None
     """None only for a broker that reports none (then the sorted bootstrap list stands in)."""
     transaction_max_timeout_ms: int | None
-    """The brokers' ``transaction.max.timeout.ms``; None when it could not be read."""
+    """The brokers' ``transaction.max.timeout.ms`` (or, where it may not be read, the
+    largest timeout up to the wanted one that a broker accepts); None when unknown."""
 
 
-def cluster_facts(options: KafkaSinkOptions) -> ClusterFacts:
+def cluster_facts(options: KafkaSinkOptions, fit_timeout: bool = False) -> ClusterFacts:
     """What the driver asks the cluster once per process: its id and its transaction
-    timeout maximum."""
-    return _cluster_facts(options.bootstrap_servers, options.producer_params)
+    timeout maximum (``fit_timeout``: probed where DescribeConfigs is denied, see
+    ``cluster_configs``)."""
+    wanted = options.transaction_timeout_ms if fit_timeout else None
+    return _cluster_facts(options.bootstrap_servers, options.producer_params, wanted)
 
 
 @functools.cache
 def _cluster_facts(
-    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...]
+    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], wanted_ms: int | None
 ) -> ClusterFacts:
-    """Cached by the cluster and the client settings used to ask it; a raised error is not
-    cached. The timeout maximum may be unreadable (an ACL): the default applies, said once."""
-    admin = admin_client(client_config(bootstrap_servers, producer_params))
+    """Cached by the cluster, the client settings used to ask it and the timeout to fit; a
+    raised error is not cached. A broker that refused the login raises
+    ``KafkaAuthenticationError``."""
+    config = client_config(bootstrap_servers, producer_params)
+    try:
+        admin = admin_client(config)
+    except (kafka_errors.KafkaTimeoutError, kafka_errors.KafkaConnectionError):
+        raise_if_refused(config, SINK_NAME)
+        raise
     maximum: int | None = None
     try:
         cluster = admin.describe_cluster()
-        broker = cluster["brokers"][0]["broker_id"]
-        resource = ConfigResource(ConfigResourceType.BROKER, str(broker), [BROKER_TIMEOUT_SETTING])
+        broker = str(cluster["brokers"][0]["broker_id"])
+        resource = ConfigResource(ConfigResourceType.BROKER, broker, [BROKER_TIMEOUT_SETTING])
+        why = None
         try:
-            described = admin.describe_configs([resource], config_filter="all")
+            described = describe_configs(admin, [resource]).get(("broker", broker))
+            if described is not None and described.error is not None:
+                why = f"DescribeConfigs refused: {described.error.__name__}"
+            elif described is not None and described.values.get(BROKER_TIMEOUT_SETTING):
+                maximum = int(str(described.values[BROKER_TIMEOUT_SETTING]))
+            else:
+                why = "not in the answer"
         except kafka_errors.KafkaError as error:
+            why = type(error).__name__
+        if maximum is None and wanted_ms is not None:
+            maximum = fit_transaction_timeout(admin, wanted_ms)
+            logger.warning(
+                "2pc-kafka could not read the brokers' %s (%s; DESCRIBE_CONFIGS on the"
+                " cluster allows it): %s",
+                BROKER_TIMEOUT_SETTING,
+                why,
+                f"a broker accepts a transaction timeout of {maximum} ms"
+                if maximum is not None
+                else f"asking a broker failed too, using {wanted_ms} ms",
+            )
+        elif maximum is None:
             logger.warning(
                 "2pc-kafka could not read the brokers' %s (%s): using %d ms",
                 BROKER_TIMEOUT_SETTING,
-                type(error).__name__,
+                why,
                 DEFAULT_TRANSACTION_TIMEOUT_MS,
             )
-            described = {}
-        for names in described.values():
-            for settings in names.values():
-                if BROKER_TIMEOUT_SETTING in settings:
-                    maximum = int(settings[BROKER_TIMEOUT_SETTING]["value"])
     finally:
         admin.close()
     return ClusterFacts(cluster.get("cluster_id") or None, maximum)
+
+
+def check_topic_option(options: KafkaSinkOptions) -> None:
+    """At query start: the ``topic`` option is no ledger topic (the tasks' guard, asked
+    early so that a refusal, or the warning that it cannot be checked, comes first)."""
+    if options.topic is not None and is_ledger_topic(options, options.topic):
+        raise KafkaSinkOptionError(
+            f"Option topic is {options.topic}, a ledger topic of 2pc-kafka (where sinks keep"
+            " their decisions): write to another topic"
+        )
 
 
 class KafkaStreamWriter(TwoPhaseCommitStreamWriter):

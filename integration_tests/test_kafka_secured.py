@@ -1,0 +1,264 @@
+"""Both Kafka connectors against a SASL_SSL Apache Kafka (SCRAM-SHA-512, TLS with hostname
+checks, StandardAuthorizer) as the application user ``app``, granted only what
+docs/connectors/*.md document (READ/WRITE/DESCRIBE/CREATE on topics ``app.*``,
+DESCRIBE/WRITE on TransactionalId ``eospack-*``; no DESCRIBE_CONFIGS anywhere), on a broker
+whose ``transaction.max.timeout.ms`` (300000) is below 2pc-kafka's default.
+
+The two smoke tests without the ``production_kafka`` marker run in ``make test`` (the
+broker starts in ~20 s); the rest in ``make test-kafka-production``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient
+
+from eospack.services.kafka_cluster import (
+    ADMIN_USER,
+    APP_TOPIC_PREFIX,
+    SECURED_TRANSACTION_MAX_TIMEOUT_MS,
+)
+from eospack.services.kafka_tools import Record, produce_sealed, read_all
+from eospack.testing import await_query
+
+WRONG_PASSWORD = "not-the-password-" + uuid.uuid4().hex[:6]
+
+
+def app_topic(unique_name: str, suffix: str) -> str:
+    return f"{APP_TOPIC_PREFIX}{unique_name}-{suffix}"
+
+
+def create_app_topic(secured_kafka: Any, topic: str, partitions: int = 2) -> None:
+    from kafka.admin import NewTopic
+
+    admin = secured_kafka.admin_client(ADMIN_USER)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    finally:
+        admin.close()
+
+
+def produce(secured_kafka: Any, topic: str, records: list[Record]) -> None:
+    produce_sealed(
+        secured_kafka.endpoint.bootstrap_servers,
+        topic,
+        records,
+        **secured_kafka.client_config(ADMIN_USER),
+    )
+
+
+def committed_values(secured_kafka: Any, topic: str) -> list[bytes]:
+    rows = read_all(
+        secured_kafka.endpoint.bootstrap_servers,
+        topic,
+        isolation_level="read_committed",
+        client=secured_kafka.client_config(ADMIN_USER),
+    )
+    return sorted(value or b"" for _, _, _, value in rows)
+
+
+def open_transactions(secured_kafka: Any) -> list[str]:
+    admin = secured_kafka.admin_client(ADMIN_USER)
+    try:
+        listed = admin.list_transactions(state_filters=["Ongoing"])
+    finally:
+        admin.close()
+    return sorted(entry.transactional_id for entries in listed.values() for entry in entries)
+
+
+def error_line(error: BaseException, name: str) -> str:
+    """The one line of ``error``'s text that carries ``name`` (Spark wraps it in more)."""
+    lines = [line for line in str(error).splitlines() if f"{name}: " in line]
+    assert lines, f"no {name} in: {str(error)[-2000:]}"
+    return lines[-1]
+
+
+def assert_names_authentication(line: str, secured_kafka: Any) -> None:
+    servers = secured_kafka.endpoint.bootstrap_servers
+    assert f"Kafka at {servers} (option kafka.bootstrap.servers) refused authentication" in line
+    assert "SASL SCRAM-SHA-512 as user 'app' over SASL_SSL failed" in line
+    assert "did not answer" not in line and "check the servers are up" not in line
+    for password in (WRONG_PASSWORD, *secured_kafka.passwords.values()):
+        assert password not in line
+
+
+@pytest.mark.timeout(180)
+def test_a_wrong_password_fails_the_source_at_query_start_saying_authentication_failed(
+    spark: Any, secured_kafka: Any, unique_name: str
+) -> None:
+    options = {
+        **secured_kafka.client_options("app", password=WRONG_PASSWORD),
+        "kafka.request.timeout.ms": "3000",
+        "subscribe": app_topic(unique_name, "in"),
+    }
+    with pytest.raises(Exception) as raised:
+        spark.read.format("replayable-kafka").options(**options).load().collect()
+    line = error_line(raised.value, "KafkaAuthenticationError")
+    assert "KafkaAuthenticationError: replayable-kafka: Kafka at" in line, line
+    assert_names_authentication(line, secured_kafka)
+    assert WRONG_PASSWORD not in str(raised.value)
+
+
+@pytest.mark.timeout(240)
+def test_the_least_privilege_grant_reads_and_writes_exactly_once(
+    spark: Any, secured_kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """replayable-kafka reads and 2pc-kafka writes (ledgerTopic inside the grant) with the
+    default transaction timeout, which the broker refuses and the cluster's settings may
+    not be read: before the fit, every task failed with InvalidTransactionTimeoutError."""
+    source, target = app_topic(unique_name, "in"), app_topic(unique_name, "out")
+    create_app_topic(secured_kafka, source)
+    records = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(20)]
+    produce(secured_kafka, source, records)
+    app = secured_kafka.client_options("app")
+    query = (
+        spark.readStream.format("replayable-kafka")
+        .options(**app)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .load()
+        .select("key", "value")
+        .writeStream.format("2pc-kafka")
+        .options(**app)
+        .option("topic", target)
+        .option("ledgerTopic", app_topic(unique_name, "ledger"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, 180)
+    assert committed_values(secured_kafka, target) == sorted(r.value or b"" for r in records)
+    assert [t for t in open_transactions(secured_kafka) if unique_name in t] == []
+
+
+@pytest.mark.production_kafka
+@pytest.mark.timeout(180)
+def test_a_wrong_password_fails_the_sink_at_query_start_saying_authentication_failed(
+    spark: Any, secured_kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", "1")
+        .load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.format("2pc-kafka")
+        .options(**secured_kafka.client_options("app", password=WRONG_PASSWORD))
+        .option("topic", app_topic(unique_name, "out"))
+        .option("ledgerTopic", app_topic(unique_name, "ledger"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    with pytest.raises(Exception) as raised:
+        await_query(query, 150)
+    line = error_line(raised.value, "KafkaAuthenticationError")
+    assert "KafkaAuthenticationError: 2pc-kafka: Kafka at" in line, line
+    assert_names_authentication(line, secured_kafka)
+    assert WRONG_PASSWORD not in str(raised.value)
+
+
+@pytest.mark.production_kafka
+@pytest.mark.timeout(180)
+def test_a_ledger_topic_outside_the_grant_fails_at_query_start_before_any_transaction(
+    spark: Any, secured_kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """The default ledger topic (eospack-2pc-kafka-ledger) is outside ``app.*``: the query
+    fails at its start in one line naming the ACL and the option, and no task began a
+    transaction (before: tasks ran, the ledger's creation failed at the first commit, and
+    their transactions stayed Ongoing on the output topic for the transaction timeout)."""
+    target = app_topic(unique_name, "out")
+    create_app_topic(secured_kafka, target, partitions=1)
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", "5")
+        .load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.format("2pc-kafka")
+        .options(**secured_kafka.client_options("app"))
+        .option("topic", target)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    with pytest.raises(Exception) as raised:
+        await_query(query, 150)
+    line = error_line(raised.value, "LedgerError")
+    assert line.endswith(
+        "LedgerError: 2pc-kafka may not create its ledger topic eospack-2pc-kafka-ledger"
+        " (TopicAuthorizationFailedError): grant User:app CREATE, READ, WRITE and DESCRIBE"
+        " on topic eospack-2pc-kafka-ledger, or set the option ledgerTopic to a topic inside"
+        " the user's grant (see docs/connectors/2pc-kafka.md, Security / ACLs)"
+    ), line
+    assert open_transactions(secured_kafka) == []
+    rows = read_all(
+        secured_kafka.endpoint.bootstrap_servers,
+        target,
+        client=secured_kafka.client_config(ADMIN_USER),
+    )
+    assert rows == []
+
+
+@pytest.mark.production_kafka
+def test_the_transaction_timeout_is_fitted_to_the_broker_when_its_settings_may_not_be_read(
+    secured_kafka: Any, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from eospack.connectors.kafka.sink import cluster_facts, with_broker_timeout
+    from eospack.connectors.kafka.sink_options import parse_options
+
+    options = parse_options(
+        {**secured_kafka.client_options("app"), "topic": app_topic(unique_name, "out")}
+    )
+    with caplog.at_level(logging.WARNING):
+        facts = cluster_facts(options, fit_timeout=True)
+    assert facts.transaction_max_timeout_ms == SECURED_TRANSACTION_MAX_TIMEOUT_MS
+    fitted = with_broker_timeout(options, facts.transaction_max_timeout_ms)
+    assert fitted.transaction_timeout_ms == SECURED_TRANSACTION_MAX_TIMEOUT_MS
+    assert "DescribeConfigs refused: ClusterAuthorizationFailedError" in caplog.text
+    assert f"a broker accepts a transaction timeout of {SECURED_TRANSACTION_MAX_TIMEOUT_MS} ms" in (
+        caplog.text
+    )
+
+
+@pytest.mark.production_kafka
+def test_the_ledger_topic_guard_says_when_it_cannot_check_a_topic(
+    secured_kafka: Any, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the denied DescribeConfigs read as "no ledger settings", silently."""
+    from eospack.connectors.kafka.ledger import is_ledger_topic
+    from eospack.connectors.kafka.sink_options import parse_options
+
+    topic = app_topic(unique_name, "out")
+    create_app_topic(secured_kafka, topic, partitions=1)
+    options = parse_options({**secured_kafka.client_options("app"), "topic": topic})
+    with caplog.at_level(logging.WARNING):
+        assert not is_ledger_topic(options, topic)
+    assert (
+        f"2pc-kafka cannot check whether topic {topic} is another sink's ledger topic: its"
+        " DescribeConfigs was refused (TopicAuthorizationFailedError)"
+    ) in caplog.text
+    assert is_ledger_topic(options, "eospack-2pc-kafka-ledger")
+
+
+@pytest.mark.production_kafka
+def test_the_broker_verifies_as_127_0_0_1_and_refuses_other_users_topics(
+    secured_kafka: Any, unique_name: str
+) -> None:
+    """The services' own promise: TLS with hostname checks passes for 127.0.0.1, and the
+    application user's grant stops at its prefix."""
+    from kafka import errors as kafka_errors
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=secured_kafka.endpoint.bootstrap_servers,
+        **secured_kafka.client_config("app"),
+    )
+    try:
+        assert admin._manager.config["ssl_check_hostname"] is True
+        with pytest.raises(kafka_errors.TopicAuthorizationFailedError):
+            admin.create_topics([NewTopic(f"other.{unique_name}", 1, 1)])
+        admin.create_topics([NewTopic(app_topic(unique_name, "x"), 1, 1)])
+    finally:
+        admin.close()
