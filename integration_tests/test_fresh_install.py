@@ -1,6 +1,6 @@
 """What a user sees after installing eospack into a fresh virtual environment.
 
-Two installs of a copy of the project, each in its own new venv, checked from a working
+Installs of a copy of the project, each in its own new venv, checked from a working
 directory outside the project (the current directory is on ``sys.path`` of Spark's Python
 workers and would hide the difference):
 
@@ -8,7 +8,16 @@ workers and would hide the difference):
   automatic lookup misses the formats, ``eospack doctor`` says so, a session that calls
   ``eospack.register`` writes with 2pc-jdbc, and ``eospack demo`` (whose sessions come
   from ``eospack.spark.local_session``, which registers) runs to VERIFIED;
-- a wheel: the lookup finds the formats, and a plain ``SparkSession`` writes with them.
+- the binary wheel of ``make wheel`` (``scripts/build_wheel.py``: ``pip wheel``, then
+  ``auditwheel repair``; linked against the host's glibc here), a manylinux abi3 wheel
+  installed with ``pip install --only-binary :all:`` on a PATH without cargo: the lookup
+  finds the formats, a plain ``SparkSession`` writes with them, and its native path (a
+  release build) decodes a record batch;
+- ``pip install .``: the extension it compiles is a release build, as are those of
+  ``pip install -e`` and ``pip wheel`` (``make install``'s is checked by
+  ``tests/test_doctor.py``); a debug build would read Kafka 1.3-1.7x slower than what
+  the benchmarks measure. Python 3.12 and 3.13, with the dependencies installed from
+  the package index as wheels, are ``test_wheel_matrix.py`` (``make test-wheel``).
 
 The venvs reuse this interpreter's dependencies (pyspark, pyarrow, ...) through a ``.pth``
 line naming its site-packages: such a path is appended to ``sys.path`` but the ``.pth``
@@ -16,9 +25,9 @@ files inside it are not processed, so this project's own install does not leak i
 by ``test_*_install_is_served_from_the_fresh_install``). Only eospack is built, with
 ``--no-deps``, in pip's isolated build environment with the ``setuptools>=68`` and
 ``setuptools-rust`` that pyproject.toml requires, as users' pip does: this needs the package
-index (pip caches the wheels). The Rust extension compiles once per test session (a shared
-``CARGO_TARGET_DIR``); a third install builds on a PATH without cargo, as on a machine
-without Rust. ``--no-build-isolation`` would build with this venv's setuptools, 65.5
+index (pip caches the wheels). The Rust extension's dependencies compile once per test
+module (a shared ``CARGO_TARGET_DIR``); another install builds on a PATH without cargo, as
+on a machine without Rust. ``--no-build-isolation`` would build with this venv's setuptools, 65.5
 here, which cannot build wheels without the ``wheel`` package.
 """
 
@@ -26,13 +35,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
 import sys
 import sysconfig
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from pkgutil import walk_packages
 from typing import Any
@@ -41,8 +51,11 @@ import pytest
 
 import eospack
 from eospack.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
+from integration_tests.native_probe import EXPECTED_VALUES, NATIVE_PROBE
 
-pytestmark = pytest.mark.timeout(600)
+# A test's time includes its fixtures': the first install compiles the crate in release mode
+# (~2.5 min on 2 idle cores, twice that on a loaded machine).
+pytestmark = pytest.mark.timeout(900)
 
 PROJECT = Path(__file__).resolve().parents[1]
 # pyproject.toml's [tool.setuptools.packages.find] include (its py-modules: FORMAT_MODULES);
@@ -50,7 +63,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 PACKAGES = ("eospack",)
 FORMATS = tuple(FORMAT_MODULES.values())
 ROWS = [(1, "one"), (2, "two"), (3, "three")]
-PIP_TIMEOUT = 300
+PIP_TIMEOUT = 600
 SPARK_TIMEOUT = 240
 DEMO_TIMEOUT = 540
 RESULT_PREFIX = "RESULT "
@@ -260,8 +273,11 @@ def copy_project(destination: Path) -> Path:
     return destination
 
 
-def create_venv(root: Path, cargo_target: Path, compiler: bool = True) -> FreshInstall:
-    """A new venv that sees this interpreter's site-packages, and its own working directory."""
+def create_venv(
+    root: Path, cargo_target: Path, compiler: bool = True, source: Path | None = None
+) -> FreshInstall:
+    """A new venv that sees this interpreter's site-packages, and its own working directory;
+    ``source`` is the project copy it installs from (a new copy by default)."""
     venv = root / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", str(venv)], check=True, timeout=PIP_TIMEOUT, cwd=root
@@ -270,7 +286,7 @@ def create_venv(root: Path, cargo_target: Path, compiler: bool = True) -> FreshI
     workdir.mkdir()
     install = FreshInstall(
         venv=venv,
-        source=copy_project(root / "source"),
+        source=source or copy_project(root / "source"),
         workdir=workdir,
         cargo_target=cargo_target,
         compiler=compiler,
@@ -309,10 +325,40 @@ def install_wheel(install: FreshInstall) -> Path:
     return wheel
 
 
+def build_binary_wheel(install: FreshInstall) -> Path:
+    """``make wheel`` of the copy (scripts/build_wheel.py: pip wheel, auditwheel repair),
+    linked with the host's toolchain (``--host-glibc``) to reuse the crate the other
+    installs compiled: ``make wheel``'s zig link (glibc 2.17, a second full compile) is
+    ``make test-wheel``'s."""
+    dist = install.workdir.parent / "dist"
+    script = [sys.executable, str(PROJECT / "scripts" / "build_wheel.py"), "--host-glibc"]
+    completed = install.run([*script, "--source", str(install.source), "--dist", str(dist)], 600)
+    assert completed.returncode == 0, f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+    (wheel,) = dist.glob("eospack-*.whl")
+    assert completed.stdout.splitlines()[-1] == str(wheel)
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def wheel_install(tmp_path_factory: pytest.TempPathFactory, cargo_target: Path) -> FreshInstall:
+    """The binary wheel, installed as on a machine without Rust (cargo off PATH): only the
+    wheel may serve eospack (the dependencies come from this interpreter, see above)."""
     install = create_venv(tmp_path_factory.mktemp("wheel"), cargo_target)
-    install_wheel(install)
+    wheel = build_binary_wheel(install)
+    without_rust = replace(install, compiler=False)
+    pip(without_rust, "install", "--no-deps", "--only-binary", ":all:", str(wheel))
+    return without_rust
+
+
+@pytest.fixture(scope="module")
+def source_install(
+    wheel_install: FreshInstall, tmp_path_factory: pytest.TempPathFactory
+) -> FreshInstall:
+    """``pip install .`` of the wheel's copy (its crate is compiled already), in a new venv."""
+    install = create_venv(
+        tmp_path_factory.mktemp("source"), wheel_install.cargo_target, source=wheel_install.source
+    )
+    pip(install, "install", "--no-deps", str(install.source))
     return install
 
 
@@ -380,16 +426,84 @@ def test_doctor_finds_everything_in_a_wheel_install(wheel_install: FreshInstall)
     assert exit_code == 0
     assert len(lines) == 3 and lines[0].startswith("java: Java "), lines
     assert lines[1] == FORMATS_FOUND.format(formats=", ".join(FORMATS))
-    assert lines[2] == "kafka data path: native (eospack._native 0.1.0, Rust)"
+    assert lines[2] == "kafka data path: native (eospack._native 0.1.0, Rust, release build)"
 
 
 def test_the_wheel_holds_the_native_extension(wheel_install: FreshInstall) -> None:
-    (wheel,) = (wheel_install.workdir.parent / "wheels").glob("eospack-*.whl")
+    (wheel,) = (wheel_install.workdir.parent / "dist").glob("eospack-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert [name for name in archive.namelist() if "_native" in name] == [
             "eospack/_native.abi3.so",
             "eospack/_native.pyi",
         ]
+
+
+def wheel_tags(wheel: Path) -> tuple[list[str], str]:
+    """The tags in the wheel's WHEEL file, and its Requires-Python."""
+    with zipfile.ZipFile(wheel) as archive:
+        info = f"eospack-{eospack.__version__}.dist-info"
+        tags = archive.read(f"{info}/WHEEL").decode().splitlines()
+        metadata = archive.read(f"{info}/METADATA").decode().splitlines()
+    (requires_python,) = [line for line in metadata if line.startswith("Requires-Python: ")]
+    return (
+        [line.removeprefix("Tag: ") for line in tags if line.startswith("Tag: ")],
+        requires_python.removeprefix("Requires-Python: "),
+    )
+
+
+def test_make_wheel_builds_a_manylinux_abi3_wheel_for_every_python_from_the_floor(
+    wheel_install: FreshInstall,
+) -> None:
+    """Tagged for the stable ABI (pip on 3.12 and 3.13 installs it; a cp311-cp311 tag is
+    refused there) from requires-python's floor, and for a manylinux policy that
+    auditwheel checked (the extension needs nothing beyond what the policy allows)."""
+    (wheel,) = (wheel_install.workdir.parent / "dist").glob("eospack-*.whl")
+    tags, requires_python = wheel_tags(wheel)
+    floor = requires_python.removeprefix(">=").split(".")
+    assert requires_python.startswith(">=") and floor[0] == "3", requires_python
+    assert tags, wheel.name
+    for tag in tags:
+        python, abi, platform = tag.split("-")
+        assert (python, abi) == (f"cp3{floor[1]}", "abi3"), (tag, requires_python)
+        assert platform.startswith("manylinux") and platform.endswith("_x86_64"), tag
+    name_tags = wheel.name.removesuffix(".whl").split("-")[2:]
+    assert name_tags[:2] == [f"cp3{floor[1]}", "abi3"], wheel.name
+    assert set(name_tags[2].split(".")) == {tag.split("-")[2] for tag in tags}, wheel.name
+    auditwheel = Path(sys.executable).parent / "auditwheel"
+    shown = subprocess.run(
+        [str(auditwheel), "show", str(wheel)], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    shown_text = " ".join(shown.stdout.split())  # auditwheel wraps its lines
+    consistent = re.search(r'consistent with the following platform tag: "([^"]+)"', shown_text)
+    assert consistent is not None, shown.stdout
+    assert consistent.group(1) in {tag.split("-")[2] for tag in tags}, shown.stdout
+
+
+def test_a_wheel_install_without_cargo_runs_the_release_built_native_path(
+    wheel_install: FreshInstall,
+) -> None:
+    probe = wheel_install.run_python(NATIVE_PROBE, timeout=120)
+    assert Path(probe["file"]).is_relative_to(wheel_install.site_packages), probe["file"]
+    assert probe["build"] == "release"
+    assert probe["selected"] is True
+    assert probe["values"] == EXPECTED_VALUES and probe["next_offset"] == 3
+
+
+def test_every_install_path_compiles_the_native_path_as_a_release_build(
+    editable_install: FreshInstall, source_install: FreshInstall, wheel_install: FreshInstall
+) -> None:
+    """pip install -e, pip install . and pip wheel (make wheel): all optimised, as
+    setuptools-rust would not build an editable install without ``debug = false``."""
+    builds = {
+        name: install.run_python(NATIVE_PROBE, timeout=120)["build"]
+        for name, install in (
+            ("pip install -e", editable_install),
+            ("pip install .", source_install),
+            ("pip wheel", wheel_install),
+        )
+    }
+    assert builds == dict.fromkeys(builds, "release")
 
 
 def test_without_a_rust_compiler_the_wheel_runs_the_reference_path_and_says_so(
