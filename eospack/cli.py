@@ -37,9 +37,13 @@ def well_known_or_free_port(preferred: int, host: str = "127.0.0.1") -> tuple[in
     return preferred, None
 
 
-def start_services(ports: dict[str, int] | None = None) -> tuple[list[Any], list[str]]:
+def start_services(
+    ports: dict[str, int] | None = None, kafka_brokers: int = 1, kafka_security: str = "none"
+) -> tuple[list[Any], list[str]]:
     """Start Kafka, PostgreSQL and S3 on ``ports`` (default ``WELL_KNOWN_PORTS``, each one
     taken falling back to a free port), returning the services and their settings' lines.
+    ``kafka_brokers`` > 1 or ``kafka_security="sasl_ssl"``: Apache Kafka as production runs
+    it, on free ports (``eospack.services.kafka_cluster``).
     A failure stops what was started and raises ``ServiceStartError``."""
     from eospack.services import services_mode, start_kafka, start_postgres, start_s3
 
@@ -56,7 +60,13 @@ def start_services(ports: dict[str, int] | None = None) -> tuple[list[Any], list
     started: list[Any] = []
     try:
         print("starting kafka broker ...", flush=True)
-        started.append(kafka := start_kafka(port=chosen["kafka"]))
+        production = kafka_brokers != 1 or kafka_security != "none"
+        if production:
+            from eospack.services.kafka_cluster import start_production_kafka
+
+            started.append(kafka := start_production_kafka(kafka_brokers, kafka_security))
+        else:
+            started.append(kafka := start_kafka(port=chosen["kafka"]))
         print("starting postgresql ...", flush=True)
         started.append(postgres := start_postgres(port=chosen["postgresql"]))
         print("starting s3 endpoint ...", flush=True)
@@ -82,13 +92,19 @@ def start_services(ports: dict[str, int] | None = None) -> tuple[list[Any], list
         f"s3 secretAccessKey       {s3.endpoint.secret_access_key}"
         "  (local test credentials, as docker-compose.yml's)",
     ]
+    if production:
+        from eospack.services.kafka_cluster import settings_lines
+
+        lines[:1] = settings_lines(kafka)
     return started, lines
 
 
-def services_up(_: argparse.Namespace) -> int:
+def services_up(arguments: argparse.Namespace) -> int:
     """Start the broker, PostgreSQL and S3 on docker-compose.yml's ports where they are
     free, print their settings, run until Ctrl-C."""
-    started, lines = start_services()
+    started, lines = start_services(
+        kafka_brokers=arguments.kafka_brokers, kafka_security=arguments.kafka_security
+    )
     try:
         print("\n".join(["", *lines, "", "running; press Ctrl-C to stop"]), flush=True)
         stop = threading.Event()
@@ -506,6 +522,22 @@ def build_parser() -> argparse.ArgumentParser:
         " connector jars with mvn into the cache (fetch)",
     )
     services_parser.add_argument("action", choices=["up", "fetch"])
+    services_parser.add_argument(
+        "--kafka-brokers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="up: a KRaft cluster of N Apache Kafka nodes (RF 3, min.insync.replicas 2 for new"
+        " topics; ~450 MB heap each) on free ports instead of one broker",
+    )
+    services_parser.add_argument(
+        "--kafka-security",
+        choices=["none", "sasl_ssl"],
+        default="none",
+        help="up: sasl_ssl starts a SASL_SSL broker (SCRAM-SHA-512, a generated CA, an"
+        " authorizer, an application user with the least-privilege grant of"
+        " docs/connectors/2pc-kafka.md); the users' settings go to properties files",
+    )
     services_parser.set_defaults(handler=services)
 
     from eospack.demo import add_demo_arguments

@@ -262,3 +262,25 @@ def test_the_broker_verifies_as_127_0_0_1_and_refuses_other_users_topics(
         admin.create_topics([NewTopic(app_topic(unique_name, "x"), 1, 1)])
     finally:
         admin.close()
+
+
+@pytest.mark.production_kafka
+def test_services_up_prints_where_the_users_settings_are_and_never_a_password(
+    secured_kafka: Any, unique_name: str
+) -> None:
+    """``eospack services up --kafka-security sasl_ssl`` prints these lines; each user's
+    settings are a properties file (mode 600) that inspect's --kafka-command-config reads."""
+    from eospack.cli import kafka_command_config
+    from eospack.services.kafka_cluster import settings_lines
+
+    lines = settings_lines(secured_kafka)
+    for password in secured_kafka.passwords.values():
+        assert all(password not in line for line in lines)
+    app_file = Path(lines[1].split()[3])
+    assert app_file.name == "client-app.properties"
+    assert app_file.stat().st_mode & 0o777 == 0o600
+    options = {
+        "kafka.bootstrap.servers": secured_kafka.endpoint.bootstrap_servers,
+        **kafka_command_config(str(app_file)),
+    }
+    assert options == secured_kafka.client_options("app")

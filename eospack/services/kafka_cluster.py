@@ -528,6 +528,19 @@ class SecuredKafka(_Nodes):
             "kafka.ssl.endpoint.identification.algorithm": "https",
         }
 
+    def write_client_properties(self, user: str = APP_USER) -> Path:
+        """``user``'s client settings as a properties file (mode 600) in the broker's work
+        directory: ``security.protocol``, ``sasl.*``, ``ssl.*``, as Kafka's tools and
+        ``eospack checkpoint inspect --kafka-command-config`` read them."""
+        path = self.nodes[1].workdir / f"client-{user}.properties"
+        options = self.client_options(user)
+        options.pop("kafka.bootstrap.servers")
+        path.touch(mode=0o600)
+        path.write_text(
+            "".join(f"{key.removeprefix('kafka.')}={value}\n" for key, value in options.items())
+        )
+        return path
+
     def client_config(self, user: str = APP_USER, password: str | None = None) -> dict[str, Any]:
         """kafka-python's settings for ``user`` (without ``bootstrap_servers``)."""
         return {
@@ -603,3 +616,56 @@ def _scram_jaas(user: str, password: str) -> str:
         "org.apache.kafka.common.security.scram.ScramLoginModule required"
         f' username="{user}" password="{password}";'
     )
+
+
+# eospack services up --kafka-brokers N / --kafka-security sasl_ssl ------------------
+
+KAFKA_SECURITY_CHOICES = ("none", "sasl_ssl")
+
+
+def start_production_kafka(brokers: int = 1, security: str = "none") -> Any:
+    """The broker ``eospack services up`` starts for ``--kafka-brokers`` and
+    ``--kafka-security``: a cluster of ``brokers`` nodes, or the SASL_SSL broker (one node;
+    both at once are refused). Its ``settings_lines()`` say how to connect."""
+    if security not in KAFKA_SECURITY_CHOICES:
+        raise ServiceStartError(
+            f"--kafka-security {security!r} is not known: use {' or '.join(KAFKA_SECURITY_CHOICES)}"
+        )
+    if security == "sasl_ssl":
+        if brokers != 1:
+            raise ServiceStartError(
+                "--kafka-security sasl_ssl runs one broker: leave --kafka-brokers out"
+                " (a secured cluster of several brokers is not there yet)"
+            )
+        return SecuredKafka()
+    return ApacheKafkaCluster(brokers=brokers)
+
+
+def settings_lines(kafka: Any) -> list[str]:
+    """What ``eospack services up`` prints for a broker ``start_production_kafka`` made."""
+    if isinstance(kafka, SecuredKafka):
+        return secured_settings_lines(kafka)
+    return cluster_settings_lines(kafka)
+
+
+def cluster_settings_lines(cluster: ApacheKafkaCluster) -> list[str]:
+    nodes = ", ".join(f"node {i} on {LOOPBACK}:{n.port}" for i, n in cluster.nodes.items())
+    return [
+        f"kafka.bootstrap.servers  {cluster.endpoint.bootstrap_servers}",
+        f"kafka nodes              {nodes}  (RF {min(3, len(cluster.nodes))}, min ISR"
+        f" {min(2, len(cluster.nodes))} for new topics)",
+    ]
+
+
+def secured_settings_lines(broker: SecuredKafka) -> list[str]:
+    """Where to connect and which files hold the users' settings: the passwords are only
+    in those files (mode 600), never printed."""
+    files = {user: broker.write_client_properties(user) for user in (APP_USER, ADMIN_USER)}
+    return [
+        f"kafka.bootstrap.servers  {broker.endpoint.bootstrap_servers}  (SASL_SSL,"
+        f" {SCRAM_MECHANISM}, TLS checked against {broker.certificates.ca_file})",
+        f"kafka app user           {files[APP_USER]}  (kafka.* settings of user {APP_USER}:"
+        f" topics {APP_TOPIC_PREFIX}*, transactional ids {APP_TRANSACTIONAL_ID_PREFIX}*;"
+        " a properties file as --kafka-command-config takes)",
+        f"kafka admin user         {files[ADMIN_USER]}  (super user)",
+    ]
