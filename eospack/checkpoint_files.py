@@ -224,6 +224,13 @@ class HadoopFiles(CheckpointFiles):
         if name.endswith("UnsupportedFileSystemException") or (
             name.endswith("ClassNotFoundException") or "ClassNotFoundException" in text
         ):
+            if scheme == "s3":
+                return (
+                    f"{self.location}: Spark's classpath has no Hadoop file system for s3://"
+                    " (EMR's EMRFS has it): elsewhere use s3a:// with"
+                    f" {FILE_SYSTEM_JARS['s3a']} on the classpath (see docs/operations.md,"
+                    " Checkpoints on object storage)"
+                )
             jar = FILE_SYSTEM_JARS.get(scheme, f"the Hadoop file system jar of {scheme}://")
             return (
                 f"{self.location}: Spark's classpath has no Hadoop file system for"

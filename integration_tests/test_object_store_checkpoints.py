@@ -325,7 +325,9 @@ def test_a_savepoint_on_s3a_round_trips_into_new_s3a_checkpoints_exactly_once(
     inspected = json.loads(capsys.readouterr().out)
     assert inspected["path"] == first
     assert inspected["batches"] and all(batch["committed"] for batch in inspected["batches"])
-    assert [operator["operator_id"] for operator in inspected["operators"]] == ["0"]
+    (operator,) = inspected["operators"]
+    assert operator["operator_id"] == "0" and operator["partitions"] == 2
+    assert operator["last_version"] == len(inspected["batches"]) and operator["bytes"] > 0
 
     assert eospack(["savepoint", "create", first, savepoint]) == 0
     assert eospack(["savepoint", "create", first, claimed_savepoint]) == 0
