@@ -389,7 +389,7 @@ def test_editable_install_is_served_from_the_fresh_install_by_an_import_hook(
 def test_doctor_says_spark_cannot_see_an_editable_install(editable_install: FreshInstall) -> None:
     exit_code, lines = doctor_lines(editable_install)
     assert exit_code == 1
-    assert len(lines) == 3 and lines[0].startswith("java: Java "), lines
+    assert len(lines) >= 3 and lines[0].startswith("java: Java "), lines
     assert lines[1] == FORMATS_NOT_FOUND
 
 
@@ -424,7 +424,7 @@ def test_every_module_of_the_project_imports_from_a_wheel_install(
 def test_doctor_finds_everything_in_a_wheel_install(wheel_install: FreshInstall) -> None:
     exit_code, lines = doctor_lines(wheel_install)
     assert exit_code == 0
-    assert len(lines) == 3 and lines[0].startswith("java: Java "), lines
+    assert len(lines) >= 3 and lines[0].startswith("java: Java "), lines
     assert lines[1] == FORMATS_FOUND.format(formats=", ".join(FORMATS))
     assert lines[2] == "kafka data path: native (eospack._native 0.1.0, Rust, release build)"
 
