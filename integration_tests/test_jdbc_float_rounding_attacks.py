@@ -34,6 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eospack.connectors.jdbc.dialect import TableName
+from eospack.connectors.jdbc.errors import JdbcWriteError
+from eospack.connectors.jdbc.postgres import copy_batches
 from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
 from integration_tests.jdbc_oracle import (
     oracle_properties,
@@ -380,3 +383,69 @@ def test_a_list_into_a_real_array_column_is_refused_at_query_start_naming_it(
             sink_options(postgres.endpoint, unique_name),
         )
     assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+TEXT_DOUBLES = [1e-05, 123456789012.0, 1e15, 0.1, -0.0, 1 / 3, 6.635728374829646e16, math.nan]
+
+
+@pytest.mark.timeout(180)
+def test_doubles_into_a_text_column_are_stored_as_by_sparks_writer(
+    spark, jdbc_writer, postgres, tmp_path, unique_name
+):
+    """Spark's writer stores PostgreSQL's float8out / float4out text; Arrow's CSV writer
+    formatted them (0.00001 for 1e-05, 1.23456789012e+11 for 123456789012), and Python's
+    shortest text is not PostgreSQL's either (6.6357283748296464e+16). Rows in two
+    micro-batches of several COPY chunks (batchsize 3)."""
+    seed = seed_from_environment()
+    generator = random.Random(seed)
+    values = TEXT_DOUBLES + [random_double(generator) for _ in range(60)]
+    values = [None if index % 11 == 10 else value for index, value in enumerate(values)]
+    url = postgres.endpoint.url
+    twin = f"{unique_name}_spark"
+    with psycopg.connect(url, autocommit=True) as connection:
+        for name in (unique_name, twin):
+            connection.execute(f'CREATE TABLE "{name}" (id bigint, d text, f varchar(40))')
+    rows = pa.table(
+        {
+            "id": pa.array(range(len(values)), pa.int64()),
+            "d": pa.array(values, pa.float64()),
+            "f": pa.array([None if v is None else as_float32(v) for v in values], pa.float32()),
+        }
+    )
+    source = tmp_path / "in"
+    source.mkdir()
+    half = len(values) // 2
+    pq.write_table(rows.slice(0, half), source / "part-0000.parquet")
+    pq.write_table(rows.slice(half), source / "part-0001.parquet")
+    schema = "id BIGINT, d DOUBLE, f FLOAT"
+    options = {**sink_options(postgres.endpoint, unique_name), "batchsize": "3"}
+    run_file_query(spark, source, tmp_path / "checkpoint", schema, options, 1)
+    spark.read.schema(schema).parquet(str(source)).write.mode("append").jdbc(
+        postgres.endpoint.jdbc_url,
+        twin,
+        properties=oracle_properties(postgres.endpoint, jdbc_writer),
+    )
+    with psycopg.connect(url) as connection:
+        ours, oracle = (
+            connection.execute(f'SELECT id, d, f FROM "{name}" ORDER BY id').fetchall()
+            for name in (unique_name, twin)
+        )
+    assert ours == oracle, f"seed {seed}"
+    assert ours[0][1:] == ("1e-05", "1e-05")
+    assert pg_leftovers(url, unique_name) == (0, 0)
+
+
+def test_a_double_too_long_for_a_varchar_names_its_row_of_the_task(postgres, unique_name):
+    """Floats into text go one COPY per chunk: a refusal still names the task's row."""
+    url = postgres.endpoint.url
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(f'CREATE TABLE "{unique_name}" (id bigint, d varchar(8))')
+    values = [1.0, 2.0, 3.0, 4.0, -1.2345678901234567e-300, 6.0]
+    batch = pa.record_batch(
+        [pa.array(range(len(values)), pa.int64()), pa.array(values, pa.float64())],
+        names=["id", "d"],
+    )
+    with psycopg.connect(url) as connection, connection.cursor() as cursor:
+        refusal = pytest.raises(JdbcWriteError, match=r"column 'd' .*\(row 5 of the task\).*long")
+        with refusal:
+            copy_batches(cursor, TableName(None, unique_name), ["id", "d"], [batch], 2)

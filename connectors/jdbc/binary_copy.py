@@ -294,6 +294,28 @@ def numeric_text(column: pa.ChunkedArray) -> pa.Array:
     )
 
 
+_TEXT_TYPES = ("text", "varchar", "bpchar")
+
+
+def server_float_texts(cursor: Any, table: pa.Table, names: Iterable[str]) -> pa.Table:
+    """The float columns ``names`` of ``table`` as the text PostgreSQL's float8 / float4 ->
+    text casts make of them (what Spark's JDBC writer stores: it binds float8 / float4
+    parameters, which the server casts to the text column), asked of the server in one
+    query per column (``extra_float_digits`` 3, as the JDBC driver sets it). The values
+    go as their exact (round-trip) text, so the server formats the same float."""
+    cursor.execute("SELECT set_config('extra_float_digits', '3', true)")
+    for name in names:
+        column = table.column(name)
+        kind = "float4" if column.type == pa.float32() else "float8"
+        texts = cursor.execute(
+            f"SELECT v::text FROM unnest(%s::{kind}[]) WITH ORDINALITY AS u (v, n) ORDER BY n",
+            (column.to_pylist(),),
+        ).fetchall()
+        array = pa.array([text for (text,) in texts], pa.string())
+        table = table.set_column(table.schema.get_field_index(name), name, array)
+    return table
+
+
 class BinaryEncoding:
     """How one COPY's Arrow columns become binary COPY rows, or why they cannot.
 
@@ -308,12 +330,19 @@ class BinaryEncoding:
         self.wire_types: dict[str, pa.DataType] = {}
         self.numeric_texts: set[str] = set()
         """Float columns into ``numeric``: sent (as CSV) as PostgreSQL's cast text."""
+        self.float_texts: set[str] = set()
+        """Float columns into text columns: sent (as CSV) as the server's own float8out /
+        float4out text (``server_float_texts``), which Python's and Arrow's formatting of
+        floats is not (1e-05 is 0.00001 in Arrow's CSV; 6.6357283748296464e+16 is
+        PostgreSQL's text of a double whose shortest is 6.635728374829646e+16)."""
         self._builders: dict[str, Any] = {}
         for name in columns:
             kind = _decoded(schema.field(name).type)
             type_name = types.get(name, "?")
             if type_name == "numeric" and kind in _FLOATS:
                 self.numeric_texts.add(name)
+            if type_name in _TEXT_TYPES and kind in _FLOATS:
+                self.float_texts.add(name)
             rule = _RULES.get(type_name)
             if rule is None or not rule.accepts(kind):
                 self.fallback_reason = self.fallback_reason or (

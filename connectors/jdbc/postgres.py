@@ -32,7 +32,12 @@ import pyarrow.csv as pa_csv
 from psycopg import sql
 from pyspark.sql import types as T
 
-from eospack.connectors.jdbc.binary_copy import BinaryEncoding, OutOfRange, column_types
+from eospack.connectors.jdbc.binary_copy import (
+    BinaryEncoding,
+    OutOfRange,
+    column_types,
+    server_float_texts,
+)
 from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
 from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcWriteError
 
@@ -363,6 +368,18 @@ def copy_batches(
             with cursor.copy(statement) as copy:
                 for data in encoding.encode(counted()):
                     copy.write(data)
+        elif encoding.float_texts:
+            # The server formats these floats: one query, then one COPY, per chunk (a
+            # query cannot run while a COPY is open on the connection).
+            cursor.execute("SET LOCAL TimeZone = 'UTC'")  # csv_ready writes timestamps in UTC
+            statement = f"COPY {table.sql()} ({column_list(columns)}) FROM STDIN (FORMAT csv)"
+            for chunk in counted():
+                texts = server_float_texts(cursor, chunk, sorted(encoding.float_texts))
+                ready = csv_ready(encoding.with_wire_types(texts))
+                buffer = io.BytesIO()
+                pa_csv.write_csv(ready, buffer, _CSV_OPTIONS)
+                with cursor.copy(statement) as copy:
+                    copy.write(buffer.getbuffer())
         else:
             logger.debug("2pc-jdbc COPYs %s as CSV: %s", table, encoding.fallback_reason)
             statement = f"COPY {table.sql()} ({column_list(columns)}) FROM STDIN (FORMAT csv)"
@@ -379,7 +396,9 @@ def copy_batches(
             f" {chunk_start + error.index + 1} of the task): {error.reason}: {error.fix}"
         ) from error
     except psycopg.Error as error:
-        refused = refused_value_error(error, table, columns)
+        refused = refused_value_error(
+            error, table, columns, chunk_start if encoding.float_texts else 0
+        )
         if refused is None:
             raise
         raise refused from error
@@ -390,7 +409,7 @@ _COPY_CONTEXT = re.compile(r"^COPY [^\n]*?, line (\d+), column (.+)$", re.MULTIL
 
 
 def refused_value_error(
-    error: psycopg.Error, table: TableName, columns: list[str]
+    error: psycopg.Error, table: TableName, columns: list[str], first_row: int = 0
 ) -> JdbcWriteError | None:
     """A value the server refused during COPY, as one line naming the column and row with
     the server's reason (the context line, which quotes a CSV field, is left out); None
@@ -398,7 +417,8 @@ def refused_value_error(
     match = _COPY_CONTEXT.search(error.diag.context or "")
     if match is None:
         return None
-    row, rest = match.groups()
+    line, rest = match.groups()
+    row = int(line) + first_row
     named = [name for name in columns if rest == name or rest.startswith(f"{name}: ")]
     column = max(named, key=len) if named else rest.split(":")[0]
     reason = (error.diag.message_primary or type(error).__name__).splitlines()[0]
