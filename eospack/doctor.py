@@ -96,6 +96,36 @@ def data_path_check() -> CheckResult:
     return CheckResult(True, f"kafka data path: {native_path.active_path()}")
 
 
+def platform_checks(
+    spark_version: str | None = None, python_version: tuple[int, int] | None = None
+) -> list[CheckResult]:
+    """Two lines: the Spark (the installed pyspark) and the Python found, each with whether
+    eospack supports it; the Spark line also says what that Spark lacks (docs/platforms.md)."""
+    from eospack import spark_features
+
+    spark_version = spark_version or spark_features.spark_version()
+    python_version = python_version or (sys.version_info.major, sys.version_info.minor)
+    lines = ", ".join(f"{major}.{minor}" for major, minor in spark_features.SUPPORTED_SPARK_LINES)
+    if spark_features.spark_supported(spark_version):
+        spark = CheckResult(
+            True, f"spark: Spark {spark_version} (supported; {spark_features.describe()})"
+        )
+    else:
+        spark = CheckResult(
+            False,
+            f"spark: Spark {spark_version} is not supported: install pyspark of a supported"
+            f" line ({lines})",
+        )
+    python = ".".join(str(part) for part in python_version)
+    pythons = ", ".join(f"{major}.{minor}" for major, minor in spark_features.SUPPORTED_PYTHONS)
+    if spark_features.python_supported(python_version):
+        return [spark, CheckResult(True, f"python: Python {python} (supported: {pythons})")]
+    return [
+        spark,
+        CheckResult(False, f"python: Python {python} is not supported: use Python {pythons}"),
+    ]
+
+
 WORKER_PYTHON_SETTING = "spark.pyspark.python"
 WORKER_PYTHON_VARIABLE = "PYSPARK_PYTHON"
 
@@ -247,6 +277,7 @@ def run_doctor(
     """Print one line per check (to stdout by default); return 0 when all passed, else 1.
     With ``spark``, the running session's settings are checked as well."""
     results = [java_check(java_home), formats_check(formats_visible_to_spark()), data_path_check()]
+    results += platform_checks()
     if spark is not None:
         results += running_session_checks(spark)
     for result in results:

@@ -76,7 +76,7 @@ def test_doctor_fails_when_spark_cannot_see_the_formats(monkeypatch: pytest.Monk
     output = io.StringIO()
     assert run_doctor(output) == 1
     lines = output.getvalue().splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 5
     assert lines[0].startswith("java: Java ")
     assert lines[1] == FORMATS_NOT_FOUND
 
@@ -93,12 +93,13 @@ def test_doctor_fails_with_one_line_when_java_is_missing(tmp_path: Path) -> None
 def test_cli_doctor_passes_in_this_environment(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 5
     assert lines[0].startswith("java: Java ")
     assert lines[1].startswith("formats: found by Spark's automatic lookup")
     from eospack.connectors.kafka import record_batches
 
     assert lines[2] == f"kafka data path: {record_batches.active_path()}"
+    assert [line.line for line in doctor.platform_checks()] == lines[3:]
 
 
 @pytest.mark.skipif(
