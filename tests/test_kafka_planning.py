@@ -14,7 +14,6 @@ import uuid
 
 import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 from eospack.commit_protocols import faults
 from eospack.connectors.kafka import broker_calls
@@ -23,7 +22,12 @@ from eospack.connectors.kafka.errors import KafkaDataLossError
 from eospack.connectors.kafka.offset_format import BatchOffsets, offsets_from_json, topic_id_text
 from eospack.connectors.kafka.offset_ranges import OffsetRange
 from eospack.connectors.kafka.planning import plan_next_batch
-from eospack.connectors.kafka.source import ReplayableKafkaStreamReader
+from eospack.connectors.kafka.source import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    ReadMinRows,
+    ReplayableKafkaStreamReader,
+)
 from eospack.connectors.kafka.source_options import parse_options
 from tests.fake_kafka_cluster import FakeCluster, TopicPartitionKey, options, stream_reader
 

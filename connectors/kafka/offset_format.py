@@ -21,6 +21,9 @@ OffsetsJson = dict[str, Any]
 # Reserved keys of the offset JSON; "@" cannot occur in a Kafka topic name.
 STARTS_KEY = "@starts"
 TOPIC_IDS_KEY = "@topicIds"
+# Spark 4.0 and 4.1 (no start given to latestOffset): the starts of the first batch a process
+# planned, valid only if Spark's start is that process's initial offset (see source.py).
+STARTS_IF_INITIAL_KEY = "@startsIfInitial"
 
 
 def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> OffsetsJson:
@@ -64,12 +67,14 @@ class BatchOffsets:
 
     def to_json(self) -> OffsetsJson:
         """``{"t": {"0": 23}, "@starts": {"t": {"0": 20}}, "@topicIds": {"t": "..."}}``,
-        sorted, with only the starts of non-empty ranges, so equal batches give equal JSON."""
+        sorted, with only the starts of non-empty ranges, so equal batches give equal JSON.
+        Without starts (``None``: ends only, as Spark's own source logs them) no "@starts"."""
         result: OffsetsJson = offsets_to_json(self.ends)
-        starts = self.starts or {}
-        result[STARTS_KEY] = offsets_to_json(
-            {tp: start for tp, start in starts.items() if start != self.ends.get(tp, start)}
-        )
+        if self.starts is not None:
+            starts = self.starts
+            result[STARTS_KEY] = offsets_to_json(
+                {tp: start for tp, start in starts.items() if start != self.ends.get(tp, start)}
+            )
         if self.topic_ids:
             result[TOPIC_IDS_KEY] = dict(sorted(self.topic_ids.items()))
         return result

@@ -26,13 +26,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -47,7 +40,13 @@ from pyspark.sql.types import (
 from eospack.connectors.kafka import native_path
 from eospack.connectors.kafka.broker_metadata import ClusterSnapshot, KafkaMetadata
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
-from eospack.connectors.kafka.offset_format import BatchOffsets, OffsetsJson, offsets_to_json
+from eospack.connectors.kafka.offset_format import (
+    STARTS_IF_INITIAL_KEY,
+    STARTS_KEY,
+    BatchOffsets,
+    OffsetsJson,
+    offsets_to_json,
+)
 from eospack.connectors.kafka.offset_ranges import (
     OffsetRange,
     available_records,
@@ -62,6 +61,24 @@ from eospack.connectors.kafka.source_options import (
     TopicPartitionKey,
     parse_options,
 )
+from eospack.spark_features import ADMISSION_CONTROL, require
+
+if TYPE_CHECKING or ADMISSION_CONTROL.available:
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        ReadMinRows,
+        SupportsTriggerAvailableNow,
+    )
+else:  # Spark 4.0 and 4.1: Spark calls latestOffset() with nothing (no read limits)
+    from eospack.connectors.kafka.read_limits import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        ReadMinRows,
+        SupportsTriggerAvailableNow,
+    )
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -154,6 +171,12 @@ class ReplayableKafkaDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self._check_schema(schema)
+        for option, value in (
+            ("maxOffsetsPerTrigger", self.kafka_options.max_offsets_per_trigger),
+            ("minOffsetsPerTrigger", self.kafka_options.min_offsets_per_trigger),
+        ):
+            if value is not None:
+                require(ADMISSION_CONTROL, option)
         native_path.warn_if_reference_path()
         return ReplayableKafkaStreamReader(self.kafka_options)
 
@@ -264,9 +287,20 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             offsets_to_json(self._available_now_target.latest),
         )
 
-    def latestOffset(self, start: OffsetsJson, limit: ReadLimit) -> OffsetsJson:
+    def latestOffset(
+        self, start: OffsetsJson | None = None, limit: ReadLimit | None = None
+    ) -> OffsetsJson:
         """Plan the next batch: ``start`` itself when there is nothing new (or not enough
-        for minOffsetsPerTrigger yet), else the self-describing offset of the batch."""
+        for minOffsetsPerTrigger yet), else the self-describing offset of the batch.
+
+        Spark without admission control for Python sources (4.0, 4.1) asks with no
+        ``start``: the answer is then every partition's latest offset in the format of
+        Spark's own source (ends only), and ``partitions`` reads from Spark's start offset,
+        as Spark's Kafka source does (see ``planning.plan_ranges``)."""
+        if start is None:
+            return self._latest_offset_without_start()
+        if limit is None:
+            limit = ReadAllAvailable()
         previous = BatchOffsets.from_json(start)
         available_now = self._available_now_target is not None
         snapshot = self._available_now_target or self.planner.snapshot()
@@ -297,12 +331,42 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             self._planned = BatchOffsets(ends, plan.begins, plan.topic_ids).to_json()
         return self._planned
 
+    def _latest_offset_without_start(self) -> OffsetsJson:
+        """Spark 4.0 and 4.1: every partition's latest offset, ends only.
+
+        The first batch a process plans may be batch 0, whose start Spark takes from
+        ``initialOffset()`` (asked after this call) and, when it replays an uncommitted batch
+        0 after a restart, from a fresh ``initialOffset()`` (a later "latest"). So the first
+        answer also records, under ``@startsIfInitial``, where each range starts if the
+        start is this process's initial offset; ``partitions`` uses them only when Spark's
+        start is the initial offset that process handed out (batch 0, or its replay), and
+        Spark's start otherwise (this process was a restart that never planned batch 0).
+        """
+        snapshot = self.planner.snapshot()
+        self._latest = snapshot.latest
+        if self._planned is None:
+            previous = BatchOffsets.from_json(self.initialOffset())
+            plan = self.planner.plan(previous, snapshot)
+            offsets = BatchOffsets(plan.limits, None, plan.topic_ids).to_json()
+            starts = {tp: s for tp, s in plan.begins.items() if s != plan.limits.get(tp, s)}
+            offsets[STARTS_IF_INITIAL_KEY] = offsets_to_json(starts)
+        else:
+            ids = {t: id_ for t, id_ in snapshot.view.topic_ids.items() if id_ is not None}
+            offsets = BatchOffsets(snapshot.latest, None, ids).to_json()
+        self._planned = offsets
+        return offsets
+
     def reportLatestOffset(self) -> OffsetsJson | None:
         return offsets_to_json(self._latest) if self._latest else None
 
     def partitions(self, start: OffsetsJson, end: OffsetsJson) -> Sequence[InputPartition]:
         # A batch planned by this reader's latestOffset was checked then; others are replays.
         replay = end != self._planned
+        if STARTS_IF_INITIAL_KEY in end:  # planned without a start (Spark 4.0, 4.1)
+            starts = end[STARTS_IF_INITIAL_KEY]
+            end = {key: value for key, value in end.items() if key != STARTS_IF_INITIAL_KEY}
+            if self._initial is not None and start == self._initial:
+                end[STARTS_KEY] = starts  # batch 0 (or its replay): the ranges first planned
         return input_partitions(self.options, self.planner.ranges(start, end, replay))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
