@@ -546,3 +546,13 @@ def test_a_legacy_message_set_beyond_sparks_range_fails_as_v2_does(compression: 
     assert (rows, error) == ([], "TimestampOutOfRangeError")
     rows, error, _ = read_through_both_paths(raw, 2)
     assert (error, [row[0] for row in rows]) == (None, [2])
+
+
+def test_a_magic_0_message_has_the_time_and_type_sparks_source_reads() -> None:
+    """Magic 0 carries no timestamp: the Java consumer reads NO_TIMESTAMP (-1 ms) and
+    NO_TIMESTAMP_TYPE (-1), which Spark's source returns. Was: null and null."""
+    builder = LegacyRecordBatchBuilder(magic=0, compression_type=0, batch_size=2**31 - 1)
+    builder.append(0, None, b"k", b"v")
+    rows, error, _ = read_through_both_paths(bytes(builder.build()))
+    assert error is None
+    assert [(row[0], row[3], row[4]) for row in rows] == [(0, -1000, -1)]

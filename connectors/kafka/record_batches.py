@@ -306,12 +306,21 @@ def records_to_arrow(
         pa.array([topic] * count, pa.string()),
         pa.array([partition] * count, pa.int32()),
         pa.array(columns[3], pa.int64()),
-        _timestamps(columns[4], columns[3], topic, partition),
-        pa.array(columns[5], pa.int32()),
+        _timestamps(_no_timestamp(columns[4]), columns[3], topic, partition),
+        pa.array(_no_timestamp(columns[5]), pa.int32()),
     ]
     if include_headers:
         arrays.append(_headers(columns[8]))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _no_timestamp(values: Sequence[int | None]) -> Sequence[int]:
+    """A message of magic 0 has no timestamp (kafka-python: None): the Java consumer reads
+    ``NO_TIMESTAMP`` (-1) and ``NO_TIMESTAMP_TYPE`` (-1), so Spark's source has
+    1969-12-31T23:59:59.999Z and -1 there, not nulls."""
+    if None not in values:
+        return values  # type: ignore[return-value]
+    return [-1 if value is None else value for value in values]
 
 
 def _timestamps(
