@@ -6,15 +6,29 @@ import logging
 import threading
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import WriterCommitMessage
 
 from eospack.commit_protocols.coordinator import TwoPhaseCommitCoordinator, prepared_pieces_of
 from eospack.commit_protocols.fault_points import AFTER_PREPARE, fault_point
 from eospack.commit_protocols.identity import TaskIdentity, current_task, parse_attempt
 from eospack.commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+from eospack.spark_features import STREAM_ARROW_WRITER
+
+if TYPE_CHECKING or STREAM_ARROW_WRITER.available:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+else:
+    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
+
+    class DataSourceStreamArrowWriter(DataSourceStreamWriter, DataSourceArrowWriter):
+        """Spark 4.0 has no stream Arrow writer, but its write worker hands any writer
+        that is a ``DataSourceArrowWriter`` the Arrow batches it got from the JVM,
+        streaming or not (``pyspark/sql/worker/write_into_data_source.py``): the same
+        batches as 4.1's ``DataSourceStreamArrowWriter``, with no rows built."""
+
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,10 @@ from pyspark.sql import SparkSession
 
 from eospack import register
 from eospack.errors import EospackError
+from eospack.spark_features import TRIGGER_AVAILABLE_NOW
 
 SUPPORTED_JAVA_MAJORS = (17, 21)
+AVAILABLE_NOW_WRAPPER = "spark.sql.streaming.triggerAvailableNowWrapper.enabled"
 
 
 class JavaNotFoundError(EospackError, RuntimeError):
@@ -154,6 +156,11 @@ def local_session(
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.daemon.module", "eospack.python_daemon")
     )
+    if not TRIGGER_AVAILABLE_NOW.available:
+        # Spark 4.0 and 4.1 run Trigger.AvailableNow on a Python source as one batch (a
+        # restart then only replays its last batch) unless Spark's wrapper asks the source
+        # for its latest offset at the start and reads up to it (docs/platforms.md).
+        builder = builder.config(AVAILABLE_NOW_WRAPPER, "true")
     settings = dict(conf or {})
     jars = [settings.get("spark.jars", ""), *(str(jar) for jar in extra_jars)]
     if any(jars):

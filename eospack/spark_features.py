@@ -62,7 +62,12 @@ STREAM_ARROW_WRITER = Feature(
     "stream_arrow_writer", "4.1", "DataSourceStreamArrowWriter, Arrow batches into stream sinks"
 )
 
-FEATURES = (ADMISSION_CONTROL, TRIGGER_AVAILABLE_NOW, STREAM_ARROW_WRITER)
+# pyspark.sql.functions.arrow_udf: the stateful operators' first-row-of-a-partition flag is
+# an Arrow iterator UDF; without it the same UDF runs through pandas_udf (a pandas copy of
+# one boolean column per batch).
+ARROW_UDF = Feature("arrow_udf", "4.1", "Arrow UDFs, arrow_udf")
+
+FEATURES = (ADMISSION_CONTROL, TRIGGER_AVAILABLE_NOW, STREAM_ARROW_WRITER, ARROW_UDF)
 
 
 @cache
@@ -75,6 +80,10 @@ def _available(name: str) -> bool:
         from pyspark.sql import datasource
 
         return hasattr(datasource, "DataSourceStreamArrowWriter")
+    if name == "arrow_udf":
+        from pyspark.sql import functions
+
+        return hasattr(functions, "arrow_udf")
     raise ValueError(f"unknown Spark feature {name}")
 
 

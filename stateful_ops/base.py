@@ -45,7 +45,6 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import (
     BooleanType,
@@ -57,6 +56,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from eospack.spark_features import ARROW_UDF, arrow_type_utc
 from eospack.stateful_ops import state_codec
 from eospack.stateful_ops.errors import OperatorDefinitionError
 from eospack.stateful_ops.initial_state import (
@@ -109,7 +109,7 @@ class Clock:
 
 def arrow_field(field: StructField) -> pa.Field:
     """Arrow type used to store a Spark column in state (timestamps kept tz-naive, as pandas)."""
-    arrow_type = to_arrow_type(field.dataType, timezone="UTC")
+    arrow_type = arrow_type_utc(field.dataType)
     if pa.types.is_timestamp(arrow_type):
         arrow_type = pa.timestamp("us")
     return pa.field(field.name, arrow_type, nullable=True)
@@ -511,7 +511,10 @@ def with_settings_markers(df: DataFrame) -> DataFrame:
     event-time-timeout operator sees them, and a dropped marker would check nothing.
     """
     # The iterator UDF type comes from flag_first_row's hints, which pyspark's stubs miss.
-    first_row = F.arrow_udf(flag_first_row, BooleanType())  # type: ignore[call-overload]
+    if ARROW_UDF.available:
+        first_row = F.arrow_udf(flag_first_row, BooleanType())  # type: ignore[call-overload]
+    else:  # Spark 4.0: the same iterator UDF through pandas
+        first_row = F.pandas_udf(flag_first_row_pandas, BooleanType())  # type: ignore[call-overload]
     first_row = first_row.asNondeterministic()
     copies = F.when(F.col(MARKER_COLUMN), F.array(F.lit(False), F.lit(True))).otherwise(
         F.array(F.lit(False))
@@ -541,6 +544,12 @@ def flag_first_row(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
             flags[0] = True
             first = False
         yield pa.array(flags)
+
+
+def flag_first_row_pandas(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+    """:func:`flag_first_row` as a pandas iterator UDF (Spark 4.0 has no ``arrow_udf``)."""
+    for flags in flag_first_row(pa.Array.from_pandas(batch) for batch in batches):
+        yield flags.to_pandas()
 
 
 def _ddl(ddl: str | StructType) -> StructType:

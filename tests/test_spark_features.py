@@ -10,6 +10,7 @@ import pytest
 from eospack import spark_features
 from eospack.spark_features import (
     ADMISSION_CONTROL,
+    ARROW_UDF,
     STREAM_ARROW_WRITER,
     TRIGGER_AVAILABLE_NOW,
     SparkFeatureError,
@@ -23,9 +24,9 @@ from eospack.spark_features import (
 # make test-compat runs this on every line.
 EXPECTED = {
     (4, 0): set(),
-    (4, 1): {STREAM_ARROW_WRITER},
-    (4, 2): {STREAM_ARROW_WRITER, ADMISSION_CONTROL, TRIGGER_AVAILABLE_NOW},
-    (4, 3): {STREAM_ARROW_WRITER, ADMISSION_CONTROL, TRIGGER_AVAILABLE_NOW},
+    (4, 1): {STREAM_ARROW_WRITER, ARROW_UDF},
+    (4, 2): {STREAM_ARROW_WRITER, ARROW_UDF, ADMISSION_CONTROL, TRIGGER_AVAILABLE_NOW},
+    (4, 3): {STREAM_ARROW_WRITER, ARROW_UDF, ADMISSION_CONTROL, TRIGGER_AVAILABLE_NOW},
 }
 
 

@@ -29,7 +29,6 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError, ClientError
 from pyspark.sql.datasource import DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BooleanType,
     ByteType,
@@ -47,6 +46,7 @@ from eospack.connectors.s3.client import describe_error, s3_client
 from eospack.connectors.s3.errors import S3ReadError
 from eospack.connectors.s3.keys import partition_values_of_key
 from eospack.connectors.s3.options import S3ReaderOptions
+from eospack.spark_features import arrow_schema_utc
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class CommittedDataReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FilesPartition)
         client = s3_client(self.options.connection)
-        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        arrow_schema = arrow_schema_utc(self.schema)
         for file in partition.files:
             body = self._download(client, file.key)
             values = dict(file.partition_values)
@@ -235,7 +235,7 @@ def _decode(body: bytes, file_format: str, schema: StructType) -> Iterator[pa.Re
 
 def _json_type(data_type: DataType) -> pa.DataType:
     """What pyarrow's JSON reader parses; timestamps, dates etc. are cast afterwards."""
-    arrow_type = to_arrow_schema(StructType().add("c", data_type), timezone="UTC").field(0).type
+    arrow_type = arrow_schema_utc(StructType().add("c", data_type)).field(0).type
     if pa.types.is_temporal(arrow_type) or pa.types.is_decimal(arrow_type):
         return pa.string() if not pa.types.is_decimal(arrow_type) else pa.float64()
     return arrow_type
