@@ -21,6 +21,7 @@ number arrays are refused at query start (a documented limit), never half-writte
 
 from __future__ import annotations
 
+import decimal
 import math
 import random
 import re
@@ -385,17 +386,28 @@ def test_a_list_into_a_real_array_column_is_refused_at_query_start_naming_it(
     assert pg_leftovers(url, unique_name) == (0, 0)
 
 
+def text_decimal(value: float | None, scale: int) -> Decimal | None:
+    """A decimal of that scale near ``value`` (folded into the type's range), or None."""
+    if value is None or not math.isfinite(value):
+        return None
+    whole = 10.0 if scale == 37 else 1e35
+    folded = math.fmod(value, whole) if abs(value) >= whole else value
+    with decimal.localcontext(decimal.Context(prec=80)):
+        return Decimal(repr(folded)).quantize(Decimal(1).scaleb(-scale))
+
+
 TEXT_DOUBLES = [1e-05, 123456789012.0, 1e15, 0.1, -0.0, 1 / 3, 6.635728374829646e16, math.nan]
 
 
 @pytest.mark.timeout(180)
-def test_doubles_into_a_text_column_are_stored_as_by_sparks_writer(
+def test_floats_and_decimals_into_text_columns_are_stored_as_by_sparks_writer(
     spark, jdbc_writer, postgres, tmp_path, unique_name
 ):
     """Spark's writer stores PostgreSQL's float8out / float4out text; Arrow's CSV writer
     formatted them (0.00001 for 1e-05, 1.23456789012e+11 for 123456789012), and Python's
     shortest text is not PostgreSQL's either (6.6357283748296464e+16). Rows in two
-    micro-batches of several COPY chunks (batchsize 3)."""
+    micro-batches of several COPY chunks (batchsize 3). Decimals: Arrow wrote 1E-37 for a
+    decimal(38,37) 1e-37, Spark's writer stores numeric's plain digits."""
     seed = seed_from_environment()
     generator = random.Random(seed)
     values = TEXT_DOUBLES + [random_double(generator) for _ in range(60)]
@@ -404,12 +416,16 @@ def test_doubles_into_a_text_column_are_stored_as_by_sparks_writer(
     twin = f"{unique_name}_spark"
     with psycopg.connect(url, autocommit=True) as connection:
         for name in (unique_name, twin):
-            connection.execute(f'CREATE TABLE "{name}" (id bigint, d text, f varchar(40))')
+            connection.execute(
+                f'CREATE TABLE "{name}" (id bigint, d text, f varchar(40), n text, m text)'
+            )
     rows = pa.table(
         {
             "id": pa.array(range(len(values)), pa.int64()),
             "d": pa.array(values, pa.float64()),
             "f": pa.array([None if v is None else as_float32(v) for v in values], pa.float32()),
+            "n": pa.array([text_decimal(v, 37) for v in values], pa.decimal128(38, 37)),
+            "m": pa.array([text_decimal(v, 2) for v in values], pa.decimal128(38, 2)),
         }
     )
     source = tmp_path / "in"
@@ -417,7 +433,7 @@ def test_doubles_into_a_text_column_are_stored_as_by_sparks_writer(
     half = len(values) // 2
     pq.write_table(rows.slice(0, half), source / "part-0000.parquet")
     pq.write_table(rows.slice(half), source / "part-0001.parquet")
-    schema = "id BIGINT, d DOUBLE, f FLOAT"
+    schema = "id BIGINT, d DOUBLE, f FLOAT, n DECIMAL(38,37), m DECIMAL(38,2)"
     options = {**sink_options(postgres.endpoint, unique_name), "batchsize": "3"}
     run_file_query(spark, source, tmp_path / "checkpoint", schema, options, 1)
     spark.read.schema(schema).parquet(str(source)).write.mode("append").jdbc(
@@ -427,11 +443,12 @@ def test_doubles_into_a_text_column_are_stored_as_by_sparks_writer(
     )
     with psycopg.connect(url) as connection:
         ours, oracle = (
-            connection.execute(f'SELECT id, d, f FROM "{name}" ORDER BY id').fetchall()
+            connection.execute(f'SELECT id, d, f, n, m FROM "{name}" ORDER BY id').fetchall()
             for name in (unique_name, twin)
         )
     assert ours == oracle, f"seed {seed}"
-    assert ours[0][1:] == ("1e-05", "1e-05")
+    assert ours[0][1:3] == ("1e-05", "1e-05")
+    assert ours[0][3] == "0.0000100000000000000000000000000000000"
     assert pg_leftovers(url, unique_name) == (0, 0)
 
 

@@ -316,6 +316,15 @@ def server_float_texts(cursor: Any, table: pa.Table, names: Iterable[str]) -> pa
     return table
 
 
+def decimal_text(column: pa.ChunkedArray) -> pa.Array:
+    """Decimals as PostgreSQL's numeric -> text cast writes them: plain digits with the
+    type's scale, never an exponent (Spark's JDBC writer binds a numeric parameter)."""
+    return pa.array(
+        [None if value is None else format(value, "f") for value in column.to_pylist()],
+        pa.string(),
+    )
+
+
 class BinaryEncoding:
     """How one COPY's Arrow columns become binary COPY rows, or why they cannot.
 
@@ -335,6 +344,9 @@ class BinaryEncoding:
         float4out text (``server_float_texts``), which Python's and Arrow's formatting of
         floats is not (1e-05 is 0.00001 in Arrow's CSV; 6.6357283748296464e+16 is
         PostgreSQL's text of a double whose shortest is 6.635728374829646e+16)."""
+        self.decimal_texts: set[str] = set()
+        """Decimal columns into text columns: sent as numeric's text (``decimal_text``),
+        which Arrow's CSV writer is not (1E-37 for a decimal(38,37) 1e-37)."""
         self._builders: dict[str, Any] = {}
         for name in columns:
             kind = _decoded(schema.field(name).type)
@@ -343,6 +355,8 @@ class BinaryEncoding:
                 self.numeric_texts.add(name)
             if type_name in _TEXT_TYPES and kind in _FLOATS:
                 self.float_texts.add(name)
+            if type_name in _TEXT_TYPES and pa.types.is_decimal(kind):
+                self.decimal_texts.add(name)
             rule = _RULES.get(type_name)
             if rule is None or not rule.accepts(kind):
                 self.fallback_reason = self.fallback_reason or (
@@ -387,6 +401,9 @@ class BinaryEncoding:
         for index, field in enumerate(table.schema):
             wire_type = self.wire_types.get(field.name)
             numeric = field.name in self.numeric_texts
+            if field.name in self.decimal_texts:
+                table = table.set_column(index, field.name, decimal_text(table.column(index)))
+                continue
             if wire_type is None and not numeric:
                 continue
             column = table.column(index)
