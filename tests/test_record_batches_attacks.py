@@ -556,3 +556,56 @@ def test_a_magic_0_message_has_the_time_and_type_sparks_source_reads() -> None:
     rows, error, _ = read_through_both_paths(bytes(builder.build()))
     assert error is None
     assert [(row[0], row[3], row[4]) for row in rows] == [(0, -1000, -1)]
+
+
+# --- compressed payloads that fail to decompress ----------------------------------------------
+
+
+def compressed_batch(payload: bytes, codec: str, count: int) -> bytes:
+    """A batch whose records are ``payload`` as given (already compressed), CRC correct."""
+    body = struct.pack(
+        ">hiqqqhii", CODECS[codec], count - 1, TIMESTAMP_MS, TIMESTAMP_MS, -1, -1, -1, count
+    )
+    body += payload
+    header = struct.pack(">qiib", 0, len(body) + 9, 5, 2)
+    return header + struct.pack(">I", calc_crc32c(body)) + body
+
+
+def xerial(*blocks: bytes) -> bytes:
+    import snappy
+
+    framed = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+    for block in blocks:
+        compressed = snappy.compress(block)
+        framed += struct.pack(">i", len(compressed)) + compressed
+    return framed
+
+
+def compressed_payloads() -> dict[str, tuple[bytes, str]]:
+    import gzip
+
+    import zstandard
+
+    records = record(0) + record(1)
+    return {
+        "gzip-trailing-garbage": (gzip.compress(records) + b"\x00\x01", "gzip"),
+        "gzip-not-gzip": (b"\x00" * 20, "gzip"),
+        "zstd-trailing-garbage": (
+            zstandard.ZstdCompressor().compress(records) + b"\x00\x01",
+            "zstd",
+        ),
+        "zstd-not-zstd": (b"\x00" * 20, "zstd"),
+        "xerial-trailing-bytes": (xerial(records) + b"\x00\x00", "snappy"),
+        "xerial-block-cut": (xerial(records)[:-3], "snappy"),
+        "lz4-not-lz4": (b"\x00" * 20, "lz4"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(compressed_payloads()))
+def test_a_payload_that_fails_to_decompress_is_corrupt_through_both_paths(case: str) -> None:
+    """Data that passes its CRC (a producer wrote it so, or kafka.check.crcs=false). Was:
+    the reference raised the codec library's own error (BadGzipFile, ZstdError,
+    struct.error...), which the reader does not take for corrupt data and which names no
+    topic-partition or offset; the native path read trailing bytes after xerial blocks."""
+    payload, codec = compressed_payloads()[case]
+    assert_corrupt_through_both_paths(compressed_batch(payload, codec, 2))

@@ -192,9 +192,10 @@ def _strict_kafka_records() -> tuple[type, type]:
     a header key of malformed UTF-8 reads as Spark's source reads it (U+FFFD), not as
     corrupt data; an empty control batch (the log cleaner keeps them) is no transaction
     marker, and a control record without a 4-byte key or with a negative version is corrupt
-    (kafka-python raised ``RuntimeError``/``struct.error`` on both)."""
+    (kafka-python raised ``RuntimeError``/``struct.error`` on both); a payload that fails to
+    decompress is corrupt data (not the codec library's own error)."""
     from kafka.consumer.fetcher import Fetcher
-    from kafka.errors import CorruptRecordError
+    from kafka.errors import CorruptRecordError, UnsupportedCodecError
     from kafka.record import MemoryRecords
     from kafka.record.default_records import (
         ControlRecord,
@@ -219,6 +220,19 @@ def _strict_kafka_records() -> tuple[type, type]:
 
     class StrictBatch(DefaultRecordBatch):  # type: ignore[misc]
         __slots__ = ()
+
+        def _maybe_uncompress(self) -> None:
+            """A payload that fails to decompress is corrupt data (the codec libraries
+            raise their own errors: BadGzipFile, ZstdError, struct.error...)."""
+            try:
+                super()._maybe_uncompress()
+            except UnsupportedCodecError:
+                raise
+            except Exception as error:
+                raise CorruptRecordError(
+                    f"cannot decompress the record batch at offset {self.base_offset}:"
+                    f" {type(error).__name__}: {error}"
+                ) from None
 
         def _read_msg(self, decode_varint: Any = None) -> Any:
             buffer = self._buffer

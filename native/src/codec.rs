@@ -50,6 +50,9 @@ fn snappy_decompress(data: &[u8]) -> Result<Vec<u8>, String> {
             out.extend(raw.decompress_vec(block).map_err(|e| format!("snappy: {e}"))?);
             position += length;
         }
+        if position != data.len() {
+            return Err("snappy: bytes after the last xerial block".into());
+        }
         return Ok(out);
     }
     raw.decompress_vec(data).map_err(|e| format!("snappy: {e}"))
