@@ -138,6 +138,7 @@ def run_through_call_faults(
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.compat
 @contract("test_a_decision_write_failing_or_losing_its_answer_and_a_lost_commit_answer_each_once")
 def test_a_decision_write_failing_or_losing_its_answer_and_a_lost_commit_answer_each_once(
     sink: BoundSink, call_faults: Path
