@@ -480,3 +480,49 @@ def test_subscriptions_say_which_partitions_they_cover() -> None:
         {"kafka.bootstrap.servers": "broker:9092", "assign": '{"t":[0,2]}'}
     ).subscription
     assert assign.covers(("t", 2)) and not assign.covers(("t", 1))
+
+
+# Spark 4.0 and 4.1: latestOffset() without a start (no admission control) ------------------
+
+
+def test_without_a_start_batch_zero_replays_the_ranges_it_planned() -> None:
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 10), 1: (0, 4)})})
+    first_run = stream_reader(cluster)  # startingOffsets=latest
+    cluster.topics["t"] = (ID_A, {0: (0, 15), 1: (0, 4)})
+    logged_end = round_trip(first_run.latestOffset())  # Spark 4.0 asks before initialOffset
+    initial = round_trip(first_run.initialOffset())
+    assert initial["t"] == {"0": 15, "1": 4}  # resolved once, by the first latestOffset()
+    assert logged_end == {
+        "t": {"0": 15, "1": 4},
+        "@startsIfInitial": {},
+        "@topicIds": {"t": ID_A},
+    }
+    assert ranges_of(first_run, initial, logged_end) == []
+
+    # Batch 0 never committed; records arrive; the restart replays it from a fresh, later
+    # initialOffset(): still nothing, not a data loss error and not the new records.
+    cluster.topics["t"] = (ID_A, {0: (0, 30), 1: (0, 9)})
+    restarted = stream_reader(cluster)
+    fresh_initial = round_trip(restarted.initialOffset())
+    assert fresh_initial["t"] == {"0": 30, "1": 9}
+    assert ranges_of(restarted, fresh_initial, logged_end) == []
+    # The next batch, this process's first plan: its guess (from the fresh initial offset)
+    # is recorded, but Spark's start (batch 0's end) is not that offset, so it is read from.
+    next_end = round_trip(restarted.latestOffset())
+    assert next_end == {"t": {"0": 30, "1": 9}, "@startsIfInitial": {}, "@topicIds": {"t": ID_A}}
+    assert ranges_of(restarted, logged_end, next_end) == [
+        OffsetRange("t", 0, 15, 30),
+        OffsetRange("t", 1, 4, 9),
+    ]
+
+
+def test_without_a_start_a_restarts_first_batch_reads_from_sparks_start() -> None:
+    """A restart whose batches all committed plans its first batch before it knows the
+    start: the guess it records (from a fresh initial offset) is not used, Spark's is."""
+    cluster = FakeCluster({"t": (ID_A, {0: (0, 50)})})
+    restarted = stream_reader(cluster, startingOffsets="earliest")
+    end = round_trip(restarted.latestOffset())
+    assert end["@startsIfInitial"] == {"t": {"0": 0}}
+    logged_start = {"t": {"0": 20}, "@topicIds": {"t": ID_A}}  # the last committed end
+    assert ranges_of(restarted, logged_start, end) == [OffsetRange("t", 0, 20, 50)]
+    assert ranges_of(stream_reader(cluster), logged_start, end) == [OffsetRange("t", 0, 20, 50)]
