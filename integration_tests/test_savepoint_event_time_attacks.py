@@ -32,6 +32,7 @@ from integration_tests.event_time_restore import (
 )
 
 pytestmark = pytest.mark.integration
+CHAOS = pytest.mark.chaos
 
 # (key, second) per file, one file per micro-batch; a watermark delay of 5 s. Late rows
 # (behind the previous batch's watermark) in the restored query's first batch (b1) and
@@ -126,8 +127,11 @@ def assert_restored_like_reference(
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "build",
-    [counts_by_timestamp, aggregates_beside_a_watermark],
-    ids=["running_count-keyed-by-ts", "running_aggregate-fed-ts"],
+    [
+        pytest.param(counts_by_timestamp, id="running_count-keyed-by-ts"),
+        # The same rule as running_count's (no event-time timeouts): the chaos lane only.
+        pytest.param(aggregates_beside_a_watermark, id="running_aggregate-fed-ts", marks=CHAOS),
+    ],
 )
 def test_restored_running_operators_on_a_watermarked_input_keep_every_row(
     spark: Any, tmp_path: Path, build: Any
@@ -156,7 +160,10 @@ def test_a_claimed_restore_with_twice_the_key_groups_and_partitions_closes_sessi
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("no_data", [True, False], ids=["no-data", "data-only"])
+@pytest.mark.parametrize(
+    "no_data",
+    [pytest.param(True, id="no-data"), pytest.param(False, id="data-only", marks=CHAOS)],
+)
 def test_sessions_open_in_every_key_group_time_out_alike_while_the_restore_bootstraps(
     spark: Any, tmp_path: Path, no_data: bool
 ) -> None:
@@ -187,3 +194,27 @@ def test_sessions_open_at_the_savepoint_restored_under_another_session_time_zone
         spark, tmp_path, sessions, ALL_GROUPS_PIECES, no_data=True, restore=restore
     )
     assert_restored_like_reference(reference, continued)
+
+
+# The restored query's first batch holds only rows behind the old watermark (35): a visit
+# without data for every key group it bootstraps.
+LATE_FIRST_PIECES = [PIECES[0], [[("b", 1), ("y", 3)], [("e", 41), ("a", 20)]], PIECES[2]]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "build, no_data",
+    [
+        pytest.param(sessions, True, id="sessionize-no-data"),
+        pytest.param(firsts_of_every_type, False, id="deduplicate-data-only", marks=CHAOS),
+    ],
+)
+def test_a_restored_first_batch_of_only_late_rows_is_a_visit_without_data(
+    spark: Any, tmp_path: Path, build: Any, no_data: bool
+) -> None:
+    reference, continued = reference_and_restored(
+        spark, tmp_path, build, LATE_FIRST_PIECES, no_data=no_data
+    )
+    assert_restored_like_reference(reference, continued)
+    if no_data:  # without no-data batches the first restored batch drops behind 1 only
+        assert "y" not in {row[0] for row in reference}
