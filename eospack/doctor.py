@@ -84,7 +84,7 @@ def java_check(java_home: str | None = None) -> CheckResult:
     except JavaNotFoundError as error:
         return CheckResult(False, f"java: {error}")
     supported = " or ".join(str(version) for version in SUPPORTED_JAVA_MAJORS)
-    return CheckResult(True, f"java: Java {major} (Spark 4.3 needs {supported})")
+    return CheckResult(True, f"java: Java {major} (Spark 4 needs {supported})")
 
 
 def data_path_check() -> CheckResult:

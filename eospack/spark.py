@@ -62,7 +62,7 @@ def check_java(java_home: str | None = None) -> int:
     major = java_major_version(java_home)
     if major not in SUPPORTED_JAVA_MAJORS:
         raise JavaNotFoundError(
-            f"Spark 4.3 needs Java 17 or 21 but found Java {major}: install one of them"
+            f"Spark 4 needs Java 17 or 21 but found Java {major}: install one of them"
             " and point JAVA_HOME at it"
         )
     return major
