@@ -284,3 +284,24 @@ def test_services_up_prints_where_the_users_settings_are_and_never_a_password(
         **kafka_command_config(str(app_file)),
     }
     assert options == secured_kafka.client_options("app")
+
+
+@pytest.mark.production_kafka
+@pytest.mark.timeout(180)
+def test_the_secured_broker_restarts_after_a_kill_with_its_users_grants_and_data(
+    secured_kafka: Any, unique_name: str
+) -> None:
+    topic = app_topic(unique_name, "kept")
+    create_app_topic(secured_kafka, topic, partitions=1)
+    produce(secured_kafka, topic, [Record(0, b"k", b"before the kill")])
+    port = secured_kafka.node(1).port
+    secured_kafka.kill(1)
+    assert not secured_kafka.node(1).alive
+    secured_kafka.start(1)
+    assert secured_kafka.node(1).alive and secured_kafka.node(1).port == port
+    rows = read_all(
+        secured_kafka.endpoint.bootstrap_servers,
+        topic,
+        client=secured_kafka.client_config("app"),
+    )
+    assert [value for _, _, _, value in rows] == [b"before the kill"]

@@ -448,6 +448,7 @@ class SecuredKafka(_Nodes):
         self.nodes = {}
         try:
             node = KafkaNode(self.name, 1, {}, lambda node: self._ready(), self.heap)
+            node.port = port
             self.nodes[1] = node
             self.certificates = generate_certificates(node.workdir)
             settings = {
