@@ -29,6 +29,7 @@ SLOWEST_MODULES_FIRST = (
     "integration_tests/test_stress.py",
     "integration_tests/test_s3_faults.py",
     "integration_tests/test_kafka_sink.py",
+    "integration_tests/test_object_store_checkpoints.py",
 )
 """Measured the longest (worker seconds, a 2-core machine). ``make test`` hands whole
 modules to two xdist workers in collection order (``--dist loadfile
