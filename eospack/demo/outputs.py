@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from eospack.checkpoint_files import LocalFiles
 from eospack.demo.verify import PipelineResult, PrintedCounts, check_pipeline, count_decreases
 
 if TYPE_CHECKING:
@@ -196,10 +197,10 @@ def read_current(connection: psycopg.Connection, name: str) -> dict[str, int]:
 
 def query_id_of(checkpoint: Path) -> str | None:
     """The query id in a checkpoint's ``metadata``; None before the query's first start."""
-    metadata = checkpoint / "metadata"
-    if not metadata.is_file():
+    metadata = LocalFiles(checkpoint).read_text("metadata")  # the demo's are local
+    if metadata is None:
         return None
-    return str(json.loads(metadata.read_text().splitlines()[0])["id"])
+    return str(json.loads(metadata.splitlines()[0])["id"])
 
 
 class KafkaOutput:

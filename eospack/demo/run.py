@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eospack.checkpoint_files import LocalFiles
 from eospack.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
 from eospack.demo.verify import verification_table
 from eospack.processes import DriverProcess
@@ -164,9 +165,8 @@ def committed_batches(checkpoint_dir: Path) -> int:
     from eospack.demo.pipeline import QUERY_DIRECTORIES
 
     return sum(
-        sum(1 for entry in commits.iterdir() if entry.name.isdigit())
-        for commits in (checkpoint_dir / query / "commits" for query in QUERY_DIRECTORIES)
-        if commits.is_dir()
+        sum(1 for name in LocalFiles(checkpoint_dir / query).names("commits") if name.isdigit())
+        for query in QUERY_DIRECTORIES
     )
 
 
