@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         JdbcWriteError,
     )
     from eospack.connectors.kafka.errors import (
+        KafkaAuthenticationError,
         KafkaBrokerUnreachableError,
         KafkaCodecMissingError,
         KafkaDataLossError,
@@ -109,6 +110,7 @@ _HOMES = {
     "JdbcWriteError": "eospack.connectors.jdbc.errors",
     "KafkaSourceOptionError": "eospack.connectors.kafka.errors",
     "KafkaBrokerUnreachableError": "eospack.connectors.kafka.errors",
+    "KafkaAuthenticationError": "eospack.connectors.kafka.errors",
     "KafkaDataLossError": "eospack.connectors.kafka.errors",
     "KafkaReadTimeoutError": "eospack.connectors.kafka.errors",
     "KafkaCodecMissingError": "eospack.connectors.kafka.errors",
@@ -133,6 +135,7 @@ __all__ = [
     "JdbcSchemaError",
     "JdbcSinkOptionError",
     "JdbcWriteError",
+    "KafkaAuthenticationError",
     "KafkaBrokerUnreachableError",
     "KafkaCodecMissingError",
     "KafkaDataLossError",
