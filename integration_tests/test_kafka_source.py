@@ -527,7 +527,10 @@ def test_restart_from_checkpoint_delivers_every_record_exactly_once(
     run_available_now(stream(), checkpoint, recorder)
 
     assert recorder.replays.get(last_commit) is True
-    assert all(recorder.replays.values()), recorder.replays
+    if ADMISSION_CONTROL.available:  # a batch planned again is cut at the same 30 records
+        assert all(recorder.replays.values()), recorder.replays
+    else:  # a batch planned after the forgotten commit is forgotten too: planned again, larger
+        assert all(same for b, same in recorder.replays.items() if b <= last_commit)
     if ADMISSION_CONTROL.available:
         assert all(size <= 30 for size in recorder.sizes())
     delivered = recorder.all_rows()
