@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install fetch demo test test-unit lint docs bench bench-quick services clean wheel test-wheel
+.PHONY: install fetch demo test test-kafka-production test-unit lint docs bench bench-quick services clean wheel test-wheel
 
 $(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
