@@ -67,6 +67,8 @@ import pyarrow.compute as pc
 from pgpq import ArrowToPostgresBinaryEncoder, encoders
 from pgpq import schema as pg_schema
 
+from eospack.errors import EospackError
+
 EncoderFactory = Callable[[pa.Field], Any]
 
 
@@ -198,7 +200,7 @@ the casts Spark's JDBC writer meets: it binds doubles and floats as float8 and f
 parameters."""
 
 
-class OutOfRange(ValueError):
+class ValueOutOfRangeError(EospackError, ValueError):
     """A value PostgreSQL's cast to the column's type would refuse, found before the COPY
     sends it: ``column``, its ``index`` in the table being sent, PostgreSQL's wording and
     which cast (``reason``), and the ``fix``."""
@@ -242,7 +244,7 @@ def to_integer(column: pa.ChunkedArray, wire_type: pa.DataType, name: str) -> pa
         source = "a double" if column.type == pa.float64() else "a float"
     index = pc.index(refused, True).as_py()
     if index >= 0:
-        raise OutOfRange(
+        raise ValueOutOfRangeError(
             name,
             index,
             f"{type_name} out of range, as PostgreSQL's cast of {source} to {type_name}"
@@ -268,7 +270,7 @@ def to_real(column: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
     for refused, reason in ((overflow, "overflow"), (underflow, "underflow")):
         index = pc.index(refused, True).as_py()
         if index >= 0:
-            raise OutOfRange(
+            raise ValueOutOfRangeError(
                 name,
                 index,
                 f"value out of range: {reason}, as PostgreSQL's cast of a double to real"
@@ -396,7 +398,7 @@ class BinaryEncoding:
         has: a float32 into a ``double precision`` column goes as its exact double, not as
         the shortest text of the float32 (0.1f is 0.10000000149011612, not 0.1), and a
         double into ``real`` as its float32 rounded once (``to_real``). Raises
-        ``OutOfRange`` for a double that ``real`` cannot hold.
+        ``ValueOutOfRangeError`` for a double that ``real`` cannot hold.
         """
         for index, field in enumerate(table.schema):
             wire_type = self.wire_types.get(field.name)

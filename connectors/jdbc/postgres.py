@@ -34,7 +34,7 @@ from pyspark.sql import types as T
 
 from eospack.connectors.jdbc.binary_copy import (
     BinaryEncoding,
-    OutOfRange,
+    ValueOutOfRangeError,
     column_types,
     server_float_texts,
 )
@@ -390,7 +390,7 @@ def copy_batches(
                     ready = csv_ready(encoding.with_wire_types(chunk))
                     pa_csv.write_csv(ready, buffer, _CSV_OPTIONS)
                     copy.write(buffer.getbuffer())
-    except OutOfRange as error:
+    except ValueOutOfRangeError as error:
         raise JdbcWriteError(
             f"2pc-jdbc could not write column {error.column!r} of {str(table)!r} (row"
             f" {chunk_start + error.index + 1} of the task): {error.reason}: {error.fix}"
