@@ -244,7 +244,8 @@ def test_doctor_reports_a_running_session(spark: Any) -> None:
     output = io.StringIO()
     assert run_doctor(output, spark=spark) == 0
     lines = output.getvalue().splitlines()
-    assert lines[3:] == [
+    assert lines[3].startswith("spark: Spark ") and lines[4].startswith("python: Python ")
+    assert lines[5:] == [
         f"worker python: {sys.executable} imports eospack",
         "python workers: reused between tasks",
         "python daemon: eospack.python_daemon",
@@ -257,7 +258,8 @@ def test_cli_doctor_session_checks_the_running_session(
 ) -> None:
     assert main(["doctor", "--session"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[3:] == [
+    assert lines[3].startswith("spark: Spark ") and lines[4].startswith("python: Python ")
+    assert lines[5:] == [
         f"worker python: {sys.executable} imports eospack",
         "python workers: reused between tasks",
         "python daemon: eospack.python_daemon",
