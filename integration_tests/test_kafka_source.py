@@ -510,6 +510,8 @@ def test_restart_from_checkpoint_delivers_every_record_exactly_once(
     try:
         for number, batch in enumerate(rounds, 1):
             produce_sealed(servers, unique_name, batch)
+            if ADMISSION_CONTROL.available:
+                break  # batches of 30: stopped after three, mid-stream
             sent = sum(len(r) for r in rounds[:number])
             wait_until(lambda sent=sent: len(recorder.all_rows()) >= sent, 90, "the round")
         wait_until(lambda: len(recorder.batches) >= 3, 90, "three batches of the first run")
