@@ -77,7 +77,7 @@ wheel: $(BUILD_STAMP)
 test-wheel: $(BUILD_STAMP)
 	$(PY) -m pytest integration_tests/test_wheel_matrix.py -p no:cacheprovider $(ARGS)
 
-# The compatibility lane (on demand, about 45 min; docs/platforms.md): the `compat` cases on
+# The compatibility lane (on demand, about 25 min; docs/platforms.md): the `compat` cases on
 # Spark 4.0, 4.1, 4.2 and 4.3 x Python 3.11 and 3.13, each in its own venv under build/compat
 # (the pinned pyspark first, then eospack's wheel with its test extras), one at a time.
 .PHONY: test-compat
