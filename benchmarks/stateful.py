@@ -39,9 +39,8 @@ import pyarrow.parquet as pq
 
 from benchmarks.data import keyed_parquet_directory
 from benchmarks.harness import Comparison, Figure, Report, say
-from eospack.stateful_ops import configure_state_store
 from eospack.stateful_ops.state_store import state_store_conf
-from eospack.testing import await_query
+from eospack.testing import await_query, session_settings
 
 TIMEOUT = 900.0
 FILES = 5
@@ -185,16 +184,8 @@ def state_store(spark, provider: str | None) -> Iterator[None]:
     if provider is None:
         yield
         return
-    saved = {key: spark.conf.get(key, None) for key in state_store_conf(provider)}
-    configure_state_store(spark, provider)
-    try:
+    with session_settings(spark, state_store_conf(provider)):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def run(report: Report, spark, workdir: Path, rows: int, keys: int, repetitions: int) -> None:

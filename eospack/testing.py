@@ -1,10 +1,12 @@
-"""Helpers for tests of eospack and of pipelines built on it: waits with deadlines."""
+"""Helpers for tests of eospack and of pipelines built on it: waits with deadlines, and
+session settings that last one block."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from pyspark.sql.streaming import StreamingQuery
 
@@ -37,3 +39,20 @@ def await_query(query: StreamingQuery, timeout: float) -> None:
     exception = query.exception()
     if exception is not None:
         raise exception
+
+
+@contextlib.contextmanager
+def session_settings(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
+    """``settings`` on the session for queries started inside the block, then what was
+    there before (a setting that was unset is unset again), also when the block fails."""
+    previous = {name: spark.conf.get(name, None) for name in settings}
+    for name, value in settings.items():
+        spark.conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                spark.conf.unset(name)
+            else:
+                spark.conf.set(name, value)

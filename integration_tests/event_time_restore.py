@@ -4,10 +4,9 @@ attacks (each input file is one micro-batch; rows are (key, second) pairs)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from pyspark.sql import functions as F
 
 from eospack.cli import main
 from eospack.savepoint import RestoredCheckpoint
-from eospack.testing import await_query
+from eospack.testing import await_query, session_settings
 
 QUERY_SECONDS = 180
 EVENT_T0 = 1_700_000_000
@@ -28,22 +27,6 @@ SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 Pieces = list[list[tuple[str, int]]]
 Build = Callable[[Any, Any, int], Any]
 """(watermarked events, initial_state, key_groups) -> the rows the query emits"""
-
-
-@contextlib.contextmanager
-def session_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
-    """``settings`` on the shared session for the duration, then what was there before."""
-    previous = {name: spark.conf.get(name, None) for name in settings}
-    for name, value in settings.items():
-        spark.conf.set(name, value)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                spark.conf.unset(name)
-            else:
-                spark.conf.set(name, value)
 
 
 def hashable(value: Any) -> Any:

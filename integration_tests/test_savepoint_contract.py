@@ -34,13 +34,12 @@ in data batches of key groups without rows.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from eospack.cli import main
 from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
 from eospack.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
 from eospack.stateful_ops import StatefulOperator, deduplicate, running_count, sessionize
-from eospack.testing import await_query, wait_until
+from eospack.testing import await_query, session_settings, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,22 +66,6 @@ HOUR_BASE = 1_794_286_800
 GAP_SECONDS = 10
 STARTING = ("Initializing StreamExecution", "Initializing sources")
 DELAY_SECONDS = 5
-
-
-@contextlib.contextmanager
-def session_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
-    """``settings`` on the shared session for the duration, then what was there before."""
-    previous = {name: spark.conf.get(name, None) for name in settings}
-    for name, value in settings.items():
-        spark.conf.set(name, value)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                spark.conf.unset(name)
-            else:
-                spark.conf.set(name, value)
 
 
 class Program:

@@ -33,7 +33,7 @@ from eospack.stateful_ops import (
     running_count,
 )
 from eospack.stateful_ops.state_store import state_store_conf
-from eospack.testing import await_query
+from eospack.testing import await_query, session_settings
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
 
 pytestmark = pytest.mark.integration
@@ -63,10 +63,7 @@ class Pipeline:
             "spark.sql.shuffle.partitions": str(partitions),
             **state_store_conf(provider, changelog=provider == "rocksdb"),
         }
-        previous = {name: self.spark.conf.get(name, None) for name in settings}
-        for name, value in settings.items():
-            self.spark.conf.set(name, value)
-        try:
+        with session_settings(self.spark, settings):
             events = (
                 self.spark.readStream.format("replayable-kafka")
                 .option("kafka.bootstrap.servers", self.bootstrap)
@@ -97,12 +94,6 @@ class Pipeline:
                 .start()
             )
             await_query(query, QUERY_SECONDS)
-        finally:
-            for name, value in previous.items():
-                if value is None:
-                    self.spark.conf.unset(name)
-                else:
-                    self.spark.conf.set(name, value)
 
 
 def produce_round(bootstrap: str, topic: str, count: int, rng: random.Random) -> Counter[str]:

@@ -13,8 +13,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +35,7 @@ from eospack.stateful_ops import (
     sessionize,
 )
 from eospack.stateful_ops.state_store import state_store_conf
-from eospack.testing import await_query, wait_until
+from eospack.testing import await_query, session_settings, wait_until
 
 SCHEMA = "k string, n int, v double, t long"
 T0 = 1_700_000_000
@@ -145,22 +144,6 @@ CASES = {
 }
 
 
-@contextmanager
-def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Set session confs for queries started inside the block; restore them afterwards."""
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-
-
 @dataclass
 class Outcome:
     emitted: Emitted
@@ -182,7 +165,7 @@ def uninterrupted(spark: SparkSession, tmp_root: str, name: str) -> Outcome:
         sink = Emitted()
         # Tiny Arrow batches: each key group reaches Python as several pandas frames, while
         # the interrupted runs get one frame per group; results must not depend on it.
-        with session_conf(spark, {NO_DATA_BATCHES: "false", MAX_RECORDS_PER_BATCH: "7"}):
+        with session_settings(spark, {NO_DATA_BATCHES: "false", MAX_RECORDS_PER_BATCH: "7"}):
             query = run(
                 CASES[name].build(source(spark, directory)), checkpoint, CASES[name].mode, sink
             )
@@ -203,7 +186,7 @@ def interrupted(spark: SparkSession, tmp_root: str, name: str, store: dict[str, 
     os.makedirs(directory)
     sink = Emitted()
     case = CASES[name]
-    with session_conf(spark, {NO_DATA_BATCHES: "false", **store}):
+    with session_settings(spark, {NO_DATA_BATCHES: "false", **store}):
         for index in (0, 1):
             write_batch(directory, index, BATCHES[index])
         run(case.build(source(spark, directory)), checkpoint, case.mode, sink)
@@ -357,7 +340,7 @@ def test_rocksdb_checkpoint_really_uses_rocksdb(spark: SparkSession, tmp_root: s
     write_batch(directory, 0, BATCHES[0])
     checkpoint = os.path.join(tmp_root, "rocksdb-proof-checkpoint")
     settings = state_store_conf("rocksdb", changelog=True)
-    with session_conf(spark, dict.fromkeys(settings, "")):
+    with session_settings(spark, dict.fromkeys(settings, "")):
         configure_state_store(spark, provider="rocksdb", changelog=True)
         assert {key: spark.conf.get(key) for key in settings} == settings
         run(running_count(source(spark, directory), "k"), checkpoint, "update", Emitted())
@@ -445,7 +428,7 @@ def test_deduplicate_processing_time_ttl_expires_keys(spark: SparkSession, tmp_r
         # Processing-time timeouts make Spark run a no-data batch at every trigger, so
         # Trigger.AvailableNow would never end with no-data batches enabled.
         result = deduplicate(source(spark, directory), "k", f"{ttl_ms} ms", key_groups=4)
-        with session_conf(spark, {NO_DATA_BATCHES: "false"}):
+        with session_settings(spark, {NO_DATA_BATCHES: "false"}):
             return run(result, checkpoint, "append", sink)
 
     first = start()
@@ -593,7 +576,7 @@ def test_changed_key_groups_fail_the_first_batch_before_the_sink_commits(
         return int(row[0]) if row else 0
 
     prepared_before = prepared_transactions()
-    with session_conf(spark, {NO_DATA_BATCHES: "false"}):
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
         start(key_groups=8)
         after_batch_0 = [(key, index % 3 + 1, 1) for index, key in enumerate(keys)]
         assert table() == after_batch_0
@@ -631,7 +614,7 @@ def test_checkpoint_from_before_markers_records_settings_and_then_refuses_change
     def emitted_keys(batch_id: int) -> list[str]:
         return [row[0] for row in dict(sink.final())[batch_id]]
 
-    with session_conf(spark, {NO_DATA_BATCHES: "false"}):
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
         # Written as before settings markers existed: no settings row in the state.
         write_batch(directory, 0, [*rows_of(keys[:48], T0), *rows_of(["ahead"], T0 + 500)])
         start(key_groups=8, markers=False)
