@@ -303,7 +303,9 @@ def test_secrets_never_appear_in_repr_or_errors() -> None:
     assert "topsecret" not in str(raised.value)
     assert str(raised.value) == (
         "Option kafka.sasl.jaas.config must be a PlainLoginModule or ScramLoginModule entry"
-        ' with username="..." password="..." (other login modules are not supported)'
+        ' with username="..." password="...": for GSSAPI, set kafka.sasl.kerberos.service.name'
+        " and give each process a Kerberos ticket (kinit, or KRB5_CLIENT_KTNAME naming a"
+        " keytab) instead"
     )
 
 
@@ -355,7 +357,8 @@ def test_secrets_never_appear_in_repr_or_errors() -> None:
             "kafka.ssl.truststore.location",
             "/etc/truststore.jks",
             "Option kafka.ssl.truststore.location needs a PEM file (kafka-python reads no"
-            " JKS/PKCS12): convert it and set kafka.ssl.truststore.type=PEM",
+            " JKS or PKCS12): convert it with keytool -exportcert -rfc -keystore"
+            " truststore.jks -alias <ca> -file ca.pem, and set kafka.ssl.truststore.type=PEM",
         ),
     ],
 )

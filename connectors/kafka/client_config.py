@@ -6,11 +6,29 @@ underscores; a few are renamed; ``sasl.jaas.config`` becomes a username and pass
 A name kafka-python does not know for that client, or one the format owns itself, is
 refused with one line naming the option and the fix. Values of secret options never
 appear in errors.
+
+Security beyond PLAIN and SCRAM (issue 37; docs/connectors/kafka-security.md):
+
+- OAUTHBEARER takes ``kafka.sasl.oauth.token.provider=module:function`` (kafka-python's
+  ``sasl_oauth_token_provider``, named by its keyword as Spark users name every other
+  setting): ``token_provider`` imports it and asks it for a token while the options are
+  parsed, so a wrong name or a broken provider fails the query at its start.
+- mTLS takes PEM files, under Java's names (``ssl.keystore.location`` with
+  ``ssl.keystore.type=PEM``, ``ssl.key.password``, ``ssl.truststore.location``) or
+  kafka-python's (``ssl.certfile``, ``ssl.keyfile``, ``ssl.password``, ``ssl.cafile``).
+  JKS and PKCS12 stores are refused with the keytool and openssl commands that convert
+  them: kafka-python (Python's ``ssl``) reads PEM only, and converting once beats a
+  conversion on every executor.
+- Refused in one line with the way that works: ``AWS_MSK_IAM`` as a mechanism (AWS's
+  signer with OAUTHBEARER is the Python client's way, and the one tested here), GSSAPI
+  without the ``gssapi`` package (kafka-python's Kerberos needs it; with it installed,
+  GSSAPI is passed on, untested here: no KDC), and Java-only login modules.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -26,6 +44,36 @@ SECRET_KAFKA_OPTIONS = frozenset(
         "ssl.keystore.password",
         "ssl.truststore.password",
     }
+)
+
+TOKEN_PROVIDER = "sasl.oauth.token.provider"
+"""kafka-python's ``sasl_oauth_token_provider`` as an option: ``module:function``."""
+
+# Java client settings kafka-python has no counterpart for, each with the way that works.
+_REFUSED_SECURITY_OPTIONS = {
+    "ssl.keystore.password": "PEM files have no store password; an encrypted key's"
+    " passphrase goes in kafka.ssl.key.password",
+    "ssl.truststore.password": "PEM files have no store password: remove it",
+    "sasl.login.callback.handler.class": "kafka-python runs no Java callback handler: name"
+    " a Python function that returns the token in kafka.sasl.oauth.token.provider",
+    "sasl.oauthbearer.token.endpoint.url": "kafka-python has no OAuth client of its own:"
+    " name a Python function that fetches the token in kafka.sasl.oauth.token.provider",
+}
+_MSK_IAM_FIX = (
+    "use OAUTHBEARER with kafka.sasl.oauth.token.provider naming a function that returns"
+    " MSKAuthTokenProvider.generate_auth_token(region) (package"
+    " aws-msk-iam-sasl-signer-python; see docs/connectors/kafka-security.md)"
+)
+_GSSAPI_NEEDS = (
+    "the Python package gssapi on the driver and every executor (pip install gssapi, which"
+    " builds against MIT Kerberos: Debian's libkrb5-dev) and a Kerberos ticket in each"
+    " process (kinit, or KRB5_CLIENT_KTNAME naming a keytab)"
+)
+_PEM_CONVERSION = (
+    "convert it with keytool -importkeystore -srckeystore client.jks -destkeystore"
+    " client.p12 -deststoretype PKCS12, then openssl pkcs12 -in client.p12 -out client.pem"
+    " (key and chain in one file; its passphrase goes in kafka.ssl.key.password), and set"
+    " kafka.ssl.keystore.type=PEM"
 )
 
 # Kafka (Java client) names whose kafka-python keyword is not the dotted name with '_'.
@@ -46,7 +94,6 @@ _UNSETTABLE_KWARGS = frozenset(
         "default_offset_commit_callback",
         "socket_options",
         "ssl_context",
-        "sasl_oauth_token_provider",
         "sasl_kerberos_name",
         "group_instance_id",
         "api_version",
@@ -89,20 +136,25 @@ def kafka_client_params(
     jaas = raw.pop("sasl.jaas.config", None)
     if jaas is not None:
         params.update(parse_jaas(jaas, error))
+    provider_name = raw.pop(TOKEN_PROVIDER, None)
     truststore_type = raw.pop("ssl.truststore.type", "PEM").upper()
     keystore_type = raw.pop("ssl.keystore.type", "PEM").upper()
     for kafka_name, value in raw.items():
         if kafka_name in refused:
             raise error(f"Option kafka.{kafka_name} is not supported: {refused[kafka_name]}")
+        if kafka_name in _REFUSED_SECURITY_OPTIONS:
+            fix = _REFUSED_SECURITY_OPTIONS[kafka_name]
+            raise error(f"Option kafka.{kafka_name} is not supported: {fix}")
         if kafka_name == "ssl.truststore.location" and truststore_type != "PEM":
             raise error(
                 "Option kafka.ssl.truststore.location needs a PEM file (kafka-python reads no"
-                " JKS/PKCS12): convert it and set kafka.ssl.truststore.type=PEM"
+                " JKS or PKCS12): convert it with keytool -exportcert -rfc -keystore"
+                " truststore.jks -alias <ca> -file ca.pem, and set kafka.ssl.truststore.type=PEM"
             )
         if kafka_name == "ssl.keystore.location" and keystore_type != "PEM":
             raise error(
                 "Option kafka.ssl.keystore.location needs a PEM file (kafka-python reads no"
-                " JKS/PKCS12): convert it and set kafka.ssl.keystore.type=PEM"
+                f" JKS or PKCS12): {_PEM_CONVERSION}"
             )
         if kafka_name == "ssl.endpoint.identification.algorithm":
             params["ssl_check_hostname"] = value.strip().lower() == "https"
@@ -114,7 +166,39 @@ def kafka_client_params(
                 f" remove it (see the kafka.* table in docs/connectors/{format_name}.md)"
             )
         params[kwarg] = kafka_value(kafka_name, kwarg, value, client, error)
+    params.update(_mechanism_params(params, provider_name, error))
     return tuple(sorted(params.items()))
+
+
+def _mechanism_params(
+    params: Mapping[str, Any], provider_name: str | None, error: type[ValueError]
+) -> dict[str, Any]:
+    """The SASL mechanism's own settings (the token provider), after refusing a mechanism
+    kafka-python cannot use here in one line with the way that works."""
+    mechanism = str(params.get("sasl_mechanism") or "PLAIN").upper()
+    if mechanism == "AWS_MSK_IAM":
+        raise error(f"Option kafka.sasl.mechanism AWS_MSK_IAM is not supported: {_MSK_IAM_FIX}")
+    if mechanism == "GSSAPI" and importlib.util.find_spec("gssapi") is None:
+        raise error(f"Option kafka.sasl.mechanism GSSAPI needs {_GSSAPI_NEEDS}")
+    if mechanism == "OAUTHBEARER" and provider_name is None:
+        raise error(
+            "Option kafka.sasl.mechanism is OAUTHBEARER: set kafka.sasl.oauth.token.provider"
+            " to module:function (a function returning the token; see"
+            " docs/connectors/kafka-security.md)"
+        )
+    if provider_name is None:
+        return {}
+    if mechanism != "OAUTHBEARER":
+        raise error(
+            f"Option kafka.{TOKEN_PROVIDER} needs kafka.sasl.mechanism=OAUTHBEARER (the"
+            f" mechanism is {mechanism}): set it"
+        )
+    from eospack.connectors.kafka.token_provider import TokenProviderNameError, provider_for
+
+    try:
+        return {"sasl_oauth_token_provider": provider_for(provider_name.strip())}
+    except TokenProviderNameError as refused:
+        raise error(str(refused)) from None
 
 
 def kafka_value(
@@ -143,6 +227,12 @@ _JAAS = re.compile(
     r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)"
     r"(?P<pairs>(?:\s+\w+\s*=\s*(?:\"[^\"]*\"|[^\s;]+))*)\s*;?\s*$"
 )
+_JAAS_FIXES = {
+    "OAuthBearerLoginModule": "set kafka.sasl.mechanism=OAUTHBEARER and name a token"
+    " provider in kafka.sasl.oauth.token.provider instead",
+    "Krb5LoginModule": "for GSSAPI, set kafka.sasl.kerberos.service.name and give each"
+    " process a Kerberos ticket (kinit, or KRB5_CLIENT_KTNAME naming a keytab) instead",
+}
 _JAAS_PAIR = re.compile(r"(\w+)\s*=\s*(?:\"([^\"]*)\"|([^\s;]+))")
 
 
@@ -151,9 +241,10 @@ def parse_jaas(jaas: str, error: type[ValueError]) -> dict[str, str]:
     match = _JAAS.match(jaas)
     module = match.group("module").rsplit(".", 1)[-1] if match else ""
     if module not in ("PlainLoginModule", "ScramLoginModule") or match is None:
+        fix = _JAAS_FIXES.get(module, "other login modules are not supported")
         raise error(
             "Option kafka.sasl.jaas.config must be a PlainLoginModule or ScramLoginModule entry"
-            ' with username="..." password="..." (other login modules are not supported)'
+            f' with username="..." password="...": {fix}'
         )
     pairs = {key: quoted or bare for key, quoted, bare in _JAAS_PAIR.findall(match["pairs"])}
     if "username" not in pairs or "password" not in pairs:
