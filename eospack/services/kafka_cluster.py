@@ -11,6 +11,11 @@
   to 300000 (below 2pc-kafka's default timeout, as teams set it). The controller listener
   is PLAINTEXT on loopback: the broker's own registration there is ``User:ANONYMOUS``, a
   super user; clients use the SASL_SSL listener only.
+  Two more client listeners on the same broker (issue 37), so that one broker serves every
+  security test: ``OAUTH`` (SASL_SSL with OAUTHBEARER and Kafka's unsecured JWT validator,
+  which accepts unsigned tokens, ``alg: none``: ``unsecured_jwt(user)`` makes one; its
+  ``sub`` is the principal) and ``MTLS`` (SSL requiring a client certificate the CA signed;
+  ``CN=app`` is mapped to ``User:app``). Both reach the same users and grants.
 
 Both are made of ``KafkaNode`` processes, each killable (SIGKILL, ``kill(node_id)``) and
 restartable on the same ports and log directory (``start(node_id)``). Passwords are
@@ -20,8 +25,10 @@ options (the secret in ``sasl.jaas.config``), ``client_config(user)`` kafka-pyth
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
+import json
 import secrets
 import signal
 import subprocess
@@ -345,15 +352,25 @@ class ApacheKafkaCluster(_Nodes):
 
 @dataclass(frozen=True)
 class Certificates:
-    """PEM files: the CA (what clients trust) and the broker's key and chain."""
+    """PEM files: the CA (what clients trust), the broker's key and chain, and client
+    certificates for the MTLS listener: ``app``'s (signed by the CA) as one file with key
+    and chain (``app_keystore``, Java's PEM keystore) and as separate certificate and key
+    files (kafka-python's ``ssl_certfile``/``ssl_keyfile``), and a stranger's, signed by
+    a CA the broker does not trust (a wrong client certificate)."""
 
     ca_file: Path
     broker_keystore: Path
+    app_keystore: Path
+    app_certificate: Path
+    app_key: Path
+    stranger_keystore: Path
 
 
 def generate_certificates(directory: Path) -> Certificates:
     """A CA and a broker certificate it signs, valid for ``127.0.0.1`` and ``localhost``
-    (subjectAltName), for a day; the broker's keystore is its PKCS#8 key and chain in PEM."""
+    (subjectAltName), for a day; the broker's keystore is its PKCS#8 key and chain in PEM.
+    Also client certificates (``Certificates``): ``CN=app`` signed by the CA, and
+    ``CN=app`` signed by another CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -421,7 +438,61 @@ def generate_certificates(directory: Path) -> Certificates:
         + ca.public_bytes(pem)
     )
     keystore.chmod(0o600)
-    return Certificates(ca_file, keystore)
+
+    def client_certificate(issuer: x509.Name, issuer_key: Any) -> tuple[bytes, bytes]:
+        client_key = ec.generate_private_key(ec.SECP256R1())
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, APP_USER)]))
+            .issuer_name(issuer)
+            .public_key(client_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(valid[0])
+            .not_valid_after(valid[1])
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(issuer_key, hashes.SHA256())
+        )
+        key_pem = client_key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return key_pem, certificate.public_bytes(pem)
+
+    files: dict[str, Path] = {}
+
+    def write(name: str, content: bytes) -> Path:
+        path = directory / name
+        path.touch(mode=0o600)
+        path.write_bytes(content)
+        files[name] = path
+        return path
+
+    app_key, app_certificate = client_certificate(ca_name, ca_key)
+    stranger_ca_key = ec.generate_private_key(ec.SECP256R1())
+    stranger_ca = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "a CA nobody trusts")])
+    stranger_key, stranger_certificate = client_certificate(stranger_ca, stranger_ca_key)
+    return Certificates(
+        ca_file,
+        keystore,
+        app_keystore=write("app-keystore.pem", app_key + app_certificate),
+        app_certificate=write("app-certificate.pem", app_certificate),
+        app_key=write("app-key.pem", app_key),
+        stranger_keystore=write("stranger-keystore.pem", stranger_key + stranger_certificate),
+    )
+
+
+def unsecured_jwt(subject: str, lifetime_seconds: int = 3600) -> str:
+    """An unsigned JWT (``alg: none``) for ``subject``, as Kafka's unsecured OAUTHBEARER
+    validator (the ``OAUTH`` listener) accepts it: ``sub``, ``iat`` and ``exp`` claims."""
+
+    def part(claims: Mapping[str, Any]) -> str:
+        text = json.dumps(claims, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(text).rstrip(b"=").decode()
+
+    now = int(time.time())
+    return (
+        f"{part({'alg': 'none'})}."
+        f"{part({'sub': subject, 'iat': now, 'exp': now + lifetime_seconds})}."
+    )
 
 
 class SecuredKafka(_Nodes):
@@ -442,8 +513,10 @@ class SecuredKafka(_Nodes):
             ADMIN_USER: secrets.token_urlsafe(18),
             APP_USER: secrets.token_urlsafe(18),
         }
-        port, controller_port = _free_ports(2)
+        port, controller_port, oauth_port, mtls_port = _free_ports(4)
         self.port = port
+        self.oauth_bootstrap_servers = f"{LOOPBACK}:{oauth_port}"
+        self.mtls_bootstrap_servers = f"{LOOPBACK}:{mtls_port}"
         admin_jaas = _scram_jaas(ADMIN_USER, self.passwords[ADMIN_USER])
         self.nodes = {}
         try:
@@ -455,11 +528,22 @@ class SecuredKafka(_Nodes):
                 "process.roles": "broker,controller",
                 "node.id": "1",
                 "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{controller_port}",
-                "listeners": f"SASL_SSL://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}",
-                "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{port}",
+                "listeners": f"SASL_SSL://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port},"
+                f"OAUTH://{LOOPBACK}:{oauth_port},MTLS://{LOOPBACK}:{mtls_port}",
+                "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{port},"
+                f"OAUTH://{LOOPBACK}:{oauth_port},MTLS://{LOOPBACK}:{mtls_port}",
                 "controller.listener.names": "CONTROLLER",
                 "inter.broker.listener.name": "SASL_SSL",
-                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT,"
+                "OAUTH:SASL_SSL,MTLS:SSL",
+                # OAUTHBEARER with no server callback handler: Kafka's unsecured validator.
+                "listener.name.oauth.sasl.enabled.mechanisms": "OAUTHBEARER",
+                "listener.name.oauth.oauthbearer.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+                    f' required unsecuredLoginStringClaim_sub="{ADMIN_USER}";'
+                ),
+                "listener.name.mtls.ssl.client.auth": "required",
+                "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
                 "sasl.enabled.mechanisms": SCRAM_MECHANISM,
                 "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
                 "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": admin_jaas,
@@ -524,6 +608,32 @@ class SecuredKafka(_Nodes):
             "kafka.security.protocol": "SASL_SSL",
             "kafka.sasl.mechanism": SCRAM_MECHANISM,
             "kafka.sasl.jaas.config": _scram_jaas(user, secret),
+            "kafka.ssl.truststore.location": str(self.certificates.ca_file),
+            "kafka.ssl.truststore.type": "PEM",
+            "kafka.ssl.endpoint.identification.algorithm": "https",
+        }
+
+    def oauth_options(self, token_provider: str) -> dict[str, str]:
+        """``kafka.*`` options for the ``OAUTH`` listener with ``token_provider``
+        (``module:function``) as ``kafka.sasl.oauth.token.provider``."""
+        return {
+            "kafka.bootstrap.servers": self.oauth_bootstrap_servers,
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "OAUTHBEARER",
+            "kafka.sasl.oauth.token.provider": token_provider,
+            "kafka.ssl.truststore.location": str(self.certificates.ca_file),
+            "kafka.ssl.truststore.type": "PEM",
+            "kafka.ssl.endpoint.identification.algorithm": "https",
+        }
+
+    def mtls_options(self, keystore: Path | None = None) -> dict[str, str]:
+        """``kafka.*`` options for the ``MTLS`` listener, Java's names: ``keystore`` (key
+        and chain in one PEM file; ``app``'s by default) and the CA as truststore."""
+        return {
+            "kafka.bootstrap.servers": self.mtls_bootstrap_servers,
+            "kafka.security.protocol": "SSL",
+            "kafka.ssl.keystore.location": str(keystore or self.certificates.app_keystore),
+            "kafka.ssl.keystore.type": "PEM",
             "kafka.ssl.truststore.location": str(self.certificates.ca_file),
             "kafka.ssl.truststore.type": "PEM",
             "kafka.ssl.endpoint.identification.algorithm": "https",
