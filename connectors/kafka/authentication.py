@@ -13,6 +13,13 @@ The probe logs in over a blocking socket with kafka-python's protocol classes an
 mechanisms (private parts, pinned by ``integration_tests/test_kafka_secured.py``): its
 own transport drops a refusal that arrives together with the broker closing the socket.
 It costs nothing when connections work.
+
+The same probe tells a TLS listener that refused the client (mTLS: no client certificate,
+or one its CA did not sign; or a server certificate the client's CA file does not trust)
+from an unreachable one, for SSL and SASL_SSL alike: after the handshake it sends
+ApiVersions, because under TLS 1.3 the broker's refusal of a client certificate arrives
+as an alert on the first read. OAUTHBEARER refusals name the token provider's option and
+never the token (JWT-shaped text in a broker's reason is cut out too).
 """
 
 from __future__ import annotations
@@ -26,18 +33,28 @@ from eospack.connectors.kafka.errors import KafkaAuthenticationError
 
 PROBE_ATTEMPTS = 3
 _ERROR_PREFIX = re.compile(r"^(\[Error \d+\] )?\w+Error: ")
+_TOKEN_LIKE = re.compile(r"[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*")
 PROBE_TIMEOUT_MS = 5_000
+
+
+class TlsRefusal(Exception):
+    """The TLS handshake (or the first read after it) failed with the broker's or the
+    client's verdict on a certificate: the reason, never a secret."""
 
 
 def uses_sasl(config: Mapping[str, Any]) -> bool:
     return str(config.get("security_protocol") or "").upper().startswith("SASL")
 
 
+def uses_tls(config: Mapping[str, Any]) -> bool:
+    return str(config.get("security_protocol") or "").upper() in ("SSL", "SASL_SSL")
+
+
 def refused_login(config: Mapping[str, Any]) -> BaseException | None:
-    """The error a bootstrap server refused the SASL login of ``config`` with (kafka-python
-    settings, ``bootstrap_servers`` included), or None: it did not, or it cannot be told
-    (no answer, TLS failed: the caller's own error stands)."""
-    if not uses_sasl(config):
+    """The error a bootstrap server refused the SASL login or the TLS handshake of
+    ``config`` with (kafka-python settings, ``bootstrap_servers`` included), or None: it
+    did not, or it cannot be told (no answer: the caller's own error stands)."""
+    if not uses_sasl(config) and not uses_tls(config):
         return None
     servers = config.get("bootstrap_servers") or ()
     if isinstance(servers, str):
@@ -75,15 +92,15 @@ def _login(
     raw = socket.create_connection((host, port), timeout=timeout)
     connection: socket.socket = raw
     try:
-        if str(config.get("security_protocol")).upper() == "SASL_SSL":
+        if uses_tls(config):
             settings = {key: config.get(key) for key in KafkaSSLTransport.DEFAULT_CONFIG}
             if settings["ssl_check_hostname"] is None:
                 settings["ssl_check_hostname"] = True
             context = KafkaSSLTransport._build_ssl_context(settings)
             try:
                 connection = context.wrap_socket(raw, server_hostname=host)
-            except ssl.SSLError:
-                return None  # a TLS problem, not a login: the caller's error stands
+            except ssl.SSLError as tls_error:
+                return TlsRefusal(_tls_reason(tls_error))
         parser = KafkaProtocol(client_id="eospack-authentication-probe")
 
         def call(request: Any) -> Any:
@@ -96,6 +113,15 @@ def _login(
                 answers = parser.receive_bytes(data)
                 if answers:
                     return answers[0][1]
+
+        if not uses_sasl(config):
+            from kafka.protocol.metadata import ApiVersionsRequest
+
+            try:
+                call(ApiVersionsRequest(version=0))
+            except ssl.SSLError as tls_error:
+                return TlsRefusal(_tls_reason(tls_error))
+            return None
 
         mechanism_name = str(config.get("sasl_mechanism") or "PLAIN")
         handshake = SaslHandshakeRequest(mechanism=mechanism_name, version=1)
@@ -125,28 +151,52 @@ def _login(
         connection.close()
 
 
+def _tls_reason(error: BaseException) -> str:
+    """An ``ssl.SSLError`` as its OpenSSL reason (e.g. TLSV13_ALERT_CERTIFICATE_REQUIRED)."""
+    reason = getattr(error, "reason", None) or getattr(error, "verify_message", None)
+    return str(reason or " ".join(str(error).split()))
+
+
 def authentication_error(
     config: Mapping[str, Any], refusal: BaseException, who: str
 ) -> KafkaAuthenticationError:
     """One line for ``refusal``: ``who`` (e.g. "2pc-kafka"), the servers, the protocol,
-    the mechanism and the user; the broker's reason with the password cut out."""
+    the mechanism and the user (or the token provider, or the TLS verdict); the broker's
+    reason with the password and anything shaped like a token cut out."""
     password = str(config.get("sasl_plain_password") or "")
     reason = str(refusal)
     while (prefix := _ERROR_PREFIX.match(reason)) is not None:
         reason = reason[prefix.end() :]
     if password:
         reason = reason.replace(password, "***")
-    user = config.get("sasl_plain_username")
-    as_user = f" as user {user!r}" if user else ""
+    reason = _TOKEN_LIKE.sub("***", reason).strip().rstrip(".")
     servers = config.get("bootstrap_servers")
     if isinstance(servers, (list, tuple)):
         servers = ",".join(servers)
+    protocol = config.get("security_protocol")
+    where = f"{who}: Kafka at {servers} (option kafka.bootstrap.servers)"
+    if isinstance(refusal, TlsRefusal):
+        return KafkaAuthenticationError(
+            f"{where} refused the TLS handshake over {protocol} ({reason}): check the client"
+            " certificate (kafka.ssl.keystore.location or kafka.ssl.certfile/keyfile; the"
+            " listener's CA must have signed it) and kafka.ssl.truststore.location (the CA"
+            " of the broker's certificate)"
+        )
+    mechanism = config.get("sasl_mechanism")
+    if str(mechanism).upper() == "OAUTHBEARER":
+        provider = getattr(config.get("sasl_oauth_token_provider"), "name", "(a provider)")
+        return KafkaAuthenticationError(
+            f"{where} refused authentication: SASL OAUTHBEARER with the token of {provider}"
+            f" (option kafka.sasl.oauth.token.provider) over {protocol} failed ({reason}):"
+            " check the token the provider returns (subject, scope, audience, expiry)"
+            " against the listener's validator"
+        )
+    user = config.get("sasl_plain_username")
+    as_user = f" as user {user!r}" if user else ""
     return KafkaAuthenticationError(
-        f"{who}: Kafka at {servers} (option kafka.bootstrap.servers) refused authentication:"
-        f" SASL {config.get('sasl_mechanism')}{as_user} over"
-        f" {config.get('security_protocol')} failed ({reason.strip().rstrip('.')}): check"
-        " kafka.sasl.jaas.config's username and password and kafka.sasl.mechanism against"
-        " the listener's"
+        f"{where} refused authentication: SASL {mechanism}{as_user} over {protocol} failed"
+        f" ({reason}): check kafka.sasl.jaas.config's username and password and"
+        " kafka.sasl.mechanism against the listener's"
     )
 
 

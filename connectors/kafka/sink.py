@@ -185,6 +185,7 @@ def _cluster_facts(
     raised error is not cached. A broker that refused the login raises
     ``KafkaAuthenticationError``."""
     config = client_config(bootstrap_servers, producer_params)
+    raise_if_refused(config, SINK_NAME)  # first: kafka-python retries a refused login 30 s
     try:
         admin = admin_client(config)
     except (kafka_errors.KafkaTimeoutError, kafka_errors.KafkaConnectionError):
