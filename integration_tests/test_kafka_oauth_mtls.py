@@ -93,7 +93,9 @@ def test_oauthbearer_reads_and_writes_exactly_once_and_no_token_shows(
     assert [t for t in open_transactions(secured_kafka) if unique_name in t] == []
     frame = spark.read.format("replayable-kafka").options(**options).option("subscribe", target)
     plan = frame.load()._jdf.queryExecution().toString()
-    assert_no_token(plan, str(query.lastProgress), caplog.text)
+    streaming_plan = query._jsq.explainInternal(True)
+    assert "replayable-kafka" in plan.lower() or "PythonDataSource" in plan, plan
+    assert_no_token(plan, streaming_plan, str(query.lastProgress), caplog.text)
 
 
 @pytest.mark.timeout(180)

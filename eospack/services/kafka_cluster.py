@@ -779,4 +779,9 @@ def secured_settings_lines(broker: SecuredKafka) -> list[str]:
         f" topics {APP_TOPIC_PREFIX}*, transactional ids {APP_TRANSACTIONAL_ID_PREFIX}*;"
         " a properties file as --kafka-command-config takes)",
         f"kafka admin user         {files[ADMIN_USER]}  (super user)",
+        f"kafka oauth listener     {broker.oauth_bootstrap_servers}  (SASL_SSL, OAUTHBEARER;"
+        " Kafka's unsecured validator: an unsigned JWT whose sub is the user, see"
+        " docs/connectors/kafka-security.md)",
+        f"kafka mtls listener      {broker.mtls_bootstrap_servers}  (SSL; client certificate"
+        f" {broker.certificates.app_keystore} is User:{APP_USER})",
     ]
