@@ -47,6 +47,14 @@ class DuckProvider:
         return TOKEN
 
 
+class NeedsRegion(AbstractTokenProvider):
+    def __init__(self, region):
+        self.region = region
+
+    def token(self):
+        return TOKEN
+
+
 INSTANCE = Provider()
 NOT_A_PROVIDER = 42
 
@@ -144,6 +152,13 @@ def test_the_provider_pickles_as_its_path_and_never_shows_the_token(providers: s
             "Option kafka.sasl.oauth.token.provider is '{providers}': use module:function or"
             " module:Class (a kafka-python AbstractTokenProvider, an object with a token()"
             " method, or a function returning the token)",
+        ),
+        (
+            "{providers}:NeedsRegion",
+            "Option kafka.sasl.oauth.token.provider names the class {providers}:NeedsRegion,"
+            " which cannot be built without arguments (TypeError: NeedsRegion.__init__()"
+            " missing 1 required positional argument: 'region'): name a function that builds"
+            " it with its arguments instead",
         ),
         (
             "{providers}:NOT_A_PROVIDER",

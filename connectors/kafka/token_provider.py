@@ -100,7 +100,14 @@ def resolve(name: str) -> TokenProvider:
             " executor (e.g. spark.submit.pyFiles or SparkContext.addPyFile)"
         ) from None
     if inspect.isclass(target) and callable(getattr(target, "token", None)):
-        target = target()
+        try:
+            target = target()
+        except Exception as error:
+            raise TokenProviderNameError(
+                f"Option {OPTION} names the class {name}, which cannot be built without"
+                f" arguments ({type(error).__name__}: {' '.join(str(error).split())}): name a"
+                " function that builds it with its arguments instead"
+            ) from None
     if callable(getattr(target, "token", None)):
         extensions = getattr(target, "extensions", None)
         return TokenProvider(name, target.token, extensions if callable(extensions) else dict)
