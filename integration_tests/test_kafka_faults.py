@@ -3,10 +3,13 @@
 An armed ``kafka.<call>`` fault makes one call fail as kafka-python fails: a dropped connection
 before the call applied or after (its answer lost), or a stall ending in a timeout. On the
 executor (``kafka.poll``) it fails the task; on the driver (``kafka.metadata``,
-``kafka.end_offsets``, ``kafka.beginning_offsets``) it fails planning. Either way the query
-stops; restarted from its checkpoint it must deliver every record exactly once, replayed
-batches identical. Under ``local[2,2]`` Spark retries the failed task instead, and the same
-query finishes with the same guarantee.
+``kafka.end_offsets``, ``kafka.beginning_offsets``) a stall fails planning, and a dropped
+connection is asked again until kafka.request.timeout.ms has passed (issue 37: a broker
+killed mid-call), so it fails planning only when it keeps dropping that long. Either way the
+query stops; restarted from its checkpoint it must deliver every record exactly once,
+replayed batches identical. A connection dropped once on the driver is ridden through.
+Under ``local[2,2]`` Spark retries the failed task instead, and the same query finishes
+with the same guarantee.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ pytestmark = pytest.mark.integration
 
 DRIVER = Path(__file__).parent / "drivers" / "kafka_source_driver.py"
 STALL_SECONDS = 1.0
+DRIVER_RETRIES_EXHAUSTED = 60
+"""More dropped connections than a driver call retries within kafka.request.timeout.ms
+(10 s: backoffs of 0.1 s doubling to 1 s, about 15 attempts)."""
 
 
 def fired(directory: Path) -> list[tuple[str, str]]:
@@ -54,9 +60,15 @@ def fired(directory: Path) -> list[tuple[str, str]]:
             "injected fault: kafka.poll stall",
             marks=pytest.mark.chaos,
         ),
-        ("kafka.end_offsets", "after", "mid-stream", "did not answer within 10000 ms"),
-        ("kafka.metadata", "stall", "mid-stream", "(KafkaTimeoutError)"),
-        ("kafka.beginning_offsets", "before", "at start", "(KafkaConnectionError)"),
+        (
+            "kafka.end_offsets",
+            "after",
+            "mid-stream",
+            "did not answer within 10000 ms (KafkaConnectionError: injected fault:"
+            " kafka.end_offsets after",
+        ),
+        ("kafka.metadata", "stall", "mid-stream", "(KafkaTimeoutError: injected fault"),
+        ("kafka.beginning_offsets", "before", "at start", "(KafkaConnectionError: injected"),
     ],
 )
 def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_once(
@@ -86,13 +98,15 @@ def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_on
             maxOffsetsPerTrigger="8",
         )
 
+    # a dropped connection on the driver fails planning only when it keeps dropping
+    times = DRIVER_RETRIES_EXHAUSTED if call != "kafka.poll" and mode != "stall" else 1
     if when == "at start":
-        faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS)
+        faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS, times=times)
     query = start_recording(stream(), checkpoint, recorder)
     try:
         if when == "mid-stream":
             wait_until(lambda: recorder.batches, 60, "a first committed batch")
-            faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS)
+            faults.arm(call_faults, call, mode, stall_seconds=STALL_SECONDS, times=times)
         produce_sealed(servers, unique_name, second)
         with pytest.raises(StreamingQueryException) as raised:
             if not query.awaitTermination(90):
@@ -100,7 +114,9 @@ def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_on
     finally:
         query.stop()
     assert message in str(raised.value)
-    assert fired(call_faults) == [(call, mode)]
+    assert set(fired(call_faults)) == {(call, mode)}
+    for armed in call_faults.glob("*.fault"):  # the faults the retries did not claim
+        armed.unlink()
 
     run_available_now(stream(), checkpoint, recorder)
 
@@ -110,6 +126,58 @@ def test_a_broker_fault_stops_the_query_and_the_restart_delivers_every_record_on
         expected_rows(unique_name, first)
         + [(unique_name, r.partition, 10 + i // 2, r.value) for i, r in enumerate(second)]
     )
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("call", "mode"), [("kafka.end_offsets", "after"), ("kafka.metadata", "before")]
+)
+def test_a_driver_call_whose_connection_drops_once_is_asked_again_and_the_query_goes_on(
+    spark: Any,
+    kafka: Any,
+    unique_name: str,
+    tmp_path: Path,
+    call_faults: Path,
+    call: str,
+    mode: faults.Mode,
+) -> None:
+    """A broker killed mid-call on the driver (issue 37): planning asks again with a fresh
+    consumer, the query never fails and delivers every record once."""
+    servers = servers_of(kafka)
+    create_topic(servers, unique_name, partitions=2)
+    first, second = make_records(2, 10, "first"), make_records(2, 6, "second")
+    produce_sealed(servers, unique_name, first)
+    recorder = BatchRecorder()
+    query = start_recording(
+        read_stream(
+            spark,
+            servers,
+            subscribe=unique_name,
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger="8",
+        ),
+        tmp_path / "checkpoint",
+        recorder,
+    )
+    expected = sorted(
+        expected_rows(unique_name, first)
+        + [(unique_name, r.partition, 10 + i // 2, r.value) for i, r in enumerate(second)]
+    )
+    try:
+        wait_until(lambda: recorder.batches, 60, "a first committed batch")
+        faults.arm(call_faults, call, mode)
+        produce_sealed(servers, unique_name, second)
+        wait_until(
+            lambda: recorder.all_rows() == expected or query.exception() is not None,
+            90,
+            "every record",
+        )
+        assert query.exception() is None, query.exception()
+    finally:
+        query.stop()
+    assert fired(call_faults) == [(call, mode)]
+    assert all(recorder.replays.values()), recorder.replays
+    assert recorder.all_rows() == expected
 
 
 @pytest.mark.chaos  # a driver process of its own: about a minute on two busy cores

@@ -2,11 +2,21 @@
 
 Every call goes through ``broker_call`` (the call-fault rig) and is bounded by the metadata
 timeout; kafka-python is imported only when a call is made.
+
+Broker failures (issue 37): a call whose connection drops (a node SIGKILLed or restarted,
+its partitions' leadership moving to another node) is made again with a fresh consumer,
+which bootstraps from any address of the list and asks the partitions' new leaders, with a
+backoff of 0.1 s doubling to 1 s, until ``kafka.request.timeout.ms`` has passed since the
+call began; then, or as soon as a request itself times out, the call fails with
+``KafkaBrokerUnreachableError`` naming the last error. A call therefore rides through a
+leader change and gives up within twice ``kafka.request.timeout.ms`` (a last attempt may
+start just before the deadline and wait its own timeout).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +34,10 @@ from eospack.connectors.kafka.source_options import (
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
+
+
+_FIRST_RETRY_BACKOFF_SECONDS = 0.1
+_LAST_RETRY_BACKOFF_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -63,27 +77,41 @@ class KafkaMetadata:
             self._consumer = None
 
     def _unreachable(self, error: BaseException) -> KafkaBrokerUnreachableError:
+        name, text = type(error).__name__, str(error).strip()
+        # kafka-python's errors print as "<class name>: <text>", or just the name
+        cause = text if text.startswith(name) else f"{name}: {text}" if text else name
         return KafkaBrokerUnreachableError(
             f"Kafka at {self._options.bootstrap_servers} (option kafka.bootstrap.servers) did not"
-            f" answer within {self._options.metadata_timeout_ms} ms"
-            f" ({type(error).__name__}): check the servers are up and reachable, or raise"
-            " kafka.request.timeout.ms"
+            f" answer within {self._options.metadata_timeout_ms} ms ({cause}): check the servers"
+            " are up and reachable, or raise kafka.request.timeout.ms"
         )
 
     def _call(self, action: Callable[[KafkaConsumer], Any]) -> Any:
+        """``action`` with the consumer; a dropped connection is retried with a fresh
+        consumer until the metadata timeout has passed (module docstring)."""
         # kafka-python is imported here, by the one process that talks to the broker: Spark's
         # planner processes that only build the source never pay its ~0.15 s import.
         from kafka import KafkaConsumer
         from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-        try:
-            if self._consumer is None:
-                self._consumer = KafkaConsumer(**self._options.metadata_consumer_config())
-            return action(self._consumer)
-        except (KafkaTimeoutError, KafkaConnectionError) as error:
-            self.close()
-            raise_if_refused(self._options.metadata_consumer_config(), "replayable-kafka")
-            raise self._unreachable(error) from None
+        deadline = time.monotonic() + self._options.metadata_timeout_ms / 1000
+        backoff = _FIRST_RETRY_BACKOFF_SECONDS
+        while True:
+            try:
+                if self._consumer is None:
+                    self._consumer = KafkaConsumer(**self._options.metadata_consumer_config())
+                return action(self._consumer)
+            except KafkaTimeoutError as error:
+                self.close()
+                raise_if_refused(self._options.metadata_consumer_config(), "replayable-kafka")
+                raise self._unreachable(error) from None
+            except KafkaConnectionError as error:
+                self.close()
+                raise_if_refused(self._options.metadata_consumer_config(), "replayable-kafka")
+                if time.monotonic() + backoff >= deadline:
+                    raise self._unreachable(error) from None
+                time.sleep(backoff)  # a backoff between attempts, not a wait for a condition
+                backoff = min(2 * backoff, _LAST_RETRY_BACKOFF_SECONDS)
 
     def cluster_view(self, subscription: Subscription) -> ClusterView:
         """The topic-partitions the subscription covers right now, from one fresh metadata

@@ -73,12 +73,21 @@ cost 50-100 ms; the loop checks the position between polls."""
 _idle_consumers: dict[tuple[tuple[str, Any], ...], KafkaConsumer] = {}
 
 
-def _acquire(options: KafkaSourceOptions) -> tuple[tuple[tuple[str, Any], ...], KafkaConsumer]:
+def _acquire(
+    options: KafkaSourceOptions, offset_range: OffsetRange
+) -> tuple[tuple[tuple[str, Any], ...], KafkaConsumer]:
     key = options.consumer_cache_key()
     consumer = _idle_consumers.pop(key, None)
     if consumer is None:
         socket_reads.use_large_reads()
-        consumer = KafkaConsumer(**options.consumer_config())
+        try:
+            consumer = KafkaConsumer(**options.consumer_config())
+        except KafkaTimeoutError as error:
+            raise KafkaReadTimeoutError(
+                f"Could not read {offset_range.describe()}: no broker of"
+                f" {options.bootstrap_servers} answered within {options.poll_timeout_ms} ms"
+                f" ({error}); check the brokers, or raise kafkaConsumer.pollTimeoutMs"
+            ) from None
     consumer._fetcher.PartitionRecords = decoding_partition_records(options.include_headers)
     return key, consumer
 
@@ -103,7 +112,7 @@ def read_range(options: KafkaSourceOptions, offset_range: OffsetRange) -> Iterat
     if offset_range.size == 0:
         return
     native_path.warn_if_reference_path()
-    key, consumer = _acquire(options)
+    key, consumer = _acquire(options, offset_range)
     healthy = False
     try:
         yield from _RangeReader(options, consumer, offset_range).batches()
@@ -170,13 +179,25 @@ class _RangeReader:
                 cause = (
                     "a transaction open at that offset is not decided yet (read_committed)"
                     if self.waiting_for_transaction
-                    else f"check the brokers ({self.options.bootstrap_servers})"
+                    else f"{self._leader_state()}; check the brokers"
+                    f" ({self.options.bootstrap_servers})"
                 )
                 raise KafkaReadTimeoutError(
                     f"Could not read {self.range.describe()}: stuck at offset {self.position}"
                     f" for {self.options.poll_timeout_ms} ms; {cause}, or raise"
                     " kafkaConsumer.pollTimeoutMs"
                 )
+
+    def _leader_state(self) -> str:
+        """What the consumer last learnt of the partition's leader, for a read that gives
+        up: no leader (every replica down or out of sync), or the node it kept asking."""
+        try:
+            leader = self.consumer._client.cluster.leader_for_partition(self.tp)
+        except Exception:  # kafka-python internals: the message must not fail
+            return "its leader is not known"
+        if leader is None or leader < 0:
+            return f"{self.tp.topic}-{self.tp.partition} has no leader"
+        return f"its leader, node {leader}, did not serve it"
 
     def _check_lost_offsets(self, force: bool, seek: bool) -> bool:
         """Report offsets of the range that the broker no longer has; True if we moved on.

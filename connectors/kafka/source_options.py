@@ -53,6 +53,11 @@ _THROUGHPUT_DEFAULTS: dict[str, Any] = {
     "max_poll_records": 5_000,
     "fetch_max_wait_ms": 5,
 }
+# Broker failures (issue 37): kafka-python waits up to 30 s between attempts to reconnect
+# to a node (reconnect_backoff_max_ms 30000; Java's client: 1000), so a read whose broker
+# was SIGKILLed and restarted within seconds sat waiting for its next attempt long after the
+# broker was back. 1 s as Java's client; a user's kafka.reconnect.backoff.max.ms wins.
+_RECONNECT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 1_000}
 # Transactions: read only committed records, so a batch ends at the last stable offset and a
 # replay returns the same rows whatever happens to a transaction later. A user's
 # kafka.isolation.level=read_uncommitted wins (Spark's own source defaults to it).
@@ -138,8 +143,11 @@ class KafkaSourceOptions:
 
     def consumer_config(self) -> dict[str, Any]:
         """kafka-python settings for a consumer that owns no offsets and joins no group."""
-        config: dict[str, Any] = dict(_THROUGHPUT_DEFAULTS)
+        config: dict[str, Any] = {**_THROUGHPUT_DEFAULTS, **_RECONNECT_DEFAULTS}
         config["isolation_level"] = DEFAULT_ISOLATION_LEVEL
+        # An executor's consumer bootstraps within the read's deadline (a task that starts
+        # while every broker is down waits for one as long as a read waits for records).
+        config["bootstrap_timeout_ms"] = self.poll_timeout_ms
         # A source never creates the topics it reads (a deleted topic stays deleted).
         config["allow_auto_create_topics"] = False
         config.update(self.kafka_params)
