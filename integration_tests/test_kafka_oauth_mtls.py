@@ -241,3 +241,35 @@ def test_the_sink_checks_the_login_before_kafka_python_retries_it_for_30_seconds
     print(f"refused after {time.monotonic() - started:.2f} s")
     assert "SASL SCRAM-SHA-512 as user 'app' over SASL_SSL failed" in str(raised.value)
     assert WRONG_PASSWORD not in str(raised.value)
+
+
+@pytest.mark.timeout(240)
+def test_a_login_refused_only_on_executors_fails_the_sink_task_naming_authentication(
+    spark: Any, secured_kafka: Any, providers: str, unique_name: str, tmp_path: Path
+) -> None:
+    """The driver's token works; the task's producer is refused. kafka-python retries the
+    refused login until its bootstrap timeout (30 s) and then says only "Unable to
+    bootstrap"; the task then asks the probe, which names the refusal."""
+    options = secured_kafka.oauth_options(f"{providers}:refused_on_executors")
+    query = (
+        spark.readStream.format("rate")
+        .load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.format("2pc-kafka")
+        .options(**options)
+        .option("topic", app_topic(unique_name, "out"))
+        .option("ledgerTopic", app_topic(unique_name, "ledger"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        await_query(query, 200)
+    print(f"failed after {time.monotonic() - started:.1f} s")
+    line = error_line(raised.value, "KafkaAuthenticationError")
+    assert (
+        f"KafkaAuthenticationError: 2pc-kafka: Kafka at {secured_kafka.oauth_bootstrap_servers}"
+        " (option kafka.bootstrap.servers) refused authentication: SASL OAUTHBEARER with the"
+        f" token of {providers}:refused_on_executors (option kafka.sasl.oauth.token.provider)"
+        " over SASL_SSL failed ("
+    ) in line, line

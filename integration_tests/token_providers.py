@@ -30,3 +30,10 @@ def failing_on_executors() -> str:
     if TaskContext.get() is not None:
         raise RuntimeError("no credentials on this executor")
     return unsecured_jwt("app")
+
+
+def refused_on_executors() -> str:
+    """A token on the driver; inside a task, one the listener refuses (no JWT)."""
+    if TaskContext.get() is not None:
+        return "not-a-jwt"
+    return unsecured_jwt("app")

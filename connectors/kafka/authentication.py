@@ -24,9 +24,10 @@ never the token (JWT-shaped text in a broker's reason is cut out too).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from eospack.connectors.kafka.errors import KafkaAuthenticationError
@@ -206,3 +207,19 @@ def raise_if_refused(config: Mapping[str, Any], who: str) -> None:
     refusal = refused_login(config)
     if refusal is not None:
         raise authentication_error(config, refusal, who) from None
+
+
+@contextlib.contextmanager
+def naming_refused_logins(config: Mapping[str, Any], who: str) -> Iterator[None]:
+    """Around building a client of ``config`` inside a task: when kafka-python gives up
+    bootstrapping (it retries a refused login like a lost connection, for its bootstrap
+    timeout, then says only "Unable to bootstrap"), raise ``KafkaAuthenticationError`` if
+    a broker refused the login or the TLS handshake; else the error stands. No probe runs
+    while clients connect: a task pays nothing for it."""
+    from kafka.errors import KafkaTimeoutError
+
+    try:
+        yield
+    except KafkaTimeoutError:
+        raise_if_refused(config, who)
+        raise

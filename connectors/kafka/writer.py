@@ -33,6 +33,7 @@ from kafka import errors as kafka_errors
 from eospack.commit_protocols import TaskIdentity, faults, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka.authentication import naming_refused_logins
 from eospack.connectors.kafka.errors import KafkaSendError
 from eospack.connectors.kafka.ledger import is_ledger_topic
 from eospack.connectors.kafka.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
@@ -48,7 +49,8 @@ def prepare_task(
 ) -> PreparedPiece:
     """Write the task's rows into an open transaction and return it as a prepared piece."""
     name = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
-    producer = begin(options.producer_config(), name)
+    with naming_refused_logins(options.producer_config(), "2pc-kafka"):
+        producer = begin(options.producer_config(), name)
     try:
         records = send_rows(producer, options, batches)
         prepared = faults.run_call(
@@ -67,7 +69,8 @@ def prepare_task(
 
 def write_directly(options: KafkaSinkOptions, batches: Iterator[pa.RecordBatch]) -> int:
     """At-least-once: send, flush, and count (a retried task sends its rows again)."""
-    producer = KafkaProducer(**options.producer_config())
+    with naming_refused_logins(options.producer_config(), "2pc-kafka"):
+        producer = KafkaProducer(**options.producer_config())
     try:
         return send_rows(producer, options, batches)
     finally:
