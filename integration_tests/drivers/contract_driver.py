@@ -17,20 +17,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eospack.spark import local_session
 from eospack.testing import await_query
-from integration_tests.sink_contract.adapters import ADAPTERS
+from integration_tests.sink_contract.adapters import ADAPTERS, PRODUCTION_ADAPTERS
 from integration_tests.sink_contract.inputs import start_query
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sink", required=True, choices=sorted(ADAPTERS))
+    adapters = {**ADAPTERS, **PRODUCTION_ADAPTERS}
+    parser.add_argument("--sink", required=True, choices=sorted(adapters))
     parser.add_argument("--source", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--options", required=True, help="the sink's options as JSON")
     parser.add_argument("--master", default="local[2]")
     arguments = parser.parse_args()
 
-    adapter = ADAPTERS[arguments.sink]
+    adapter = adapters[arguments.sink]
     spark = local_session(app_name=f"eospack-contract-{adapter.name}", master=arguments.master)
     query = start_query(
         spark,

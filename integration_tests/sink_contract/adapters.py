@@ -625,16 +625,30 @@ class S3(SinkAdapter):
 
 
 class KafkaSink(BoundSink):
+    broker_fixture: ClassVar[str] = "real_kafka"
+    """The fixture of the broker the sink writes to (subclasses: a cluster, a secured one)."""
+
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> None:
+        super().__init__(request, tmp_path, name)
+        self.kafka = request.getfixturevalue(self.broker_fixture)
+        self.bootstrap = self.kafka.endpoint.bootstrap_servers
+        self.topic = self.topic_name(name)
+        self.ledger_topic = f"{self.topic}_ledger"
+        self.create_output_topic()
+        self.held: list[Any] = []
+
+    def topic_name(self, name: str) -> str:
+        return name
+
+    def create_output_topic(self) -> None:
         from eospack.services.kafka_tools import create_topic
 
-        super().__init__(request, tmp_path, name)
-        self.kafka = request.getfixturevalue("real_kafka")
-        self.bootstrap = self.kafka.endpoint.bootstrap_servers
-        self.topic = name
-        self.ledger_topic = f"{name}_ledger"
-        create_topic(self.bootstrap, name, 2)
-        self.held: list[Any] = []
+        create_topic(self.bootstrap, self.topic, 2)
+
+    def client(self) -> dict[str, Any]:
+        """kafka-python settings (beyond the bootstrap list) of the test's own reads and
+        writes: the end state is read as a user who sees everything."""
+        return {}
 
     def base_options(self) -> Options:
         # a ledger topic of the test's own: an open ledger transaction of one test must
@@ -651,12 +665,14 @@ class KafkaSink(BoundSink):
         return parse_options({key.lower(): value for key, value in options.items()})
 
     def config(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.bootstrap}
+        return {"bootstrap_servers": self.bootstrap, **self.client()}
 
     def rows(self, options: Options) -> Rows:
         from eospack.services.kafka_tools import read_all
 
-        records = read_all(self.bootstrap, self.topic, isolation_level="read_committed")
+        records = read_all(
+            self.bootstrap, self.topic, isolation_level="read_committed", client=self.client()
+        )
         return Counter(
             (int(value.decode()), key.decode())
             for _, _, key, value in records
@@ -696,7 +712,7 @@ class KafkaSink(BoundSink):
         parsed = self.parsed(options)
         ensure_ledger_topic(parsed)
         producer = transactional_producer(
-            self.bootstrap, "eospack-ledger-another_sink_mid_decision"
+            self.bootstrap, "eospack-ledger-another_sink_mid_decision", **self.client()
         )
         try:
             producer.begin_transaction()
@@ -793,6 +809,106 @@ ADAPTERS: dict[str, type[SinkAdapter]] = {
     adapter.name: adapter for adapter in (JdbcPrepared, JdbcStaging, JdbcSqlite, S3, Kafka)
 }
 """Every two-phase-commit sink; adding a sink means adding its adapter here."""
+
+
+# 2pc-kafka on Kafka as production runs it (issue 37) ---------------------------------
+
+
+class KafkaClusterSink(KafkaSink):
+    """2pc-kafka on the 3-node cluster (RF 3, min ISR 2). The output topic's two
+    partitions are led by nodes 2 and 3, none by node 1, the first bootstrap address: a
+    client that only ever talks to the first address passes nothing here by accident. The
+    ledger topic is the sink's own (replicated 3 times by ``ensure_ledger_topic``)."""
+
+    broker_fixture = "kafka_cluster"
+
+    def create_output_topic(self) -> None:
+        from integration_tests.production_kafka_parts import place_topic
+
+        place_topic(self.kafka, self.topic, OUTPUT_LEADERS)
+
+    def ledger_transactional_id(self, sink_id: str) -> str:
+        from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX
+
+        return f"{LEDGER_ID_PREFIX}{sink_id}"
+
+
+OUTPUT_LEADERS = (2, 3)
+"""Partition p of a cluster adapter's output topic is led by node OUTPUT_LEADERS[p]."""
+
+
+class SecuredKafkaSink(KafkaSink):
+    """2pc-kafka on the SASL_SSL broker as user ``app`` with only the documented grant:
+    topics ``app.*`` (the output and the ledger topic, which the sink creates itself:
+    CREATE is in the grant), TransactionalIds ``eospack-*`` (pieces and the ledger). The
+    test reads the end state as the super user ``admin``, who sees every transaction."""
+
+    broker_fixture = "secured_kafka"
+
+    def topic_name(self, name: str) -> str:
+        from eospack.services.kafka_cluster import APP_TOPIC_PREFIX
+
+        return f"{APP_TOPIC_PREFIX}{name}"
+
+    def create_output_topic(self) -> None:
+        from kafka import KafkaConsumer
+        from kafka.admin import NewTopic
+
+        from eospack.services.kafka_cluster import ADMIN_USER
+        from eospack.testing import wait_until
+
+        admin = self.kafka.admin_client(ADMIN_USER)
+        try:
+            admin.create_topics([NewTopic(self.topic, num_partitions=2, replication_factor=1)])
+        finally:
+            admin.close()
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **self.client())
+        try:
+            wait_until(
+                lambda: len(consumer.partitions_for_topic(self.topic) or ()) == 2,
+                30,
+                f"the partitions of {self.topic}",
+            )
+        finally:
+            consumer.close()
+
+    def client(self) -> dict[str, Any]:
+        from eospack.services.kafka_cluster import ADMIN_USER
+
+        return dict(self.kafka.client_config(ADMIN_USER))
+
+    def base_options(self) -> Options:
+        return {**super().base_options(), **self.kafka.client_options("app")}
+
+
+class KafkaCluster(Kafka):
+    """The 2pc-kafka adapter on the 3-node cluster (``production_kafka`` only)."""
+
+    name = "kafka-cluster"
+    fixtures = ("kafka_cluster",)
+    marks = {}
+    bound = KafkaClusterSink
+
+
+class KafkaSecured(Kafka):
+    """The 2pc-kafka adapter on the SASL_SSL broker, least privilege (``production_kafka``
+    only). Its documented options leave out ``kafka.security.protocol=PLAINTEXT``, which
+    this broker refuses."""
+
+    name = "kafka-secured"
+    fixtures = ("secured_kafka",)
+    documented_options = tuple(
+        option for option in Kafka.documented_options if option.name != "kafka.security.protocol"
+    )
+    marks = {}
+    bound = SecuredKafkaSink
+
+
+PRODUCTION_ADAPTERS: dict[str, type[SinkAdapter]] = {
+    adapter.name: adapter for adapter in (KafkaCluster, KafkaSecured)
+}
+"""2pc-kafka on Kafka as production runs it: collected only by the ``production_kafka``
+module (``test_sink_contract_production_kafka.py``), never by ``make test``."""
 
 
 def sink_params(case: str, adapters: Mapping[str, type[SinkAdapter]] = ADAPTERS) -> list[Any]:
