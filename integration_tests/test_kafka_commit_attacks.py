@@ -187,7 +187,7 @@ def test_an_admin_kept_across_a_broker_restart_still_commits(
 ) -> None:
     """KafkaResource keeps one admin client for every piece of a commit. The broker
     restarts between the liveness check and the piece commits: the commit that starts
-    while it is down must wait for it within END_TIMEOUT_MS, as the per-piece producer
+    while it is down must wait for it within COMMIT_DEADLINE_MS, as the per-piece producer
     did (its sender waited for the coordinator), instead of failing the decided batch's
     commit at once with a connection error (NodeNotReadyError, KafkaConnectionError) that
     the EndTxn loop does not retry."""
@@ -212,8 +212,8 @@ def test_an_admin_kept_across_a_broker_restart_still_commits(
         committer = threading.Thread(target=commit)
         committer.start()
         private_kafka.start()
-        committer.join(timeout=transactions.END_TIMEOUT_MS / 1000 + 10)
-        assert not committer.is_alive(), "commit_prepared outlived END_TIMEOUT_MS"
+        committer.join(timeout=transactions.COMMIT_DEADLINE_MS / 1000 + 10)
+        assert not committer.is_alive(), "commit_prepared outlived COMMIT_DEADLINE_MS"
     finally:
         admin.close()
     assert outcome == [None], f"the commit failed while the broker restarted: {outcome[0]!r}"
@@ -224,7 +224,7 @@ def test_an_admin_kept_across_a_broker_restart_still_commits(
 def test_a_commit_against_a_broker_that_stopped_answering_ends_by_end_timeout(
     private_kafka: ApacheKafka, unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``END_TIMEOUT_MS`` is the bound the module promises for ending a transaction; the
+    """``COMMIT_DEADLINE_MS`` is the bound the module promises for committing a transaction; the
     EndTxn path checks it only between answers, so one unanswered request waits the
     admin client's request_timeout_ms (30 s by default, any ``kafka.request.timeout.ms``
     a user sets) instead."""
@@ -232,7 +232,7 @@ def test_a_commit_against_a_broker_that_stopped_answering_ends_by_end_timeout(
     config = {"bootstrap_servers": bootstrap}
     create_topic(bootstrap, unique_name, 1)
     prepared = prepare_records(config, unique_name, f"{unique_name}-1", 2)
-    monkeypatch.setattr(transactions, "END_TIMEOUT_MS", 3_000)
+    monkeypatch.setattr(transactions, "COMMIT_DEADLINE_MS", 3_000)
     admin = admin_client(config)
     started = 0.0
     elapsed = 0.0
@@ -248,7 +248,7 @@ def test_a_commit_against_a_broker_that_stopped_answering_ends_by_end_timeout(
         admin.close()
         wait_until(private_kafka._answers_metadata, timeout=60, description="the resumed broker")
     print(f"commit against a paused broker ended after {elapsed:.1f} s")
-    assert elapsed < 3.0 + 2.0, f"commit_prepared took {elapsed:.1f} s, END_TIMEOUT_MS is 3 s"
+    assert elapsed < 3.0 + 2.0, f"commit_prepared took {elapsed:.1f} s, COMMIT_DEADLINE_MS is 3 s"
 
 
 def transaction_version(admin: KafkaAdminClient) -> int:

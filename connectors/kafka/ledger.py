@@ -42,6 +42,7 @@ its start, so the topic stays small.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -55,6 +56,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from eospack.connectors.kafka.cluster_configs import describe_configs
+from eospack.connectors.kafka.ride_through import ATTEMPT_SECONDS
 from eospack.connectors.kafka.sink_options import (
     DEFAULT_LEDGER_TOPIC,
     KafkaSinkOptions,
@@ -75,6 +77,16 @@ LEDGER_TOPIC_CONFIGS = {
     "min.cleanable.dirty.ratio": "0.1",
     "delete.retention.ms": "3600000",
 }
+"""What marks a topic as a ledger topic (``is_ledger_topic``); ``min.insync.replicas`` is set
+beside them where the replication allows (``ledger_topic_durability``)."""
+DURABLE_REPLICATION = 3
+DURABLE_MIN_INSYNC_REPLICAS = 2
+"""The ledger holds every decision: losing a committed record of it can apply a batch twice
+or leave a decided one unfinished. So it is created replicated on min(3, brokers) nodes with
+min.insync.replicas=2 where it has 3 replicas (Kafka's and Flink's guidance for data that
+must survive a broker: a write is acknowledged by two nodes, and one may be down). With 2
+replicas min.insync.replicas stays 1: 2 of 2 would stop every decision while either node is
+down, which is what riding through a broker loss must avoid."""
 READ_TIMEOUT_SECONDS = 120.0
 """How long opening a ledger may take to read the topic to its end (including waiting for
 another writer's open transaction on it to end: see the module doc)."""
@@ -101,6 +113,14 @@ class LedgerFencedError(LedgerError):
     """Another process opened this sink's ledger after this one: this one may not write."""
 
 
+class LedgerReadTimeoutError(LedgerError):
+    """The ledger topic could not be read to its end in time (a writer's transaction held it
+    back, or its leader was gone): the next attempt may get through."""
+
+    transient = True
+    """Retried by the commit's ride-through (``ride_through.is_transient``)."""
+
+
 class Ledger:
     """The slots of one sink, read once at open and kept up to date by this object's writes."""
 
@@ -111,18 +131,20 @@ class Ledger:
         self.lock = threading.RLock()
         """Held by whoever runs a step on this ledger: one step at a time per process."""
         config = {**CONTROL_SETTINGS, **options.client_config()}
-        ensure_ledger_topic(options)
+        _ensure_topic(options.bootstrap_servers, options.producer_params, self.topic)
+        # max_block_ms bounds init_transactions (and a send's metadata wait): a coordinator
+        # that is gone costs one attempt of ATTEMPT_SECONDS, then the ledger is reopened.
         self.producer = KafkaProducer(
             transactional_id=f"{LEDGER_ID_PREFIX}{sink_id}",
             acks="all",
             transaction_timeout_ms=LEDGER_TRANSACTION_TIMEOUT_MS,
-            **config,
+            **{"max_block_ms": int(ATTEMPT_SECONDS * 1000), **config},
         )
         try:
             self.producer.init_transactions()
             self.slots = read_slots(config, self.topic, sink_id)
         except BaseException:
-            self.producer.close(timeout=0)
+            close_at_once(self.producer)
             raise
 
     def write(self, slot: BatchDecision) -> BatchDecision:
@@ -135,7 +157,12 @@ class Ledger:
     def mark_done(self, slot: BatchDecision) -> None:
         """``slot`` done, and the sink's done slots of the same query below ``batch_id - 1``
         forgotten: never a decided one (its pieces still need their commit), nor one another
-        query decided under a shared sinkId (its replay must still find it)."""
+        query decided under a shared sinkId (its replay must still find it). A slot this
+        ledger read as done already (an earlier attempt applied, its answer lost) is not
+        written again."""
+        kept = self.slots.get(slot.batch_id)
+        if kept is not None and kept.status == DONE and kept.same_pieces(slot):
+            return
         queries = slot.query_ids()
         old = [
             batch
@@ -151,13 +178,19 @@ class Ledger:
         self.slots[slot.batch_id] = BatchDecision(slot.sink_id, slot.batch_id, slot.pieces, DONE)
 
     def _commit(self, records: dict[int, bytes | None]) -> None:
+        """One transaction of ``records``, waiting at most ``ATTEMPT_SECONDS`` for its end.
+        A failure other than a fence leaves the outcome unknown (it may have committed): the
+        caller drops this ledger and reads a fresh one before writing again."""
         try:
             self.producer.begin_transaction()
             for batch_id, value in sorted(records.items()):
                 self.producer.send(self.topic, key=slot_key(self.sink_id, batch_id), value=value)
-            end_transaction(self.producer, commit=True)
+            end_transaction(self.producer, commit=True, timeout_ms=int(ATTEMPT_SECONDS * 1000))
         except kafka_errors.KafkaError as error:
             if not _fenced(self.producer, error):
+                cause = self.producer._transaction_manager.last_error
+                if cause is not None and error.__cause__ is None and cause is not error:
+                    raise error from cause  # kafka-python's plain KafkaError names no cause
                 raise
             raise LedgerFencedError(
                 f"2pc-kafka sink {self.sink_id}: another process now writes this sink's"
@@ -166,7 +199,25 @@ class Ledger:
             ) from None
 
     def close(self) -> None:
-        self.producer.close(timeout=0)
+        """Close at once; never raises (see ``close_at_once``)."""
+        close_at_once(self.producer)
+
+
+def close_at_once(producer: KafkaProducer) -> None:
+    """Close ``producer`` without waiting and without raising. kafka-python's
+    ``close(timeout=0)`` first flushes, and a flush that cannot finish (a broker gone with a
+    send in flight) raises ``Timeout waiting for future`` before the sender thread is
+    stopped: the caller's real failure was hidden behind it and the thread leaked. Here the
+    sender is stopped whatever the flush says."""
+    try:
+        producer.close(timeout=0)
+    except Exception as error:  # the flush's timeout: the records are abandoned anyway
+        logger.debug("2pc-kafka: closing a ledger producer at once: %r", error)
+        sender = producer._sender
+        if sender is not None and sender.is_alive():
+            with contextlib.suppress(Exception):
+                sender.force_close()
+        producer._closed = True
 
 
 def _fenced(producer: KafkaProducer, error: kafka_errors.KafkaError) -> bool:
@@ -238,7 +289,7 @@ def read_slots(
         while (position := consumer.position(partition)) < end:
             now = time.monotonic()
             if now > deadline:
-                raise LedgerError(
+                raise LedgerReadTimeoutError(
                     f"2pc-kafka could not read its ledger topic {topic} to offset {end} within"
                     f" {timeout_seconds:.0f} s (stopped at {position}: a transaction"
                     " of another writer stays open on it; the broker aborts it after its"
@@ -391,40 +442,57 @@ def _has_ledger_configs(
 
 def ensure_ledger_topic(options: KafkaSinkOptions) -> None:
     """Create the compacted ledger topic unless it exists (replicated like the cluster
-    allows); checked once per process and cluster."""
-    _ensure_topic(options.bootstrap_servers, options.producer_params, options.ledger_topic)
+    allows); checked once per process and cluster. Called at query start: a ledger topic
+    that exists weaker than it would be created (``ledger_topic_durability``) is warned
+    about there, once per process and topic."""
+    created = _ensure_topic(
+        options.bootstrap_servers, options.producer_params, options.ledger_topic
+    )
+    if not created:
+        _warn_if_weak(options.bootstrap_servers, options.producer_params, options.ledger_topic)
 
 
 @functools.cache
 def _ensure_topic(
     bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], topic: str
-) -> None:
+) -> bool:
     """Cached by cluster, client settings and topic: only a success is remembered (an
-    error is raised, so the next ledger opened checks again)."""
+    error is raised, so the next ledger opened checks again). Whether it was created."""
     config = {**CONTROL_SETTINGS, **client_config(bootstrap_servers, producer_params)}
-    _create_ledger_topic(config, topic)
+    return _create_ledger_topic(config, topic)
 
 
-def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:
-    """Create ``topic`` unless it exists; a refusal is one ``LedgerError`` line naming the
-    ACL the user lacks and the ``ledgerTopic`` option."""
+def ledger_topic_settings(brokers: int) -> tuple[int, dict[str, str]]:
+    """The replication factor and topic settings a ledger topic is created with on a cluster
+    of ``brokers`` (see ``DURABLE_MIN_INSYNC_REPLICAS``)."""
+    replication = min(DURABLE_REPLICATION, brokers)
+    configs = dict(LEDGER_TOPIC_CONFIGS)
+    if replication >= DURABLE_REPLICATION:
+        configs["min.insync.replicas"] = str(DURABLE_MIN_INSYNC_REPLICAS)
+    return replication, configs
+
+
+def _create_ledger_topic(config: dict[str, Any], topic: str) -> bool:
+    """Create ``topic`` unless it exists (whether it was created); a refusal is one
+    ``LedgerError`` line naming the ACL the user lacks and the ``ledgerTopic`` option."""
     admin = admin_client(config)
     try:
         if topic in admin.list_topics():
-            return
+            return False
         brokers = len(admin.describe_cluster()["brokers"])
+        replication, configs = ledger_topic_settings(brokers)
         try:
             admin.create_topics(
                 {
                     topic: {
                         "num_partitions": 1,
-                        "replication_factor": min(3, brokers),
-                        "configs": LEDGER_TOPIC_CONFIGS,
+                        "replication_factor": replication,
+                        "configs": configs,
                     }
                 }
             )
         except kafka_errors.TopicAlreadyExistsError:
-            pass
+            return False
         except (
             kafka_errors.TopicAuthorizationFailedError,
             kafka_errors.ClusterAuthorizationFailedError,
@@ -437,5 +505,103 @@ def _create_ledger_topic(config: dict[str, Any], topic: str) -> None:
                 " set the option ledgerTopic to a topic inside the user's grant (see"
                 " docs/connectors/2pc-kafka.md, Security / ACLs)"
             ) from None
+        return True
     finally:
         admin.close()
+
+
+def ledger_topic_durability(
+    topic: str,
+    bootstrap_servers: str,
+    *,
+    brokers: int,
+    replication: int,
+    min_insync_replicas: int | None,
+) -> str | None:
+    """The warning for an existing ledger topic weaker than ``ledger_topic_settings`` would
+    create it, naming what was found and the commands that fix it; None when it is as
+    strong. ``min_insync_replicas`` None: it could not be read (DescribeConfigs refused),
+    which the warning says. Warned, not refused: the topic works, a broker lost at the wrong
+    moment can lose a decision, and the fix is the cluster operator's, outside the query."""
+    wanted_replication, configs = ledger_topic_settings(brokers)
+    wanted_min_isr = int(configs.get("min.insync.replicas", "1"))
+    found: list[str] = []
+    fixes = []
+    if replication < wanted_replication:
+        found.append(
+            f"it has {replication} replica(s) where the cluster's {brokers} brokers allow"
+            f" {wanted_replication}"
+        )
+        fixes.append(
+            f"raise its replication factor to {wanted_replication} with"
+            f" kafka-reassign-partitions.sh --bootstrap-server {bootstrap_servers} --execute"
+            " --reassignment-json-file <a plan listing "
+            f"{wanted_replication} replicas for {topic}-0>"
+        )
+    min_isr_wanted = max(replication, wanted_replication) >= DURABLE_REPLICATION
+    if min_isr_wanted and min_insync_replicas is None:
+        found.append(
+            "its min.insync.replicas cannot be checked (DescribeConfigs on the topic was"
+            " refused: grant DESCRIBE_CONFIGS on it to let the sink check)"
+        )
+    elif (
+        min_isr_wanted
+        and min_insync_replicas is not None
+        and min_insync_replicas < DURABLE_MIN_INSYNC_REPLICAS
+    ):
+        found.append(f"its min.insync.replicas is {min_insync_replicas}")
+    if min_isr_wanted and (
+        min_insync_replicas is None or min_insync_replicas < DURABLE_MIN_INSYNC_REPLICAS
+    ):
+        fixes.append(
+            f"kafka-configs.sh --bootstrap-server {bootstrap_servers} --alter --entity-type"
+            f" topics --entity-name {topic} --add-config"
+            f" min.insync.replicas={DURABLE_MIN_INSYNC_REPLICAS}"
+        )
+    if not found:
+        return None
+    created = f"replication factor {wanted_replication}" + (
+        f" and min.insync.replicas {wanted_min_isr}" if wanted_min_isr > 1 else ""
+    )
+    return (
+        f"2pc-kafka's ledger topic {topic} (where the sink keeps its decisions) may be less"
+        f" durable than the sink would create it ({created}): {'; '.join(found)}. A decision"
+        " acknowledged by one broker that is then lost can make a restart apply a batch"
+        " twice or leave it unfinished; the sink goes on. Fix: " + "; then ".join(fixes)
+    )
+
+
+@functools.cache
+def _warn_if_weak(
+    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], topic: str
+) -> None:
+    """Log ``ledger_topic_durability``'s warning for ``topic``, once per process, cluster and
+    topic. A check that fails (the cluster answers nothing) is logged and skipped: it never
+    stops the query."""
+    config = {**CONTROL_SETTINGS, **client_config(bootstrap_servers, producer_params)}
+    admin = admin_client(config)
+    try:
+        brokers = len(admin.describe_cluster()["brokers"])
+        (described,) = admin.describe_topics([topic])
+        partitions = described.get("partitions") or []
+        replication = min((len(p["replica_nodes"]) for p in partitions), default=0)
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, ["min.insync.replicas"])
+        configs = describe_configs(admin, [resource]).get(("topic", topic))
+    except kafka_errors.KafkaError as error:
+        logger.info("2pc-kafka could not check ledger topic %s's durability: %r", topic, error)
+        return
+    finally:
+        admin.close()
+    min_isr: int | None = None
+    if configs is not None and configs.error is None:
+        value = configs.values.get("min.insync.replicas")
+        min_isr = int(value) if value is not None else 1
+    warning = ledger_topic_durability(
+        topic,
+        bootstrap_servers,
+        brokers=brokers,
+        replication=replication,
+        min_insync_replicas=min_isr,
+    )
+    if warning is not None:
+        logger.warning("%s", warning)

@@ -12,6 +12,8 @@ slots live in the ledger topic (``ledger``).
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
@@ -31,6 +33,7 @@ from eospack.connectors.kafka.ledger import (
     read_slots_if_any,
     shared_ledger,
 )
+from eospack.connectors.kafka.ride_through import Retry
 from eospack.connectors.kafka.sink_options import KafkaSinkOptions, parse_options
 from eospack.connectors.kafka.transactions import (
     PreparedTransaction,
@@ -43,6 +46,7 @@ from eospack.connectors.kafka.transactions import (
 )
 
 Result = TypeVar("Result")
+logger = logging.getLogger(__name__)
 
 
 class KafkaResource(TransactionalResource):
@@ -60,6 +64,8 @@ class KafkaResource(TransactionalResource):
         self.options = options
         self.config = options.client_config()
         self._admin: KafkaAdminClient | None = None
+        self.retried_ledger_steps = 0
+        """How many ledger steps of this resource failed and were tried again."""
 
     def admin(self) -> KafkaAdminClient:
         """One admin client for this commit's transaction calls (the liveness check and
@@ -69,27 +75,61 @@ class KafkaResource(TransactionalResource):
         return self._admin
 
     def _with_ledger(self, sink_id: str, step: Callable[[Ledger], Result]) -> Result:
-        """Run ``step`` on the process's shared ledger of the sink. A ledger that another
-        process fenced (a newer run of the query, or another sink's reader that found its
-        write stuck) is reopened, reread, and the step done again, once: a second fence
-        means another live process keeps taking the sink over. After any other failure the
-        ledger is dropped, so the next step starts from a fresh read."""
-        ledger, _ = shared_ledger(self.options, sink_id)
-        try:
-            with ledger.lock:
-                return step(ledger)
-        except LedgerFencedError:
-            forget_ledger(ledger)
-        except BaseException:
-            forget_ledger(ledger)
-            raise
-        ledger, _ = shared_ledger(self.options, sink_id)
-        try:
-            with ledger.lock:
-                return step(ledger)
-        except BaseException:
-            forget_ledger(ledger)
-            raise
+        """Run ``step`` on the process's shared ledger of the sink, riding through the loss
+        of a broker (``ride_through``): after ANY failure the ledger is dropped (closed at
+        once, never raising over the cause), and a transient one (a coordinator or leader
+        gone, a timeout) is retried on a ledger opened afresh, until
+        ``RIDE_THROUGH_SECONDS`` (5 min) have passed; then, or for a failure no broker change
+        cures, the step's own failure is raised.
+
+        Why a fresh ledger: opening finds the coordinator again (kafka-python's producer
+        kept asking the dead one), and its InitProducerId ends whatever the dropped
+        producer left: a write whose EndTxn reached the coordinator is completed, any other
+        is aborted. The fresh ledger then reads the topic to its end, so a write that failed
+        with its answer lost is seen if it applied, and ``step`` compares before it writes
+        again (a decided slot never changes; ``record_decision`` re-checks the pieces
+        before deciding after a failure). A fence by another process (a newer run of the
+        query) is retried at once, once: a second fence in a row means another live
+        process keeps taking the sink over, and ``LedgerFencedError`` is raised."""
+        retry = Retry(time.monotonic())
+        while True:
+            ledger: Ledger | None = None
+            try:
+                ledger, _ = shared_ledger(self.options, sink_id)
+                with ledger.lock:
+                    return step(ledger)
+            except Exception as error:
+                if ledger is not None:
+                    forget_ledger(ledger)
+                fenced = isinstance(error, LedgerFencedError)
+                delay = retry.next_delay(error, time.monotonic(), fenced=fenced)
+                if delay is None:
+                    if retry.failures > 1:
+                        logger.error(
+                            "2pc-kafka sink %s: a ledger step failed %d times over %.0f s;"
+                            " giving up with its last failure (a restart from the checkpoint"
+                            " finishes or replays the batch)",
+                            sink_id,
+                            retry.failures,
+                            time.monotonic() - retry.started,
+                        )
+                    raise
+                logger.warning(
+                    "2pc-kafka sink %s: a ledger step failed (%s: %s); retrying on a ledger"
+                    " opened afresh in %.1f s (attempt %d, gives up %.0f s after the first)",
+                    sink_id,
+                    type(error).__name__,
+                    " ".join(str(error).split())[:300],
+                    delay,
+                    retry.failures + 1,
+                    retry.deadline_seconds,
+                )
+                self.retried_ledger_steps += 1
+                time.sleep(delay)
+            except BaseException:
+                if ledger is not None:
+                    forget_ledger(ledger)
+                raise
 
     def _call(self, name: str, action: Callable[[], Result], batch_id: int) -> Result:
         """Run one broker call as ``kafka_sink.<name>`` (see
@@ -102,7 +142,16 @@ class KafkaResource(TransactionalResource):
         return self._with_ledger(sink_id, lambda ledger: ledger.slots.get(batch_id))
 
     def record_decision(self, decision: BatchDecision) -> BatchDecision:
+        """Decide the batch unless its slot says otherwise. On a retry (an earlier attempt
+        failed, perhaps after it applied) the freshly read slot is compared first; only if
+        it is still undecided are the pieces checked alive again before writing: a ride
+        through a broker loss may have lasted long enough for a piece to time out, and a
+        decision naming a dead piece would be a batch lost instead of replayed."""
+        attempts = 0
+
         def record(ledger: Ledger) -> BatchDecision:
+            nonlocal attempts
+            attempts += 1
             slot = ledger.slots.get(decision.batch_id)
             if slot is not None and not slot.accepts(decision):
                 return slot
@@ -110,6 +159,8 @@ class KafkaResource(TransactionalResource):
                 legacy = self._legacy_slot(decision)
                 if legacy is not None:
                     return legacy
+            if attempts > 1:
+                self.check_prepared(decision)
             decided = BatchDecision(decision.sink_id, decision.batch_id, decision.pieces)
             return self._call("decide", lambda: ledger.write(decided), decision.batch_id)
 
@@ -153,7 +204,12 @@ class KafkaResource(TransactionalResource):
         return self._with_ledger(sink_id, fence_slot)
 
     def mark_done(self, decision: BatchDecision) -> None:
-        self._with_ledger(decision.sink_id, lambda ledger: ledger.mark_done(decision))
+        self._with_ledger(
+            decision.sink_id,
+            lambda ledger: self._call(
+                "mark_done", lambda: ledger.mark_done(decision), decision.batch_id
+            ),
+        )
 
     def check_prepared(self, decision: BatchDecision) -> None:
         """Every task transaction still open under the epoch that prepared it, asked just

@@ -26,6 +26,7 @@ this exact behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,12 +36,16 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.admin import TransactionState as BrokerTransactionState
 
+from eospack.connectors.kafka.ride_through import RIDE_THROUGH_SECONDS, Retry
 from eospack.errors import EospackError
 
 PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""
 END_TIMEOUT_MS = 60_000
 """How long ending a transaction may take: kafka-python's own call waits forever."""
+COMMIT_DEADLINE_MS = int(RIDE_THROUGH_SECONDS * 1000)
+"""How long ``commit_prepared`` keeps trying to end a decided transaction: the driver's
+ride-through of a broker loss (``ride_through``), retrying on each new coordinator."""
 CONTROL_SETTINGS = {"retry_backoff_ms": 10}
 """For every transactional producer (a task's, the ledger's, the driver's control calls):
 kafka-python's sender waits its retry backoff (100 ms) between the steps of one
@@ -147,7 +152,7 @@ def commit_prepared(
         return
     client = admin if admin is not None else admin_client(config)
     try:
-        deadline = time.monotonic() + END_TIMEOUT_MS / 1000
+        deadline = time.monotonic() + COMMIT_DEADLINE_MS / 1000
         client._manager.run(_end_transaction, client, prepared, True, deadline)
     finally:
         if admin is None:
@@ -157,29 +162,38 @@ def commit_prepared(
 async def _end_transaction(
     admin: KafkaAdminClient, prepared: PreparedTransaction, commit: bool, deadline: float
 ) -> None:
-    """EndTxn until the coordinator answers for good or ``deadline`` passes: every wait is
-    bounded by what is left of it (a request kafka-python would wait its
-    ``request_timeout_ms`` for is cut short), and a connection that fails, a node not ready
-    or a coordinator not known yet (a broker restarting) are retried like the retried
-    answers; ending again is idempotent. A timeout is never taken for a fence."""
+    """EndTxn until the coordinator answers for good or ``deadline`` passes (the commit
+    path's ride-through: ``ride_through.RIDE_THROUGH_SECONDS``). Each try finds the
+    coordinator again (a broker that died is replaced by another within seconds) and waits
+    at most the client's ``request_timeout_ms`` for an answer, so a request lost with its
+    broker is sent again to the new coordinator instead of waiting out the deadline. A
+    connection that fails, a node not ready or a coordinator not known yet are retried like
+    the retried answers, backing off to 2 s; ending again is idempotent. A timeout is never
+    taken for a fence: past the deadline it raises ``KafkaTimeoutError`` naming the last
+    failure."""
     from kafka.protocol.metadata import CoordinatorType
     from kafka.protocol.producer.transaction import EndTxnRequest
 
     manager = admin._manager
     transactional_id = prepared.transactional_id
     key = (CoordinatorType.TRANSACTION, transactional_id)
+    request_timeout_ms = int(admin.config.get("request_timeout_ms") or 30_000)
+    started = time.monotonic()
+    retry = Retry(started, deadline_seconds=max(0.0, deadline - started))
+    last_failure: str = "no answer"
     while True:
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             raise kafka_errors.KafkaTimeoutError(
-                f"ending transaction {transactional_id} took over {END_TIMEOUT_MS // 1000} s:"
-                " the broker did not answer"
+                f"ending transaction {transactional_id} took over"
+                f" {time.monotonic() - started:.0f} s: the broker did not answer"
+                f" (last: {last_failure})"
             )
         try:
             lookup = manager.call_soon(
                 admin._find_coordinator_id, transactional_id, CoordinatorType.TRANSACTION
             )
-            coordinator = await manager.wait_for(lookup, left_ms)
+            coordinator = await manager.wait_for(lookup, min(left_ms, request_timeout_ms))
             request = EndTxnRequest(
                 transactional_id=transactional_id,
                 producer_id=prepared.producer_id,
@@ -188,12 +202,15 @@ async def _end_transaction(
                 max_version=3,
             )
             left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            response = await manager.send(request, node_id=coordinator, request_timeout_ms=left_ms)
+            response = await manager.send(
+                request, node_id=coordinator, request_timeout_ms=min(left_ms, request_timeout_ms)
+            )
         except kafka_errors.KafkaError as failure:
             if not isinstance(failure, RETRIED_FAILURES) and not failure.retriable:
                 raise
+            last_failure = f"{type(failure).__name__}: {failure}"
             manager.cluster._coordinators.pop(key, None)
-            await admin._net.sleep(0.1)
+            await admin._net.sleep(retry.next_delay(failure, time.monotonic(), fenced=False) or 0)
             continue
         error = kafka_errors.for_code(response.error_code)
         if error is kafka_errors.NoError:
@@ -206,6 +223,7 @@ async def _end_transaction(
             )
         if not issubclass(error, RETRIED_ERRORS):
             raise error(f"EndTxn of transaction {transactional_id}")
+        last_failure = error.__name__
         if issubclass(
             error, (kafka_errors.NotCoordinatorError, kafka_errors.CoordinatorNotAvailableError)
         ):
@@ -213,11 +231,14 @@ async def _end_transaction(
         await admin._net.sleep(0.02)
 
 
-def end_transaction(producer: KafkaProducer, commit: bool) -> None:
-    """Commit (or abort) the producer's transaction, waiting at most ``END_TIMEOUT_MS``:
-    a broker that stopped answering raises ``KafkaTimeoutError`` instead of hanging the
-    caller. Ending again later is safe (the outcome is idempotent). A closed producer
-    (``prepare`` closes it) can send nothing: that fails at once."""
+def end_transaction(
+    producer: KafkaProducer, commit: bool, timeout_ms: int = END_TIMEOUT_MS
+) -> None:
+    """Commit (or abort) the producer's transaction, waiting at most ``timeout_ms``: a
+    broker that stopped answering raises ``KafkaTimeoutError`` instead of hanging the
+    caller (the ledger waits one attempt, then reopens with a fresh coordinator lookup).
+    Ending again later is safe (the outcome is idempotent). A closed producer (``prepare``
+    closes it) can send nothing: that fails at once."""
     if producer._closed:
         raise kafka_errors.KafkaError(
             f"the producer of transaction {producer.config['transactional_id']} is closed:"
@@ -226,20 +247,25 @@ def end_transaction(producer: KafkaProducer, commit: bool) -> None:
     manager = producer._transaction_manager
     result = manager.begin_commit() if commit else manager.begin_abort()
     producer._sender.wakeup()
-    if not result.wait(timeout_ms=END_TIMEOUT_MS):
+    if not result.wait(timeout_ms=timeout_ms):
+        cause = producer._transaction_manager.last_error
         raise kafka_errors.KafkaTimeoutError(
             f"ending transaction {producer.config['transactional_id']} took over"
-            f" {END_TIMEOUT_MS // 1000} s: the broker did not answer"
+            f" {timeout_ms / 1000:.0f} s: the broker did not answer"
+            + (f" (last error: {type(cause).__name__})" if cause is not None else "")
         )
 
 
 def fence(config: Mapping[str, Any], transactional_id: str) -> None:
-    """Abort whatever ``transactional_id`` left open, and refuse its old epoch from now on."""
+    """Abort whatever ``transactional_id`` left open, and refuse its old epoch from now on.
+    A failure raises what InitProducerId failed with, never a failure of the close after it
+    (kafka-python's ``close(timeout=0)`` can raise a flush timeout of its own)."""
     producer = KafkaProducer(transactional_id=transactional_id, **{**CONTROL_SETTINGS, **config})
     try:
         producer.init_transactions()
     finally:
-        producer.close(timeout=0)
+        with contextlib.suppress(Exception):
+            producer.close(timeout=0)
 
 
 def open_transactions(config: Mapping[str, Any], prefix: str) -> list[str]:
