@@ -21,7 +21,7 @@ import pytest
 from eospack.services.kafka_cluster import unsecured_jwt
 from eospack.services.kafka_tools import Record
 from eospack.testing import await_query
-from integration_tests.test_kafka_secured import (
+from integration_tests.secured_kafka_parts import (
     WRONG_PASSWORD,
     app_topic,
     committed_values,

@@ -11,80 +11,25 @@ broker starts in ~20 s); the rest in ``make test-kafka-production``.
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient
 
-from eospack.services.kafka_cluster import (
-    ADMIN_USER,
-    APP_TOPIC_PREFIX,
-    SECURED_TRANSACTION_MAX_TIMEOUT_MS,
-)
-from eospack.services.kafka_tools import Record, produce_sealed, read_all
+from eospack.services.kafka_cluster import ADMIN_USER, SECURED_TRANSACTION_MAX_TIMEOUT_MS
+from eospack.services.kafka_tools import Record, read_all
 from eospack.testing import await_query
-
-WRONG_PASSWORD = "not-the-password-" + uuid.uuid4().hex[:6]
-
-
-def app_topic(unique_name: str, suffix: str) -> str:
-    return f"{APP_TOPIC_PREFIX}{unique_name}-{suffix}"
-
-
-def create_app_topic(secured_kafka: Any, topic: str, partitions: int = 2) -> None:
-    from kafka.admin import NewTopic
-
-    admin = secured_kafka.admin_client(ADMIN_USER)
-    try:
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
-    finally:
-        admin.close()
-
-
-def produce(secured_kafka: Any, topic: str, records: list[Record]) -> None:
-    produce_sealed(
-        secured_kafka.endpoint.bootstrap_servers,
-        topic,
-        records,
-        **secured_kafka.client_config(ADMIN_USER),
-    )
-
-
-def committed_values(secured_kafka: Any, topic: str) -> list[bytes]:
-    rows = read_all(
-        secured_kafka.endpoint.bootstrap_servers,
-        topic,
-        isolation_level="read_committed",
-        client=secured_kafka.client_config(ADMIN_USER),
-    )
-    return sorted(value or b"" for _, _, _, value in rows)
-
-
-def open_transactions(secured_kafka: Any) -> list[str]:
-    admin = secured_kafka.admin_client(ADMIN_USER)
-    try:
-        listed = admin.list_transactions(state_filters=["Ongoing"])
-    finally:
-        admin.close()
-    return sorted(entry.transactional_id for entries in listed.values() for entry in entries)
-
-
-def error_line(error: BaseException, name: str) -> str:
-    """The one line of ``error``'s text that carries ``name`` (Spark wraps it in more)."""
-    lines = [line for line in str(error).splitlines() if f"{name}: " in line]
-    assert lines, f"no {name} in: {str(error)[-2000:]}"
-    return lines[-1]
-
-
-def assert_names_authentication(line: str, secured_kafka: Any) -> None:
-    servers = secured_kafka.endpoint.bootstrap_servers
-    assert f"Kafka at {servers} (option kafka.bootstrap.servers) refused authentication" in line
-    assert "SASL SCRAM-SHA-512 as user 'app' over SASL_SSL failed" in line
-    assert "did not answer" not in line and "check the servers are up" not in line
-    for password in (WRONG_PASSWORD, *secured_kafka.passwords.values()):
-        assert password not in line
+from integration_tests.secured_kafka_parts import (
+    WRONG_PASSWORD,
+    app_topic,
+    assert_names_authentication,
+    committed_values,
+    create_app_topic,
+    error_line,
+    open_transactions,
+    produce,
+)
 
 
 @pytest.mark.timeout(180)
