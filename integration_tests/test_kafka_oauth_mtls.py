@@ -273,3 +273,29 @@ def test_a_login_refused_only_on_executors_fails_the_sink_task_naming_authentica
         f" token of {providers}:refused_on_executors (option kafka.sasl.oauth.token.provider)"
         " over SASL_SSL failed ("
     ) in line, line
+
+
+@pytest.mark.timeout(180)
+def test_a_login_refused_only_on_executors_fails_the_source_task_naming_authentication(
+    spark: Any, secured_kafka: Any, providers: str, unique_name: str
+) -> None:
+    """As for the sink: the task's consumer gives up after kafkaConsumer.pollTimeoutMs,
+    which read as "no broker answered" before the probe named the refusal."""
+    source = app_topic(unique_name, "in")
+    create_app_topic(secured_kafka, source)
+    produce(secured_kafka, source, records(4))
+    options = {
+        **secured_kafka.oauth_options(f"{providers}:refused_on_executors"),
+        "kafkaConsumer.pollTimeoutMs": "10000",
+    }
+    frame = spark.read.format("replayable-kafka").options(**options).option("subscribe", source)
+    with pytest.raises(Exception) as raised:
+        frame.load().collect()
+    line = error_line(raised.value, "KafkaAuthenticationError")
+    assert (
+        f"KafkaAuthenticationError: replayable-kafka: Kafka at"
+        f" {secured_kafka.oauth_bootstrap_servers} (option kafka.bootstrap.servers) refused"
+        " authentication: SASL OAUTHBEARER with the token of"
+        f" {providers}:refused_on_executors (option kafka.sasl.oauth.token.provider) over"
+        " SASL_SSL failed ("
+    ) in line, line

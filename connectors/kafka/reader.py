@@ -40,6 +40,7 @@ from kafka.errors import (
 from kafka.protocol.consumer.offsets import IsolationLevel
 
 from eospack.connectors.kafka import native_path, record_batches, socket_reads
+from eospack.connectors.kafka.authentication import raise_if_refused
 from eospack.connectors.kafka.broker_calls import broker_call
 from eospack.connectors.kafka.errors import (
     KafkaCodecMissingError,
@@ -83,6 +84,7 @@ def _acquire(
         try:
             consumer = KafkaConsumer(**options.consumer_config())
         except KafkaTimeoutError as error:
+            raise_if_refused(options.consumer_config(), "replayable-kafka")  # a login, named
             raise KafkaReadTimeoutError(
                 f"Could not read {offset_range.describe()}: no broker of"
                 f" {options.bootstrap_servers} answered within {options.poll_timeout_ms} ms"
