@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from eospack.connectors.kafka.errors import KafkaAuthenticationError
+from eospack.errors import EospackError
 
 PROBE_ATTEMPTS = 3
 _ERROR_PREFIX = re.compile(r"^(\[Error \d+\] )?\w+Error: ")
@@ -38,9 +39,10 @@ _TOKEN_LIKE = re.compile(r"[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*"
 PROBE_TIMEOUT_MS = 5_000
 
 
-class TlsRefusal(Exception):
+class TlsRefusal(EospackError):
     """The TLS handshake (or the first read after it) failed with the broker's or the
-    client's verdict on a certificate: the reason, never a secret."""
+    client's verdict on a certificate: the reason, never a secret. Returned by the probe,
+    never raised: ``authentication_error`` turns it into ``KafkaAuthenticationError``."""
 
 
 def uses_sasl(config: Mapping[str, Any]) -> bool:
