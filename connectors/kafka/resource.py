@@ -131,6 +131,31 @@ class KafkaResource(TransactionalResource):
                     forget_ledger(ledger)
                 raise
 
+    def _riding_through(self, what: str, action: Callable[[], Result]) -> Result:
+        """Run a broker call that is safe to repeat (a listing, a describe, a fence) until it
+        succeeds, riding through a broker loss like the ledger steps (``ride_through``): a
+        transient failure drops the kept admin client (its connections may point at the
+        dead broker) and asks again after a backoff, for at most ``RIDE_THROUGH_SECONDS``;
+        then, or for a failure no broker change cures, the failure itself is raised.
+        ListTransactions asks every broker and failed outright while one was down."""
+        retry = Retry(time.monotonic())
+        while True:
+            try:
+                return action()
+            except Exception as error:
+                self.close()
+                delay = retry.next_delay(error, time.monotonic(), fenced=False)
+                if delay is None:
+                    raise
+                logger.warning(
+                    "2pc-kafka: %s failed (%s: %s); asking again in %.1f s",
+                    what,
+                    type(error).__name__,
+                    " ".join(str(error).split())[:300],
+                    delay,
+                )
+                time.sleep(delay)
+
     def _call(self, name: str, action: Callable[[], Result], batch_id: int) -> Result:
         """Run one broker call as ``kafka_sink.<name>`` (see
         ``eospack.commit_protocols.faults``); an injected fault raises a connection error."""
@@ -223,7 +248,10 @@ class KafkaResource(TransactionalResource):
         ]
         lost = self._call(
             "check_prepared",
-            lambda: lost_transactions(self.config, prepared, self.admin()),
+            lambda: self._riding_through(
+                "checking the prepared transactions",
+                lambda: lost_transactions(self.config, prepared, self.admin()),
+            ),
             decision.batch_id,
         )
         if lost:
@@ -255,7 +283,9 @@ class KafkaResource(TransactionalResource):
             ) from None
 
     def rollback_piece(self, piece: PreparedPiece) -> None:
-        fence(self.config, piece.transaction_id)
+        self._riding_through(
+            f"fencing {piece.transaction_id}", lambda: fence(self.config, piece.transaction_id)
+        )
 
     def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
         """Exactly-once: from the sink's ledger, opened (which fences an earlier driver).
@@ -274,7 +304,11 @@ class KafkaResource(TransactionalResource):
 
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
         pieces = []
-        for transactional_id in open_transactions(self.config, sink_prefix(sink_id)):
+        listed = self._riding_through(
+            "listing the sink's open transactions",
+            lambda: open_transactions(self.config, sink_prefix(sink_id)),
+        )
+        for transactional_id in listed:
             parsed = parse_transaction_id(transactional_id)
             if parsed is not None:
                 sink, batch_id, partition_id, attempt = parsed

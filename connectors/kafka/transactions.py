@@ -36,13 +36,15 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.admin import TransactionState as BrokerTransactionState
 
-from eospack.connectors.kafka.ride_through import RIDE_THROUGH_SECONDS, Retry
+from eospack.connectors.kafka.ride_through import ATTEMPT_SECONDS, RIDE_THROUGH_SECONDS, Retry
 from eospack.errors import EospackError
 
 PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""
 END_TIMEOUT_MS = 60_000
 """How long ending a transaction may take: kafka-python's own call waits forever."""
+INIT_DEADLINE_SECONDS = 60.0
+"""How long a task's ``initialised_producer`` keeps making producers anew before it fails."""
 COMMIT_DEADLINE_MS = int(RIDE_THROUGH_SECONDS * 1000)
 """How long ``commit_prepared`` keeps trying to end a decided transaction: the driver's
 ride-through of a broker loss (``ride_through``), retrying on each new coordinator."""
@@ -89,14 +91,47 @@ class PreparedTransaction:
 def begin(config: Mapping[str, Any], transactional_id: str) -> KafkaProducer:
     """A producer inside a new transaction of ``transactional_id``. Initialising fences
     (and aborts) whatever an earlier producer of this id left open."""
-    producer = KafkaProducer(transactional_id=transactional_id, **{**CONTROL_SETTINGS, **config})
+    producer = initialised_producer(config, transactional_id)
     try:
-        producer.init_transactions()
         producer.begin_transaction()
     except BaseException:
         producer.close(timeout=0)
         raise
     return producer
+
+
+def initialised_producer(config: Mapping[str, Any], transactional_id: str) -> KafkaProducer:
+    """A transactional producer of ``transactional_id``, initialised (InitProducerId).
+
+    Riding through a coordinator that died (issue 37): kafka-python's producer made just
+    after the kill keeps asking the dead coordinator until its ``max_block_ms`` (60 s by
+    default) ends, and a task hung that long and failed its query; a producer made anew
+    finds the new coordinator at once. So each attempt waits at most ``ATTEMPT_SECONDS``
+    (or a smaller ``kafka.max.block.ms``), and a timed-out or disconnected attempt is
+    closed and made again until ``INIT_DEADLINE_SECONDS`` (60 s, the old single wait) have
+    passed; then the last failure is raised and Spark's task retry
+    (``spark.task.maxFailures``) takes over. Nothing was sent yet: a new attempt is safe."""
+    settings = {**CONTROL_SETTINGS, **config}
+    attempt_ms = min(int(ATTEMPT_SECONDS * 1000), int(settings.get("max_block_ms", 60_000)))
+    retry = Retry(time.monotonic(), deadline_seconds=INIT_DEADLINE_SECONDS)
+    while True:
+        producer = KafkaProducer(transactional_id=transactional_id, **settings)
+        try:
+            producer.config["max_block_ms"] = attempt_ms  # bounds init_transactions only
+            producer.init_transactions()
+            producer.config["max_block_ms"] = settings.get("max_block_ms", 60_000)
+            return producer
+        except (kafka_errors.KafkaTimeoutError, kafka_errors.KafkaConnectionError) as error:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=0)
+            delay = retry.next_delay(error, time.monotonic(), fenced=False)
+            if delay is None:
+                raise
+            time.sleep(delay)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=0)
+            raise
 
 
 def prepare(producer: KafkaProducer, records: int) -> PreparedTransaction:
@@ -260,12 +295,9 @@ def fence(config: Mapping[str, Any], transactional_id: str) -> None:
     """Abort whatever ``transactional_id`` left open, and refuse its old epoch from now on.
     A failure raises what InitProducerId failed with, never a failure of the close after it
     (kafka-python's ``close(timeout=0)`` can raise a flush timeout of its own)."""
-    producer = KafkaProducer(transactional_id=transactional_id, **{**CONTROL_SETTINGS, **config})
-    try:
-        producer.init_transactions()
-    finally:
-        with contextlib.suppress(Exception):
-            producer.close(timeout=0)
+    producer = initialised_producer(config, transactional_id)
+    with contextlib.suppress(Exception):
+        producer.close(timeout=0)
 
 
 def open_transactions(config: Mapping[str, Any], prefix: str) -> list[str]:

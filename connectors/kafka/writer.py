@@ -42,6 +42,9 @@ from eospack.connectors.kafka.sink_options import KafkaSinkOptions
 from eospack.connectors.kafka.transactions import begin, end_transaction, prepare
 
 ENCODED_COLUMNS = ("key", "value", "partition", "headers")
+ABORT_TIMEOUT_MS = 10_000
+"""How long a failed task waits for its abort: a coordinator that died would hold it 60 s
+(``END_TIMEOUT_MS``) before Spark could retry it; what stays open, recovery fences."""
 
 
 def prepare_task(
@@ -61,8 +64,9 @@ def prepare_task(
         )
     except BaseException:
         with contextlib.suppress(Exception):  # what stays open, recovery fences
-            end_transaction(producer, commit=False)
-        producer.close(timeout=0)
+            end_transaction(producer, commit=False, timeout_ms=ABORT_TIMEOUT_MS)
+        with contextlib.suppress(Exception):  # a close's flush timeout hid the cause
+            producer.close(timeout=0)
         raise
     return task.piece(records, prepared.to_json())
 

@@ -309,3 +309,72 @@ def test_a_min_isr_that_may_not_be_read_is_said_to_be_unchecked() -> None:
     assert warning is not None
     assert "its min.insync.replicas cannot be checked (DescribeConfigs on the topic was" in warning
     assert "grant DESCRIBE_CONFIGS" in warning
+
+
+# A task's producer made anew while its coordinator moves -------------------------------
+
+
+class FakeProducer:
+    """Times out its InitProducerId ``stuck`` times (a coordinator that died), then works."""
+
+    made: list[FakeProducer] = []
+    stuck = 0
+
+    def __init__(self, **config: Any) -> None:
+        self.config = dict(config)
+        self.closed = False
+        self.waited_ms: int | None = None
+        FakeProducer.made.append(self)
+
+    def init_transactions(self) -> None:
+        self.waited_ms = self.config["max_block_ms"]
+        if len(FakeProducer.made) <= FakeProducer.stuck:
+            raise kafka_errors.KafkaTimeoutError("Timeout expired while initializing")
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_producers(monkeypatch: pytest.MonkeyPatch) -> type[FakeProducer]:
+    from eospack.connectors.kafka import transactions
+
+    FakeProducer.made = []
+    monkeypatch.setattr(transactions, "KafkaProducer", FakeProducer)
+    monkeypatch.setattr(transactions.time, "sleep", lambda seconds: None)
+    return FakeProducer
+
+
+def test_a_producer_whose_init_times_out_is_made_anew_each_attempt_bounded(
+    fake_producers: type[FakeProducer],
+) -> None:
+    from eospack.connectors.kafka.transactions import initialised_producer
+
+    fake_producers.stuck = 2
+    producer = initialised_producer({"bootstrap_servers": "b:1"}, "eospack-s-1-0-a")
+    assert len(fake_producers.made) == 3
+    assert [made.closed for made in fake_producers.made] == [True, True, False]
+    assert {made.waited_ms for made in fake_producers.made} == {10_000}
+    assert producer.config["max_block_ms"] == 60_000, "later sends wait as configured"
+
+
+def test_a_smaller_max_block_ms_bounds_each_attempt(fake_producers: type[FakeProducer]) -> None:
+    from eospack.connectors.kafka.transactions import initialised_producer
+
+    fake_producers.stuck = 0
+    initialised_producer({"bootstrap_servers": "b:1", "max_block_ms": 2_000}, "eospack-s-1-0-a")
+    assert fake_producers.made[0].waited_ms == 2_000
+
+
+def test_a_producer_that_never_initialises_fails_within_the_tasks_deadline(
+    fake_producers: type[FakeProducer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eospack.connectors.kafka import transactions
+
+    fake_producers.stuck = 1_000
+    clock = iter(float(second) for second in range(0, 10_000, 10))
+    monkeypatch.setattr(transactions.time, "monotonic", lambda: next(clock))
+    with pytest.raises(kafka_errors.KafkaTimeoutError):
+        transactions.initialised_producer({"bootstrap_servers": "b:1"}, "eospack-s-1-0-a")
+    assert len(fake_producers.made) == 6, "attempts until INIT_DEADLINE_SECONDS (60 s)"
+    assert all(made.closed for made in fake_producers.made)
