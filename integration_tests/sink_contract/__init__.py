@@ -11,5 +11,7 @@ Non-test modules (test modules import no test module, issue 29), used by
 - ``harness``: ``ContractRun``, one checkpoint run again and again (in the test's session,
   or SIGKILLed in ``drivers/contract_driver.py``), and the contract's end-state check.
 
-Adding a sink means adding its adapter to ``adapters.ADAPTERS``.
+Adding a sink means adding its adapter to ``adapters.ADAPTERS``; 2pc-kafka on a 3-node
+cluster and on a SASL_SSL broker are ``adapters.PRODUCTION_ADAPTERS``
+(``test_sink_contract_production_kafka.py``, marker ``production_kafka``).
 """

@@ -23,6 +23,10 @@ Decisions (why the adapters look the way they do):
   and the case skips with it (``not_applicable``).
 - Known holes of a sink (issue 25) are marks on the adapter's parameters
   (``pytest.mark.xfail(strict=True)``), so that a fix turns them into failures to remove.
+- 2pc-kafka on Kafka as production runs it (issue 37: a 3-node cluster, a SASL_SSL broker
+  with a least-privilege user) is the same adapter bound to another fixture
+  (``PRODUCTION_ADAPTERS``), kept out of ``ADAPTERS`` so that ``make test`` never starts
+  those brokers; ``test_sink_contract_production_kafka.py`` runs them.
 """
 
 from __future__ import annotations
@@ -886,7 +890,6 @@ class KafkaCluster(Kafka):
 
     name = "kafka-cluster"
     fixtures = ("kafka_cluster",)
-    marks = {}
     bound = KafkaClusterSink
 
 
@@ -900,7 +903,6 @@ class KafkaSecured(Kafka):
     documented_options = tuple(
         option for option in Kafka.documented_options if option.name != "kafka.security.protocol"
     )
-    marks = {}
     bound = SecuredKafkaSink
 
 
