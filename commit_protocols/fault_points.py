@@ -51,6 +51,15 @@ def _parse(armed: str | None) -> tuple[str, int | None] | None:
 _ARMED = _parse(os.environ.get(FAULT_POINT_VARIABLE))
 
 
+def is_armed(name: str, batch_id: int) -> bool:
+    """Whether ``fault_point(name, batch_id)`` would kill the process (a caller that would
+    otherwise skip past the point, such as concurrent piece commits, keeps it reachable)."""
+    if _ARMED is None:
+        return False
+    armed_name, armed_batch = _ARMED
+    return armed_name == name and (armed_batch is None or armed_batch == batch_id)
+
+
 def fault_point(name: str, batch_id: int) -> None:
     """Kill the driver here if ``name`` (and ``batch_id``, when given) is armed."""
     if _ARMED is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState, cleanup_line
 from eospack.commit_protocols.pieces import BatchDecision, PreparedPiece
@@ -70,6 +70,17 @@ class TransactionalResource(ABC):
 
         Raises ``DecidedPieceLostError`` when the piece is gone and was not committed.
         """
+
+    def commit_pieces(self, pieces: Sequence[PreparedPiece]) -> None:
+        """Commit every piece of a decision; the default commits them one by one and stops
+        at the first failure (``commit_piece``'s contract, piece by piece).
+
+        A resource whose pieces can be committed concurrently overrides this to pay one
+        round trip instead of one per piece (2pc-kafka sends every EndTxn at once); it must
+        raise as ``commit_piece`` would if any piece failed. Committing is idempotent, so
+        ``abort``'s roll-forward or the next run's recovery finishes what failed."""
+        for piece in pieces:
+            self.commit_piece(piece)
 
     @abstractmethod
     def rollback_piece(self, piece: PreparedPiece) -> None:

@@ -194,6 +194,49 @@ def commit_prepared(
             client.close()
 
 
+def commit_prepared_together(
+    prepared: list[PreparedTransaction], admin: KafkaAdminClient
+) -> list[BaseException | None]:
+    """Commit every one of ``prepared`` at once: each EndTxn is ``commit_prepared``'s
+    (same request, same ride-through, same deadline), all in flight together on ``admin``'s
+    one network loop, so a commit of N pieces costs one round trip instead of N (profiled:
+    two sequential EndTxn 21 ms, together about half; more with more pieces).
+
+    Returns, per transaction in order, None when it is committed or the failure that ended
+    its tries (``TransactionFencedError`` when it was aborted instead): every transaction is
+    tried to the end whatever happens to the others, so a failure never leaves a sibling
+    half-tried, and the caller decides what to raise. Idempotent like ``commit_prepared``."""
+    asked = [transaction for transaction in prepared if transaction.records]
+    outcomes: dict[int, BaseException | None] = {}
+    if asked:
+        deadline = time.monotonic() + COMMIT_DEADLINE_MS / 1000
+        results = admin._manager.run(_end_all, admin, asked, deadline)
+        outcomes = {
+            id(transaction): result for transaction, result in zip(asked, results, strict=True)
+        }
+    return [outcomes.get(id(transaction)) for transaction in prepared]
+
+
+async def _end_all(
+    admin: KafkaAdminClient, prepared: list[PreparedTransaction], deadline: float
+) -> list[BaseException | None]:
+    """Start an ``_end_transaction`` (commit) per transaction on the admin's loop, then wait
+    for each: they run concurrently, each with its own coordinator lookup and retries."""
+    manager = admin._manager
+    futures = [
+        manager.call_soon(_end_transaction, admin, transaction, True, deadline)
+        for transaction in prepared
+    ]
+    results: list[BaseException | None] = []
+    for future in futures:
+        try:
+            await future
+            results.append(None)
+        except Exception as failure:
+            results.append(failure)
+    return results
+
+
 async def _end_transaction(
     admin: KafkaAdminClient, prepared: PreparedTransaction, commit: bool, deadline: float
 ) -> None:
