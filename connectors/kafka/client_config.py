@@ -175,7 +175,9 @@ def _mechanism_params(
 ) -> dict[str, Any]:
     """The SASL mechanism's own settings (the token provider), after refusing a mechanism
     kafka-python cannot use here in one line with the way that works."""
-    mechanism = str(params.get("sasl_mechanism") or "PLAIN").upper()
+    mechanism = str(params.get("sasl_mechanism") or "PLAIN").strip().upper()
+    # kafka-python looks mechanisms up by their exact (upper-case) name.
+    named = {"sasl_mechanism": mechanism} if "sasl_mechanism" in params else {}
     if mechanism == "AWS_MSK_IAM":
         raise error(f"Option kafka.sasl.mechanism AWS_MSK_IAM is not supported: {_MSK_IAM_FIX}")
     if mechanism == "GSSAPI" and importlib.util.find_spec("gssapi") is None:
@@ -187,7 +189,7 @@ def _mechanism_params(
             " docs/connectors/kafka-security.md)"
         )
     if provider_name is None:
-        return {}
+        return named
     if mechanism != "OAUTHBEARER":
         raise error(
             f"Option kafka.{TOKEN_PROVIDER} needs kafka.sasl.mechanism=OAUTHBEARER (the"
@@ -196,7 +198,7 @@ def _mechanism_params(
     from eospack.connectors.kafka.token_provider import TokenProviderNameError, provider_for
 
     try:
-        return {"sasl_oauth_token_provider": provider_for(provider_name.strip())}
+        return {**named, "sasl_oauth_token_provider": provider_for(provider_name.strip())}
     except TokenProviderNameError as refused:
         raise error(str(refused)) from None
 

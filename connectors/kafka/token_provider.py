@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -122,13 +123,38 @@ def _article(noun: str) -> str:
     return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
+FIRST_TOKEN_TIMEOUT_SECONDS = 60.0
+"""How long the first token may take: a provider that hangs fails the query start."""
+
+
+def _first_token(provider: TokenProvider) -> Any:
+    """``provider``'s first raw answer, asked on a daemon thread so a hang is bounded."""
+    answer: list[Any] = []
+    failure: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            answer.append(provider._token())
+        except Exception as error:
+            failure.append(error)
+
+    thread = threading.Thread(target=ask, name="eospack-first-token", daemon=True)
+    thread.start()
+    thread.join(FIRST_TOKEN_TIMEOUT_SECONDS)
+    if failure:
+        raise failure[0]
+    if not answer:
+        raise TimeoutError(f"it did not answer within {FIRST_TOKEN_TIMEOUT_SECONDS:g} s")
+    return answer[0]
+
+
 @functools.cache
 def provider_for(name: str) -> TokenProvider:
     """The provider of ``name`` in this process, after one token was asked of it (module
     doc); a failure is not cached, so the next call tries again."""
     provider = resolve(name)
     try:
-        given = provider._token()
+        given = _first_token(provider)
     except Exception as error:
         raise _no_token(name, f"{type(error).__name__}: {' '.join(str(error).split())}") from None
     try:

@@ -1,0 +1,69 @@
+"""Attacks on the Kafka security options (issue 37) that need no broker."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kafka.net.sasl import get_sasl_mechanism
+
+from eospack.connectors.kafka import token_provider
+from eospack.connectors.kafka.client_config import kafka_client_params
+from eospack.connectors.kafka.errors import KafkaAuthenticationError
+
+_SCRAM = (
+    "org.apache.kafka.common.security.scram.ScramLoginModule required"
+    ' username="app" password="s3cr3t-pw";'
+)
+
+
+@pytest.mark.parametrize("mechanism", ["scram-sha-512", "Scram-Sha-256", "plain"])
+def test_a_lowercase_mechanism_reaches_kafka_python_as_a_name_it_knows(mechanism: str) -> None:
+    """The refusals compare the mechanism upper-cased, so a lowercase one passes them; it
+    must then also reach kafka-python as a registered name (its lookup is exact: before,
+    'scram-sha-512' passed parsing and failed each connection with a KeyError)."""
+    options = {"security.protocol": "SASL_SSL", "sasl.mechanism": mechanism}
+    options["sasl.jaas.config"] = _SCRAM
+    params = dict(kafka_client_params(options, "producer", {}, ValueError, "2pc-kafka"))
+    assert get_sasl_mechanism(params["sasl_mechanism"]) is not None
+
+
+def test_a_provider_that_hangs_fails_the_query_start_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider that never answers (an unreachable token endpoint without a timeout)
+    must not hang the query's start forever: it fails in one line naming the option."""
+    (tmp_path / "hanging_tokens_attack.py").write_text(
+        "import threading\nRELEASE = threading.Event()\n\n\n"
+        "def token() -> str:\n    RELEASE.wait(60)\n    return 'tok-never-seen'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(token_provider, "FIRST_TOKEN_TIMEOUT_SECONDS", 1.0, raising=False)
+    options = {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}
+    options["sasl.oauth.token.provider"] = "hanging_tokens_attack:token"
+    outcome: list[BaseException | None] = []
+
+    def parse() -> None:
+        try:
+            kafka_client_params(options, "consumer", {}, ValueError, "replayable-kafka")
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=parse, daemon=True)
+    worker.start()
+    worker.join(timeout=15)
+    try:
+        assert not worker.is_alive(), "parsing the options hung on the token provider"
+        assert time.monotonic() - started < 15
+        assert isinstance(outcome[0], KafkaAuthenticationError)
+        message = str(outcome[0])
+        assert "kafka.sasl.oauth.token.provider" in message and "\n" not in message
+        assert "tok-never-seen" not in message
+    finally:
+        sys.modules["hanging_tokens_attack"].RELEASE.set()
+        worker.join(timeout=5)
