@@ -292,6 +292,7 @@ def test_secrets_never_appear_in_repr_or_errors() -> None:
             "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule"
             " required username=bob password=hunter2-secret;",
             "kafka.ssl.key.password": "keypass-secret",
+            "kafka.security.protocol": "SASL_SSL",
         }
     )
     assert "hunter2-secret" not in repr(options)

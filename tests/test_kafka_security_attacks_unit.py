@@ -67,3 +67,39 @@ def test_a_provider_that_hangs_fails_the_query_start_instead_of_hanging(
     finally:
         sys.modules["hanging_tokens_attack"].RELEASE.set()
         worker.join(timeout=5)
+
+
+@pytest.mark.parametrize("typo", ["http", "HTTP S", "true", "none"])
+def test_a_misspelt_hostname_check_is_refused_not_turned_off(typo: str) -> None:
+    """Only an empty value turns hostname verification off (the docs); before, any value
+    other than https (a typo) silently turned it off."""
+    options = {"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": typo}
+    with pytest.raises(ValueError, match="kafka.ssl.endpoint.identification.algorithm") as raised:
+        kafka_client_params(options, "consumer", {}, ValueError, "replayable-kafka")
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "setting", "value"),
+    [
+        (None, "sasl.jaas.config", _SCRAM),
+        ("PLAINTEXT", "sasl.jaas.config", _SCRAM),
+        ("SSL", "sasl.jaas.config", _SCRAM),
+        (None, "ssl.cafile", "/etc/kafka/ca.pem"),
+        ("SASL_PLAINTEXT", "ssl.truststore.location", "/etc/kafka/ca.pem"),
+        (None, "ssl.keystore.location", "/etc/kafka/client.pem"),
+    ],
+)
+def test_security_settings_the_protocol_would_ignore_are_refused(
+    protocol: str | None, setting: str, value: str
+) -> None:
+    """kafka-python ignores SASL settings unless the protocol is SASL_*, and TLS files
+    unless it is SSL or SASL_SSL: before, a forgotten kafka.security.protocol connected in
+    plain text with the credentials silently unused (a secured listener then looks
+    unreachable). Refused in one line naming kafka.security.protocol, never the secret."""
+    options = {setting: value}
+    if protocol is not None:
+        options["security.protocol"] = protocol
+    with pytest.raises(ValueError, match="kafka.security.protocol") as raised:
+        kafka_client_params(options, "producer", {}, ValueError, "2pc-kafka")
+    assert "\n" not in str(raised.value) and "s3cr3t-pw" not in str(raised.value)

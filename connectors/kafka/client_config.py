@@ -157,6 +157,11 @@ def kafka_client_params(
                 f" JKS or PKCS12): {_PEM_CONVERSION}"
             )
         if kafka_name == "ssl.endpoint.identification.algorithm":
+            if value.strip().lower() not in ("https", ""):
+                raise error(
+                    f"Option kafka.{kafka_name} must be https (verify the brokers' host"
+                    ' names) or "" (do not): other values would turn verification off'
+                )
             params["ssl_check_hostname"] = value.strip().lower() == "https"
             continue
         kwarg = _RENAMED_KAFKA_OPTIONS.get(kafka_name, kafka_name.replace(".", "_"))
@@ -166,8 +171,33 @@ def kafka_client_params(
                 f" remove it (see the kafka.* table in docs/connectors/{format_name}.md)"
             )
         params[kwarg] = kafka_value(kafka_name, kwarg, value, client, error)
+    _refuse_ignored_security(params, provider_name is not None, error)
     params.update(_mechanism_params(params, provider_name, error))
     return tuple(sorted(params.items()))
+
+
+_SASL_KWARGS = ("sasl_plain_username", "sasl_mechanism")
+_TLS_KWARGS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password")
+
+
+def _refuse_ignored_security(
+    params: Mapping[str, Any], token_provider: bool, error: type[ValueError]
+) -> None:
+    """kafka-python silently ignores SASL settings unless the protocol is SASL_* and TLS
+    files unless it is SSL or SASL_SSL: refuse them, so credentials are never dropped
+    while the client connects in plain text."""
+    protocol = str(params.get("security_protocol") or "PLAINTEXT").strip().upper()
+    sasl = token_provider or any(kwarg in params for kwarg in _SASL_KWARGS)
+    if sasl and not protocol.startswith("SASL_"):
+        raise error(
+            f"Option kafka.security.protocol is {protocol}, which uses no SASL settings:"
+            " set it to SASL_SSL (or SASL_PLAINTEXT) or remove the kafka.sasl.* options"
+        )
+    if any(kwarg in params for kwarg in _TLS_KWARGS) and protocol not in ("SSL", "SASL_SSL"):
+        raise error(
+            f"Option kafka.security.protocol is {protocol}, which uses no TLS files: set it"
+            " to SSL or SASL_SSL or remove the kafka.ssl.* file options"
+        )
 
 
 def _mechanism_params(
