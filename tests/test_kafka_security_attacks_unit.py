@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -103,3 +104,39 @@ def test_security_settings_the_protocol_would_ignore_are_refused(
     with pytest.raises(ValueError, match="kafka.security.protocol") as raised:
         kafka_client_params(options, "producer", {}, ValueError, "2pc-kafka")
     assert "\n" not in str(raised.value) and "s3cr3t-pw" not in str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_kafka_pythons_debug_log_of_an_admin_client_holds_no_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kafka-python's KafkaAdminClient logs its whole configuration at DEBUG when it
+    starts, the SASL password and the key's passphrase included; the sink builds admin
+    clients from the parsed options (transactions.admin_client)."""
+    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.transactions import admin_client
+
+    options = parse_options(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:1",
+            "topic": "out",
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512",
+            "kafka.sasl.jaas.config": _SCRAM,
+            "kafka.ssl.key.password": "k3y-passphrase",
+        }
+    )
+
+    class NoNetwork:
+        def __init__(self, **_: object) -> None:
+            raise RuntimeError("no network in this test")
+
+    config = {**options.client_config(), "kafka_client": NoNetwork}
+    with (
+        caplog.at_level(logging.DEBUG, logger="kafka"),
+        pytest.raises(RuntimeError, match="no network"),
+    ):
+        admin_client(config)
+    assert "Starting KafkaAdminClient" in caplog.text, "the attack needs kafka-python's log"
+    assert "s3cr3t-pw" not in caplog.text
+    assert "k3y-passphrase" not in caplog.text

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -106,6 +107,31 @@ _UNSETTABLE_KWARGS = frozenset(
 )
 
 Client = Literal["consumer", "producer"]
+
+_SECRET_KWARGS = frozenset({"sasl_plain_password", "ssl_password"})
+
+
+def _hidden(kwargs: Mapping[Any, Any]) -> dict[Any, Any]:
+    return {k: "***" if k in _SECRET_KWARGS else v for k, v in kwargs.items()}
+
+
+class _HideSecretKwargs(logging.Filter):
+    """kafka-python's KafkaAdminClient logs its keyword arguments at DEBUG when it starts,
+    the password and the key's passphrase included: their values become ***."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # A lone dict argument is kept by LogRecord as the args themselves.
+        if isinstance(record.args, dict):
+            record.args = _hidden(record.args)
+        elif isinstance(record.args, tuple):
+            record.args = tuple(_hidden(a) if isinstance(a, dict) else a for a in record.args)
+        return True
+
+
+if not any(
+    isinstance(f, _HideSecretKwargs) for f in logging.getLogger("kafka.admin.client").filters
+):
+    logging.getLogger("kafka.admin.client").addFilter(_HideSecretKwargs())
 
 
 @functools.cache
