@@ -140,3 +140,40 @@ def test_kafka_pythons_debug_log_of_an_admin_client_holds_no_password(
     assert "Starting KafkaAdminClient" in caplog.text, "the attack needs kafka-python's log"
     assert "s3cr3t-pw" not in caplog.text
     assert "k3y-passphrase" not in caplog.text
+
+
+def test_a_provider_that_fails_after_the_query_started_is_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider that gave its first token and fails later (credentials expired on an
+    executor): a task's bootstrap times out, then the probe asks the provider again.
+    Before, the provider's own exception escaped the probe in place of the documented
+    one line naming the option."""
+    from kafka.errors import KafkaTimeoutError
+
+    from eospack.connectors.kafka import authentication
+
+    (tmp_path / "expiring_tokens_attack.py").write_text(
+        "CALLS = []\n\n\ndef token() -> str:\n    CALLS.append(1)\n"
+        "    if len(CALLS) > 1:\n        raise RuntimeError('credentials expired')\n"
+        "    return 'tok-first'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    options = {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}
+    options["sasl.oauth.token.provider"] = "expiring_tokens_attack:token"
+    config = dict(kafka_client_params(options, "producer", {}, ValueError, "2pc-kafka"))
+    config["bootstrap_servers"] = ["127.0.0.1:9"]
+    provider = config["sasl_oauth_token_provider"]
+
+    def login_asking_the_token(*_: object) -> None:  # what the mechanism's auth_bytes does
+        provider.token()
+
+    monkeypatch.setattr(authentication, "_login", login_asking_the_token)
+    with (
+        pytest.raises(KafkaAuthenticationError) as raised,
+        authentication.naming_refused_logins(config, "2pc-kafka"),
+    ):
+        raise KafkaTimeoutError("Unable to bootstrap")
+    message = str(raised.value)
+    assert "kafka.sasl.oauth.token.provider" in message and "credentials expired" in message
+    assert "\n" not in message and "tok-first" not in message

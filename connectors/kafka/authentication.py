@@ -70,6 +70,8 @@ def refused_login(config: Mapping[str, Any]) -> BaseException | None:
                 return None
             try:
                 return _login(host.strip("[]"), int(port), config, deadline)
+            except KafkaAuthenticationError as no_token:  # the token provider failed
+                return no_token
             except (OSError, ValueError, EOFError):
                 continue  # down, or closed before answering: try again, or another server
     return None
@@ -207,6 +209,8 @@ def raise_if_refused(config: Mapping[str, Any], who: str) -> None:
     """After a client of ``config`` could not connect: raise ``KafkaAuthenticationError``
     if the reason is a refused login; else return (the caller raises its own error)."""
     refusal = refused_login(config)
+    if isinstance(refusal, KafkaAuthenticationError):
+        raise refusal from None  # already one line naming the option
     if refusal is not None:
         raise authentication_error(config, refusal, who) from None
 

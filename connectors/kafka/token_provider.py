@@ -66,7 +66,11 @@ class TokenProvider(AbstractTokenProvider):
         self._extensions = extensions
 
     def token(self) -> str:
-        return _token_text(self._token())
+        try:
+            return _token_text(self._token())
+        except Exception as error:  # a provider failing later is the same one line
+            why = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            raise _no_token(self.name, why) from None
 
     def extensions(self) -> dict[str, str]:
         return dict(self._extensions() or {})
