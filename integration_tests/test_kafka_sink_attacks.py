@@ -174,12 +174,12 @@ def test_a_live_sink_fenced_by_another_sinks_reader_mid_decision_redoes_its_deci
     b_may_end = threading.Event()
     outcome: dict[str, Any] = {}
 
-    def end_transaction(producer: Any, commit: bool) -> None:
+    def end_transaction(producer: Any, commit: bool, **bounds: Any) -> None:
         if producer.config["transactional_id"] == "eospack-ledger-sink_b":
             producer.flush()  # B's decision record is on the ledger partition
             b_open.set()
             b_may_end.wait(60)
-        real_end(producer, commit)
+        real_end(producer, commit, **bounds)
 
     def decide_b() -> None:
         try:
@@ -680,12 +680,12 @@ def test_a_slow_sink_fenced_by_another_sinks_reader_redoes_its_decision(
     a_has_read = threading.Event()
     outcome: dict[str, Any] = {}
 
-    def end_transaction(producer: Any, commit: bool) -> None:
+    def end_transaction(producer: Any, commit: bool, **bounds: Any) -> None:
         if producer.config["transactional_id"] == "eospack-ledger-slow_b" and not b_open.is_set():
             producer.flush()  # B's decision record is on the ledger partition
             b_open.set()
             a_has_read.wait(60)  # B's driver stalls here
-        real_end(producer, commit)
+        real_end(producer, commit, **bounds)
 
     def decide_b() -> None:
         try:
