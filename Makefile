@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install fetch demo test test-kafka-production test-unit lint docs bench bench-quick services clean wheel test-wheel
+.PHONY: install fetch demo test test-kafka-production test-kafka-production-smoke test-unit lint docs bench bench-quick services clean wheel test-wheel
 
 $(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,11 +35,16 @@ TEST_WORKERS ?= 2
 test: $(STAMP) fetch
 	$(PY) -m pytest -m "not chaos and not production_kafka" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
-# Kafka as production runs it: a 3-broker KRaft cluster (RF 3, min ISR 2) and a SASL_SSL
-# broker with a least-privilege user (integration_tests/test_kafka_secured.py and
-# test_kafka_cluster_services.py; a few minutes, one worker: each cluster is ~1.5 GB).
+# Kafka as production runs it: a 3-broker KRaft cluster (RF 3, min ISR 2) with broker kills
+# and a rolling restart, and a SASL_SSL/OAUTHBEARER/mTLS broker with a least-privilege user
+# (every test marked production_kafka; about 15 minutes, one worker: a cluster is ~1.5 GB).
+# The smoke (CI): an input leader killed under the source, an output leader killed under
+# 2pc-kafka (about 1.5 minutes, the cluster's start included).
 test-kafka-production: $(STAMP) fetch
 	$(PY) -m pytest -m production_kafka integration_tests -p no:cacheprovider $(ARGS)
+
+test-kafka-production-smoke: $(STAMP) fetch
+	$(PY) -m pytest -m production_kafka_smoke integration_tests -p no:cacheprovider $(ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)
