@@ -177,3 +177,18 @@ def test_a_provider_that_fails_after_the_query_started_is_named_in_one_line(
     message = str(raised.value)
     assert "kafka.sasl.oauth.token.provider" in message and "credentials expired" in message
     assert "\n" not in message and "tok-first" not in message
+
+
+@pytest.mark.parametrize("setting", ["ssl.keystore.location", "ssl.truststore.location"])
+def test_a_java_store_given_without_its_type_is_refused_in_one_line(
+    tmp_path: Path, setting: str
+) -> None:
+    """A JKS file under a PEM name (no kafka.ssl.*.type given: PEM is the default) reached
+    kafka-python, whose TLS context failed on every connection like an unreachable
+    broker (and the probe took it for one). Refused at parse time saying what to do."""
+    store = tmp_path / "client.jks"
+    store.write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02" + bytes(range(256)))
+    options = {"security.protocol": "SSL", setting: str(store)}
+    with pytest.raises(ValueError, match=f"kafka.{setting}") as raised:
+        kafka_client_params(options, "consumer", {}, ValueError, "replayable-kafka")
+    assert "PEM" in str(raised.value) and "\n" not in str(raised.value)

@@ -182,6 +182,11 @@ def kafka_client_params(
                 "Option kafka.ssl.keystore.location needs a PEM file (kafka-python reads no"
                 f" JKS or PKCS12): {_PEM_CONVERSION}"
             )
+        if kafka_name in _PEM_FILE_OPTIONS and not _looks_like_pem(value):
+            raise error(
+                f"Option kafka.{kafka_name} names {value}, which holds no PEM block"
+                f" (-----BEGIN): kafka-python reads PEM only; {_PEM_CONVERSION}"
+            )
         if kafka_name == "ssl.endpoint.identification.algorithm":
             if value.strip().lower() not in ("https", ""):
                 raise error(
@@ -200,6 +205,21 @@ def kafka_client_params(
     _refuse_ignored_security(params, provider_name is not None, error)
     params.update(_mechanism_params(params, provider_name, error))
     return tuple(sorted(params.items()))
+
+
+_PEM_FILE_OPTIONS = frozenset(
+    {"ssl.keystore.location", "ssl.truststore.location", "ssl.certfile", "ssl.cafile"}
+)
+
+
+def _looks_like_pem(path: str) -> bool:
+    """False only for a readable file with no PEM block (a JKS or PKCS12 store); a file
+    this process cannot read is left to the client (it may exist on executors only)."""
+    try:
+        with open(path.strip(), "rb") as file:
+            return b"-----BEGIN" in file.read(1 << 16)
+    except OSError:
+        return True
 
 
 _SASL_KWARGS = ("sasl_plain_username", "sasl_mechanism")
