@@ -173,11 +173,9 @@ class KafkaResource(TransactionalResource):
         it is still undecided are the pieces checked alive again before writing: a ride
         through a broker loss may have lasted long enough for a piece to time out, and a
         decision naming a dead piece would be a batch lost instead of replayed."""
-        attempts = 0
+        retried_before = self.retried_ledger_steps
 
         def record(ledger: Ledger) -> BatchDecision:
-            nonlocal attempts
-            attempts += 1
             slot = ledger.slots.get(decision.batch_id)
             if slot is not None and not slot.accepts(decision):
                 return slot
@@ -185,7 +183,9 @@ class KafkaResource(TransactionalResource):
                 legacy = self._legacy_slot(decision)
                 if legacy is not None:
                     return legacy
-            if attempts > 1:
+            if self.retried_ledger_steps > retried_before:
+                # Any failed try of this step (a write, or opening the ledger: a ride-through
+                # of minutes either way) may have outlived a piece: check them again.
                 self.check_prepared(decision)
             decided = BatchDecision(decision.sink_id, decision.batch_id, decision.pieces)
             return self._call("decide", lambda: ledger.write(decided), decision.batch_id)
