@@ -58,6 +58,26 @@ def enabled() -> bool:
     return _DIRECTORY is not None
 
 
+def is_armed(call: str) -> bool:
+    """Whether a fault for ``call`` waits to be claimed (in any batch), without claiming it:
+    for code that takes another path only while a test arms that call."""
+    if _DIRECTORY is None:
+        return False
+    try:
+        entries = list(os.scandir(_DIRECTORY))
+    except FileNotFoundError:
+        return False
+    for entry in entries:
+        if not entry.name.endswith(".fault"):
+            continue
+        try:
+            if json.loads(Path(entry.path).read_text()).get("call") == call:
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
 def claim(call: str, batch_id: int | None = None) -> CallFault | None:
     """The armed fault for ``call`` (and ``batch_id``) if this process wins it, else None."""
     if _DIRECTORY is None:
