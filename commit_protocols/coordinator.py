@@ -17,7 +17,8 @@ Commit order for batch N (``commit(messages, N)``), each step durable before the
    their order does not matter.
 4. Recover: finish unfinished decisions, roll back stray pieces of batches <= N (again
    where ``orphans_can_block_commit`` recovered before the decision: a zombie task may
-   have prepared since, and after a query's last batch nothing else would roll it back).
+   have prepared since, and after a query's last batch nothing else would roll it back),
+   then the leftovers that carry no batch (``roll_back_unattributed``).
 
 The one rule every path keeps: **a piece named by a decision is never rolled back, by
 anyone.** Rolling a piece back is allowed only after ``fence`` has made sure that no
@@ -270,6 +271,7 @@ class TwoPhaseCommitCoordinator:
             if up_to_batch is None or piece.batch_id <= up_to_batch
         ]
         self.roll_back_orphans(sink_id, orphans)
+        self.resource.roll_back_unattributed(sink_id)
 
     def roll_back_orphans(self, sink_id: str, pieces: Iterable[PreparedPiece]) -> None:
         """Fence each batch's pieces, then roll back those no decision names (decided ones

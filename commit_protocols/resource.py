@@ -98,6 +98,15 @@ class TransactionalResource(ABC):
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
         """Pieces of this sink still prepared: neither committed nor rolled back."""
 
+    def roll_back_unattributed(self, sink_id: str) -> None:  # noqa: B027 - optional hook
+        """Roll back the sink's leftovers that carry no batch id (2pc-kafka's pooled
+        transactional ids: ``connectors/kafka/producer_pool.py``). Recovery calls it last,
+        after every unfinished decision is finished and the batches' orphans are rolled
+        back, and only at a batch's commit or abort (or the first commit of a run), when no
+        task of a later batch has begun: anything such a leftover holds is named by no
+        decision that exists or can still be written. Resources whose pieces all carry
+        their batch need not implement it."""
+
     def check_prepared(self, decision: BatchDecision) -> None:  # noqa: B027 - optional hook
         """Raise when a piece ``decision`` would name can no longer be committed (its
         transaction ended before the decision, e.g. the broker aborted it after its

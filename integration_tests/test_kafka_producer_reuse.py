@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from eospack.commit_protocols import TaskIdentity
-from eospack.connectors.kafka import producer_pool, writer
+from eospack.connectors.kafka import producer_pool, transactions, writer
 from eospack.connectors.kafka.transactions import PreparedTransaction, commit_prepared
 from eospack.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
@@ -130,14 +130,9 @@ def test_an_exactly_once_task_whose_input_fails_closes_the_producer_it_opened(
 
 
 TASK_SLOTS = 2
-BATCHES = 30
+BATCHES = 1000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transactional ids are per task attempt until they are pooled (issue 37; design"
-    " in connectors/kafka/producer_pool.py): the broker keeps one per task of every batch",
-)
 @pytest.mark.timeout(300)
 def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
     real_kafka: Any, unique_name: str
@@ -156,6 +151,8 @@ def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
     sink_id = f"{unique_name}-sink"
     coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
     for batch_id in range(BATCHES):
+        if batch_id % 100 == 0:
+            print(f"batch {batch_id} of {BATCHES}", flush=True)
         pieces = [
             writer.prepare_task(
                 options,
@@ -180,3 +177,141 @@ def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
         if listing.transactional_id.startswith(sink_prefix(sink_id))
     }
     assert len(ids) <= 2 * TASK_SLOTS, f"{len(ids)} transactional ids after {BATCHES} batches"
+
+
+# Pooled transactional ids (producer_pool, issue 37) ------------------------------------
+
+
+def open_under(kafka: Any, sink_id: str) -> list[str]:
+    from eospack.commit_protocols.pieces import sink_prefix
+    from eospack.connectors.kafka.transactions import open_transactions
+
+    return open_transactions(
+        {"bootstrap_servers": kafka.endpoint.bootstrap_servers}, sink_prefix(sink_id)
+    )
+
+
+def prepared_batch(options: Any, sink_id: str, run: str, batch_id: int, tasks: int) -> list[Any]:
+    """``tasks`` tasks of one batch run one after the other in this process, as a Python
+    worker runs the partitions Spark gives it."""
+    return [
+        writer.prepare_task(
+            options,
+            TaskIdentity(sink_id, batch_id, partition, f"0x{run}x{batch_id:04d}{partition:04d}"),
+            keyed_rows(f"{run}-{batch_id}-{partition}-", 2),
+        )
+        for partition in range(tasks)
+    ]
+
+
+def expected_keys(run: str, batches: range, tasks: int) -> list[bytes]:
+    return sorted(
+        f"{run}-{batch}-{partition}-{index}".encode()
+        for batch in batches
+        for partition in range(tasks)
+        for index in range(2)
+    )
+
+
+@pytest.mark.timeout(180)
+def test_tasks_of_one_batch_in_one_worker_keep_their_own_ids_and_reuse_them_next_batch(
+    real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three partitions of a batch in one worker: three ids (a shared one would let the
+    second task's InitProducerId abort the first task's prepared transaction); the next
+    batch takes the same three ids and their kept producers (no new producer)."""
+    from eospack.commit_protocols import TwoPhaseCommitCoordinator
+    from eospack.connectors.kafka.resource import KafkaResource
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    made: list[Any] = []
+    real_producer = transactions.KafkaProducer
+
+    def counted(**config: Any) -> Any:
+        made.append(real_producer(**config))
+        return made[-1]
+
+    monkeypatch.setattr(transactions, "KafkaProducer", counted)
+    producer_pool.close_kept()
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        first = prepared_batch(options, sink_id, "runa", 0, 3)
+        coordinator.commit(first, 0)
+        second = prepared_batch(options, sink_id, "runa", 1, 3)
+        coordinator.commit(second, 1)
+    finally:
+        coordinator.resource.close()
+        producer_pool.close_kept()
+    first_ids = [piece.handle["transactional_id"] for piece in first]
+    assert len(set(first_ids)) == 3
+    assert [piece.handle["transactional_id"] for piece in second] == first_ids
+    assert len(made) == 3, "the second batch made new producers instead of reusing them"
+    assert committed_keys(real_kafka, unique_name) == expected_keys("runa", range(2), 3)
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_pooled_leftover_no_decision_names_is_rolled_back_at_the_commit(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """A task whose commit message never reached the driver (it failed after preparing, or
+    a zombie) leaves an open transaction under a pooled id, which holds every
+    read_committed reader back: the batch's commit rolls it back, and the next batch's task
+    on that id (its kept producer fenced meanwhile) writes again."""
+    from eospack.commit_protocols import TwoPhaseCommitCoordinator
+    from eospack.connectors.kafka.resource import KafkaResource
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    producer_pool.close_kept()
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        named, _never_named = prepared_batch(options, sink_id, "runb", 0, 2)
+        assert len(open_under(real_kafka, sink_id)) == 2
+        coordinator.commit([named], 0)
+        assert open_under(real_kafka, sink_id) == []
+        coordinator.commit(prepared_batch(options, sink_id, "runb", 1, 2), 1)
+    finally:
+        coordinator.resource.close()
+        producer_pool.close_kept()
+    assert committed_keys(real_kafka, unique_name) == sorted(
+        [b"runb-0-0-0", b"runb-0-0-1", *expected_keys("runb", range(1, 2), 2)]
+    )
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_replay_in_a_new_run_of_the_same_worker_never_aborts_the_crashed_runs_decision(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Run A decided batch 5 and crashed before committing it; the query restarts in the
+    same Spark application, so the same Python worker replays batch 5. Its ids are of run
+    B: had they been run A's, their InitProducerId would have aborted the decided
+    transactions (data lost). The replay's commit finds A's decision and applies exactly
+    A's rows."""
+    from eospack.commit_protocols import TwoPhaseCommitCoordinator
+    from eospack.commit_protocols.pieces import BatchDecision
+    from eospack.connectors.kafka.resource import KafkaResource
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    producer_pool.close_kept()
+    crashed = KafkaResource(options)
+    try:
+        pieces = prepared_batch(options, sink_id, "runc", 5, 2)
+        crashed.record_decision(BatchDecision(sink_id, 5, tuple(pieces)))
+    finally:
+        crashed.close()
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        replay = prepared_batch(options, sink_id, "rund", 5, 2)
+        assert coordinator.commit(replay, 5) is None
+    finally:
+        coordinator.resource.close()
+        producer_pool.close_kept()
+    assert committed_keys(real_kafka, unique_name) == expected_keys("runc", range(5, 6), 2)
+    assert open_under(real_kafka, sink_id) == []

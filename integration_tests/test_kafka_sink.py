@@ -90,3 +90,39 @@ def test_a_bad_option_fails_the_query_start_in_one_line_without_secrets(sink: Ka
     assert "must be a PlainLoginModule or ScramLoginModule" in text
     assert "hunter2-secret" not in text
     assert sink.rows(run.options) == Counter()
+
+
+TASK_SLOTS = 2
+"""The test session's Spark runs ``local[2]``."""
+
+
+@pytest.mark.timeout(420)
+def test_a_query_of_many_batches_keeps_a_bounded_number_of_transactional_ids(
+    sink: KafkaSink,
+) -> None:
+    """Issue 37's goal through a real query: the tasks of every batch take their
+    transactional ids from their Python worker's pool (``producer_pool``), so after many
+    batches the broker knows at most 2x the task slots of the sink's ids (one per task of
+    every batch before pooling), and each row is still there once."""
+    from kafka import KafkaAdminClient
+
+    from eospack.commit_protocols.pieces import sink_prefix
+
+    run = ContractRun(sink)
+    run.add_batches(12)
+    run.run_here()
+    run.assert_each_row_once()
+    admin = KafkaAdminClient(**sink.config())
+    try:
+        listed = admin.list_transactions()
+    finally:
+        admin.close()
+    ids = {
+        listing.transactional_id
+        for listings in listed.values()
+        for listing in listings
+        for sink_id in run.sink_ids
+        if listing.transactional_id.startswith(sink_prefix(sink_id))
+    }
+    print(f"{len(ids)} transactional ids after 12 batches: {sorted(ids)}")
+    assert 0 < len(ids) <= 2 * TASK_SLOTS

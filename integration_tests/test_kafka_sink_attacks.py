@@ -638,7 +638,8 @@ def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
 
     def past_deadline_but_ongoing(piece: Any) -> str:
         """'yes' once past its deadline and still Ongoing, 'aborted' if the sweep came."""
-        described = admin.describe_transactions([piece.transaction_id])[piece.transaction_id]
+        name = piece.handle["transactional_id"]  # the pooled id, not the piece's name
+        described = admin.describe_transactions([name])[name]
         if described.state != TransactionState.ONGOING:
             return "aborted"
         deadline_ms = described.transaction_start_time_ms + described.transaction_timeout_ms

@@ -1,57 +1,67 @@
-"""Producers kept across the tasks of one Python worker (Spark reuses its Python workers:
-``spark.python.worker.reuse``, on by default), so a task does not pay a new producer's
-bootstrap and first metadata lookup (profiled: about 117 ms of kafka-python's first
-``partitions_for`` after its retry backoff, against 0 ms on a kept producer; see
-docs/performance.md).
+"""Producers and transactional ids kept across the tasks of one Python worker (Spark reuses
+its Python workers: ``spark.python.worker.reuse``, on by default), so a task does not pay a
+new producer's bootstrap and first metadata lookup (profiled: about 117 ms of kafka-python's
+first ``partitions_for`` after its retry backoff, against 0 ms on a kept producer; see
+docs/performance.md), and the broker keeps a bounded number of transactional ids.
 
-What is kept, and what is guaranteed
-------------------------------------
-At-least-once (``kept_producer``): a plain, non-transactional producer per worker process
-and client configuration. A task borrows it, sends, flushes and gives it back; nothing of a
-task survives in it after its flush (``send_rows`` checks every send), so the next task
-starts clean. A task that fails for any reason closes and drops the producer instead (its
-accumulator may hold records of the failed task, which must not ride along with the next
-task's flush). Two tasks of one worker never share it at once: a borrowed producer is out
-of the pool until given back (a Python worker runs one task at a time anyway). At most
+At-least-once (``kept_producer``)
+---------------------------------
+A plain, non-transactional producer per worker process and client configuration. A task
+borrows it, sends, flushes and gives it back; nothing of a task survives in it after its
+flush (``send_rows`` checks every send), so the next task starts clean. A task that fails
+for any reason closes and drops the producer instead (its accumulator may hold records of
+the failed task, which must not ride along with the next task's flush). At most
 ``MAX_KEPT`` configurations are kept; the oldest is closed first.
 
-Exactly-once keeps nothing yet: each task still makes its producer with a transactional
-id of its own (sink, batch, partition, attempt) and closes it in ``prepare``. Why not
-a kept transactional producer (the pooling of Flink's KafkaSink, FLINK-34554), as designed
-for issue 37 and left for a later change:
+Exactly-once (``pooled_transactional_id``, ``kept_transactional_producer``)
+---------------------------------------------------------------------------
+Flink's KafkaSink pools its transactional ids (FLINK-34554); so does this sink. A task's
+Kafka transactional id is ``eospack-<sink>-pool_<run><worker>_<index>``:
 
-1. A kept producer's transactional id can only start a new transaction after the driver
-   ended the previous one (EndTxn by producer id and epoch, not by this producer), and
-   kafka-python's transaction manager still believes its own transaction open: reusing it
-   means resetting private state (``_transaction_manager``) after every ``prepare``.
-2. The id must be re-initialised (InitProducerId) before each reuse, which fences
-   whatever it left open: that is safe only once the previous transaction is committed or
-   the driver will never commit it. The worker cannot know that alone; a pooled id would
-   have to be released by the driver's commit (e.g. the id's epoch after commit is read
-   back, or the pool slot carries the batch id whose decision is done).
-3. Task retries and speculative attempts of one partition run concurrently: pooled ids
-   must be keyed by the Spark task slot, never by partition alone, so two live attempts
-   never share an id.
-4. Recovery (``resource.prepared_pieces``, ``coordinator.stale_pieces``, the replayed
-   tasks' fencing) reads batch and attempt off the transactional id's name. With pooled
-   ids a prepared piece's identity must come from the commit message or the decision, and
-   every open transaction under the sink's prefix that no decision names must be fenced.
+- ``<run>``: the query run (Spark's run id, new at every start). A replay after a restart
+  never re-initialises an id of the run that crashed, whose decided transactions may still
+  wait for their commit (InitProducerId on their id would abort them: data lost).
+- ``<worker>``: a random token of this Python process. Two processes never share an id, so
+  attempts running at once (a task retry, a speculative copy, a zombie of an executor
+  Spark gave up on) never fence each other, and a worker that exits never hands its ids
+  to another one while its prepared transactions wait for the driver.
+- ``<index>``: the how-manieth task of the current batch this process runs (0 for its
+  first). Within a batch every task of the process keeps its own index: earlier tasks'
+  transactions stay open until the driver commits them. A task of a later batch starts
+  from index 0 again: Spark runs batch N+1 only after batch N's commit returned, when every
+  transaction batch N's decision named is committed, so re-initialising an index's id
+  aborts nothing but leftovers no decision names (a failed task's, a zombie's).
 
-Until that is built and proven (ids bounded after many batches, no id shared by live
-attempts, a crash between prepare and commit still exactly once), a task's transactional
-producer stays new per task: the measured cost of that is in docs/performance.md.
+So a run's ids are (worker processes) x (most tasks one process ran in one batch): about the
+task slots when partitions <= slots and workers are reused. A new run or a new worker
+process brings new ids (``spark.python.worker.reuse=false`` makes one per task, as before
+pooling); the broker forgets an id ``transactional.id.expiration.ms`` (7 days by default)
+after its last use. The id's name carries no batch, so the piece's identity (sink, batch,
+partition, attempt) travels in its commit message and decision as before, and recovery
+rolls back every open pooled transaction of the sink that no decision names once the
+decisions are finished (``KafkaResource.roll_back_unattributed``).
+
+A task's producer is kept with its id (at most ``MAX_KEPT_TRANSACTIONAL`` per process): the
+next task on that id restarts it (``transactions.begin_again``: InitProducerId, one round
+trip to the coordinator it knows) instead of bootstrapping a new one. Anything unusual (a
+failed task, a producer whose restart fails) closes it; the next task makes a new one.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaProducer
+
+from eospack.commit_protocols import TaskIdentity, sink_prefix, transaction_id
 
 MAX_KEPT = 4
 """How many producers (one per distinct client configuration) a worker process keeps."""
@@ -60,11 +70,20 @@ FAILED_CLOSE_SECONDS = 1.0
 """How long the producer of a failed task may still deliver before it is closed (those
 records are at-least-once's to send twice: Spark retries the task)."""
 
-_KEPT: OrderedDict[tuple[tuple[str, str], ...], KafkaProducer] = OrderedDict()
+MAX_KEPT_TRANSACTIONAL = 4
+"""How many transactional producers (one per pooled id) a worker process keeps open."""
+MAX_POOLED_RUNS = 8
+"""How many (sink, run) pairs a worker process tracks the batch of; the oldest is forgotten."""
+POOL_MARKER = "pool_"
+"""Starts the part of a pooled id after the sink prefix; never parsed as a piece name."""
+
+ConfigurationKey = tuple[tuple[str, str], ...]
+_KEPT: OrderedDict[ConfigurationKey, KafkaProducer] = OrderedDict()
+_KEPT_TRANSACTIONAL: OrderedDict[tuple[ConfigurationKey, str], KafkaProducer] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def configuration_key(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+def configuration_key(config: Mapping[str, Any]) -> ConfigurationKey:
     """Producers are shared only between tasks of the same settings (same brokers, same
     login, same producer tuning): a key of every setting, values by ``repr``."""
     return tuple(sorted((name, repr(value)) for name, value in config.items()))
@@ -106,20 +125,125 @@ def kept_producer(
 
 
 def kept_count() -> int:
-    """How many producers this process keeps (for tests)."""
+    """How many producers this process keeps, both kinds (for tests)."""
     with _LOCK:
-        return len(_KEPT)
+        return len(_KEPT) + len(_KEPT_TRANSACTIONAL)
 
 
 def close_kept() -> None:
     """Close every kept producer (at interpreter exit; every task already flushed its
-    records, so nothing is left to send)."""
+    records, so nothing is left to send; a kept transactional producer's transaction is
+    the driver's to end, and closing never ends it)."""
     with _LOCK:
-        producers = list(_KEPT.values())
+        producers = [*_KEPT.values(), *_KEPT_TRANSACTIONAL.values()]
         _KEPT.clear()
+        _KEPT_TRANSACTIONAL.clear()
     for producer in producers:
         with contextlib.suppress(Exception):
             producer.close(timeout=5)
+
+
+# Exactly-once: pooled transactional ids and their kept producers -----------------------
+
+
+@dataclass
+class _BatchIndices:
+    """The indices of one (sink, run) that this process's tasks of ``batch_id`` hold."""
+
+    batch_id: int
+    taken: set[int] = field(default_factory=set)
+
+
+_WORKER: tuple[int, str] | None = None
+_BATCHES: OrderedDict[tuple[str, str], _BatchIndices] = OrderedDict()
+
+
+def worker_token() -> str:
+    """This process's random token, made anew in a forked child (a new pid)."""
+    global _WORKER
+    with _LOCK:
+        if _WORKER is None or _WORKER[0] != os.getpid():
+            _WORKER = (os.getpid(), secrets.token_hex(6))
+        return _WORKER[1]
+
+
+def pooled_transactional_id(task: TaskIdentity) -> str:
+    """Take the Kafka transactional id of ``task`` from the process's pool (module
+    docstring); ``release_transactional_id`` gives it back if the task fails. A task
+    without a run id (none is known) or of a batch older than one this process already
+    wrote for its run gets an id of its own, never pooled: nothing can then tell which of
+    the pool's transactions its batch's decision may still name."""
+    run = task.run
+    if run is None:
+        return transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
+    worker = worker_token()
+    key = (task.sink_id, run)
+    with _LOCK:
+        indices = _BATCHES.pop(key, None)
+        if indices is None or indices.batch_id < task.batch_id:
+            indices = _BatchIndices(task.batch_id)
+        _BATCHES[key] = indices
+        while len(_BATCHES) > MAX_POOLED_RUNS:
+            _BATCHES.popitem(last=False)
+        if indices.batch_id > task.batch_id:
+            return transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
+        index = min(set(range(len(indices.taken) + 1)) - indices.taken)
+        indices.taken.add(index)
+    return f"{sink_prefix(task.sink_id)}{POOL_MARKER}{run}{worker}_{index}"
+
+
+def release_transactional_id(task: TaskIdentity, transactional_id: str) -> None:
+    """A failed task's index is free for the next task of its batch in this process: its
+    transaction was aborted or is a leftover no decision can name (the task sent no
+    commit message), which the next InitProducerId on the id aborts."""
+    index = pooled_index(transactional_id)
+    if index is None or task.run is None:
+        return
+    with _LOCK:
+        indices = _BATCHES.get((task.sink_id, task.run))
+        if indices is not None and indices.batch_id == task.batch_id:
+            indices.taken.discard(index)
+
+
+def pooled_index(transactional_id: str) -> int | None:
+    """The index of a pooled id, None for any other transactional id."""
+    head, marker, tail = transactional_id.rpartition("-")[2].partition(POOL_MARKER)
+    if head or not marker:
+        return None
+    number = tail.rpartition("_")[2]
+    return int(number) if number.isdigit() else None
+
+
+def is_pooled(transactional_id: str, sink_id: str) -> bool:
+    """Whether ``transactional_id`` is one of the sink's pooled ids (in recovery listings)."""
+    return transactional_id.startswith(f"{sink_prefix(sink_id)}{POOL_MARKER}")
+
+
+def take_kept_transactional(
+    config: Mapping[str, Any], transactional_id: str
+) -> KafkaProducer | None:
+    """The kept producer of ``transactional_id`` (and settings ``config``), taken out of the
+    pool; None when there is none. The caller restarts it or closes it."""
+    with _LOCK:
+        return _KEPT_TRANSACTIONAL.pop((configuration_key(config), transactional_id), None)
+
+
+def keep_transactional(config: Mapping[str, Any], producer: KafkaProducer) -> None:
+    """Keep a task's producer, its transaction prepared (flushed, left open for the
+    driver), for the next task on its id; the oldest beyond ``MAX_KEPT_TRANSACTIONAL`` is
+    closed (closing never ends its transaction)."""
+    key = (configuration_key(config), str(producer.config["transactional_id"]))
+    evicted: list[KafkaProducer] = []
+    with _LOCK:
+        previous = _KEPT_TRANSACTIONAL.pop(key, None)
+        if previous is not None and previous is not producer:
+            evicted.append(previous)
+        _KEPT_TRANSACTIONAL[key] = producer
+        while len(_KEPT_TRANSACTIONAL) > MAX_KEPT_TRANSACTIONAL:
+            evicted.append(_KEPT_TRANSACTIONAL.popitem(last=False)[1])
+    for extra in evicted:
+        with contextlib.suppress(Exception):
+            extra.close(timeout=FAILED_CLOSE_SECONDS)
 
 
 atexit.register(close_kept)

@@ -7,7 +7,9 @@ slots live in the ledger topic (``ledger``).
   ``DecidedPieceLostError``: its records are lost, and the restart says so.
 - roll a piece back: fence its transactional id (InitProducerId), which aborts it.
 - prepared pieces: the sink's open transactions, listed by the broker (ListTransactions),
-  named like every eospack transaction id, so batch and attempt are read off the name.
+  named like every eospack transaction id, so batch and attempt are read off the name;
+  open transactions under the sink's pooled ids (``producer_pool``) carry no batch and are
+  rolled back by ``roll_back_unattributed`` once the decisions are finished.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from eospack.connectors.kafka.ledger import (
     read_slots_if_any,
     shared_ledger,
 )
+from eospack.connectors.kafka.producer_pool import is_pooled
 from eospack.connectors.kafka.ride_through import Retry
 from eospack.connectors.kafka.sink_options import KafkaSinkOptions, parse_options
 from eospack.connectors.kafka.transactions import (
@@ -43,6 +46,7 @@ from eospack.connectors.kafka.transactions import (
     commit_prepared_together,
     fence,
     lost_transactions,
+    open_epochs,
     open_transactions,
 )
 
@@ -67,6 +71,11 @@ class KafkaResource(TransactionalResource):
         self._admin: KafkaAdminClient | None = None
         self.retried_ledger_steps = 0
         """How many ledger steps of this resource failed and were tried again."""
+        self._pooled_open: dict[str, list[str]] = {}
+        """Per sink, the open pooled transactions the last ``prepared_pieces`` listed that
+        no slot names."""
+        self._read_only = False
+        """True while ``inspect`` runs: nothing may be opened or fenced."""
 
     def admin(self) -> KafkaAdminClient:
         """One admin client for this commit's transaction calls (the liveness check and
@@ -314,9 +323,36 @@ class KafkaResource(TransactionalResource):
             raise failures[0][1]
 
     def rollback_piece(self, piece: PreparedPiece) -> None:
+        """Fence the piece's Kafka transactional id: the one its handle names (a pooled id,
+        ``producer_pool``), else its name. Rolling back happens only at a batch's commit or
+        abort, when no task of a later batch has begun under a pooled id."""
+        self.rollback_transactional_id(kafka_name(piece))
+
+    def rollback_transactional_id(self, transactional_id: str) -> None:
+        """Fence ``transactional_id`` (InitProducerId aborts what it has open), riding through."""
         self._riding_through(
-            f"fencing {piece.transaction_id}", lambda: fence(self.config, piece.transaction_id)
+            f"fencing {transactional_id}", lambda: fence(self.config, transactional_id)
         )
+
+    def roll_back_unattributed(self, sink_id: str) -> None:
+        """Fence every open transaction under the sink's pooled ids (``producer_pool``)
+        that the last ``prepared_pieces`` listing saw (else listed now): leftovers of tasks
+        whose commit message never reached a decision (a failed or zombie task, a crashed
+        run). Safe because recovery calls this only after finishing every unfinished
+        decision, at a batch's commit or abort: a decision naming one of them would have
+        committed it first, and no later one can (this run's next batches and any later
+        run open ids of their own)."""
+        listed = self._pooled_open.pop(sink_id, None)
+        if listed is None:
+            self.prepared_pieces(sink_id)
+            listed = self._pooled_open.pop(sink_id, [])
+        for transactional_id in listed:
+            self.rollback_transactional_id(transactional_id)
+            logger.warning(
+                "2pc-kafka recovery: rolled back the leftover transaction %s (named by no"
+                " decision)",
+                transactional_id,
+            )
 
     def unfinished_decisions(self, sink_id: str) -> Iterable[BatchDecision]:
         """Exactly-once: from the sink's ledger, opened (which fences an earlier driver).
@@ -334,6 +370,11 @@ class KafkaResource(TransactionalResource):
         return self._with_ledger(sink_id, unfinished)
 
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
+        """The sink's open transactions as pieces. A per-attempt id carries its piece's
+        name. A pooled id (``producer_pool``) carries none: its open transaction is the
+        piece a ledger slot names with the same id, producer id and epoch
+        (``_attributed``); one that no slot names is remembered for
+        ``roll_back_unattributed`` (and ``leftovers``)."""
         pieces = []
         listed = self._riding_through(
             "listing the sink's open transactions",
@@ -344,7 +385,43 @@ class KafkaResource(TransactionalResource):
             if parsed is not None:
                 sink, batch_id, partition_id, attempt = parsed
                 pieces.append(PreparedPiece(sink, batch_id, partition_id, attempt, 0))
+        pooled = [name for name in listed if is_pooled(name, sink_id)]
+        attributed = self._attributed(sink_id, pooled) if pooled else {}
+        pieces += attributed.values()
+        self._pooled_open[sink_id] = [name for name in pooled if name not in attributed]
         return pieces
+
+    def _attributed(self, sink_id: str, pooled: list[str]) -> dict[str, PreparedPiece]:
+        """The pieces of the sink's slots whose transaction is the one open under a pooled
+        id now (same producer id and epoch: the id served other batches before). The slots
+        come from the process's open ledger during a commit, and are read without opening
+        one otherwise (inspection, at-least-once runs)."""
+        epochs = self._riding_through(
+            "describing the sink's open transactions",
+            lambda: open_epochs(self.admin(), pooled),
+        )
+        if self._read_only or not self.options.exactly_once:
+            slots = read_slots_if_any(self.options, sink_id, fence_stuck=not self._read_only)
+        else:
+            slots = self._with_ledger(sink_id, lambda ledger: dict(ledger.slots))
+        found = {}
+        for slot in slots.values():
+            for piece in slot.pieces:
+                name = piece.handle.get("transactional_id")
+                handle = (piece.handle.get("producer_id"), piece.handle.get("epoch"))
+                if name in epochs and epochs[name] == handle:
+                    found[str(name)] = piece
+        return found
+
+    def inspect(self, sink_id: str) -> SinkState:
+        """Read only (``TransactionalResource.inspect``): the slots that attribute pooled
+        transactions are read without opening the ledger, which would fence a running
+        driver."""
+        self._read_only = True
+        try:
+            return super().inspect(sink_id)
+        finally:
+            self._read_only = False
 
     # Inspection (read only) ----------------------------------------------------------
 
@@ -367,14 +444,21 @@ class KafkaResource(TransactionalResource):
             for transactional_id in open_transactions(self.config, ledger_id)
             if transactional_id == ledger_id
         ]
-        tasks = sorted({piece.transaction_id for piece in prepared})
-        return [Leftover("open Kafka transaction", name) for name in tasks + ledger_open]
+        tasks = sorted({kafka_name(piece) for piece in prepared})
+        pooled = self._pooled_open.get(sink_id, [])
+        return [Leftover("open Kafka transaction", name) for name in tasks + pooled + ledger_open]
 
     def close(self) -> None:
         """The shared ledgers stay open for the next commit of this process."""
         if self._admin is not None:
             self._admin.close()
             self._admin = None
+
+
+def kafka_name(piece: PreparedPiece) -> str:
+    """The Kafka transactional id of a piece: the one its handle names (a pooled id), else
+    its own name (pieces listed by name, and pieces of eospack before pooling)."""
+    return str(piece.handle.get("transactional_id") or piece.transaction_id)
 
 
 def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:

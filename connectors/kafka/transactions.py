@@ -134,15 +134,57 @@ def initialised_producer(config: Mapping[str, Any], transactional_id: str) -> Ka
             raise
 
 
-def prepare(producer: KafkaProducer, records: int) -> PreparedTransaction:
-    """Flush the ``records`` sent in the open transaction, close the producer without ending
-    the transaction, and return how to commit it. Raises what a send failed with."""
+def begin_again(producer: KafkaProducer) -> None:
+    """Start a new transaction on a kept producer whose last one ``prepare`` left open
+    (``producer_pool``): InitProducerId again, as a new producer of the id would, then
+    begin. The coordinator ends whatever the id still has open first (the driver's commit
+    normally did; a leftover is aborted) and answers a new epoch, so the new transaction
+    can never join or be taken for the old one.
+
+    kafka-python's transaction manager still believes the old transaction its own and
+    open, and has no call to forget it: its state is set back to uninitialised here
+    (private parts, pinned by ``integration_tests/test_kafka_producer_reuse.py``). Refused
+    while the producer still has anything in flight; the caller then makes a new one.
+    One attempt of at most ``ATTEMPT_SECONDS``: a failure is raised and the caller closes
+    this producer and makes a new one (``begin``, which rides through)."""
+    from kafka.producer.transaction_manager import TransactionState
+
+    manager = producer._transaction_manager
+    with manager._lock:
+        if (
+            manager._pending_requests
+            or manager.has_in_flight_transactional_request()
+            or producer._accumulator.has_incomplete
+        ):
+            raise kafka_errors.IllegalStateError("the kept producer still has requests in flight")
+        manager._current_state = TransactionState.UNINITIALIZED
+        manager._last_error = None
+        manager._transaction_started = False
+        manager._new_partitions_in_transaction.clear()
+        manager._pending_partitions_in_transaction.clear()
+        manager._partitions_in_transaction.clear()
+        manager._pending_txn_offset_commits.clear()
+    producer._init_transactions_result = None
+    block_ms = producer.config["max_block_ms"]
+    producer.config["max_block_ms"] = min(int(ATTEMPT_SECONDS * 1000), int(block_ms))
+    try:
+        producer.init_transactions()
+    finally:
+        producer.config["max_block_ms"] = block_ms
+    producer.begin_transaction()
+
+
+def prepare(producer: KafkaProducer, records: int, close: bool = True) -> PreparedTransaction:
+    """Flush the ``records`` sent in the open transaction, close the producer (unless
+    ``close`` is false: it is kept for ``begin_again``) without ending the transaction, and
+    return how to commit it. Raises what a send failed with."""
     producer.flush()
     identity = producer._transaction_manager.producer_id_and_epoch
     prepared = PreparedTransaction(
         producer.config["transactional_id"], identity.producer_id, identity.epoch, records
     )
-    producer.close(timeout=PREPARE_CLOSE_SECONDS)
+    if close:
+        producer.close(timeout=PREPARE_CLOSE_SECONDS)
     return prepared
 
 
@@ -397,6 +439,28 @@ def lost_transactions(
         if not alive:
             lost.append(transaction)
     return lost
+
+
+def open_epochs(
+    admin: KafkaAdminClient, transactional_ids: list[str]
+) -> dict[str, tuple[int, int]]:
+    """Producer id and epoch of each of ``transactional_ids`` whose transaction is open
+    (DescribeTransactions); an id the broker does not know or whose transaction ended is
+    left out."""
+    if not transactional_ids:
+        return {}
+    try:
+        described = admin.describe_transactions(sorted(set(transactional_ids)))
+    except kafka_errors.TransactionalIdNotFoundError:
+        described = {}
+        for name in transactional_ids:  # one unknown id fails the whole request
+            with contextlib.suppress(kafka_errors.TransactionalIdNotFoundError):
+                described.update(admin.describe_transactions([name]))
+    return {
+        name: (state.producer_id, state.producer_epoch)
+        for name, state in described.items()
+        if state.state == BrokerTransactionState.ONGOING
+    }
 
 
 def deadline_margin_ms(timeout_ms: int) -> int:

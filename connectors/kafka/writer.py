@@ -5,9 +5,11 @@ The input columns are those of Spark's Kafka sink: ``value`` (binary or string, 
 ``partition`` (int; else the producer's partitioner) and ``headers`` (array of struct
 ``key`` string, ``value`` binary). Other columns are ignored.
 
-Exactly-once: the task writes in a Kafka transaction of its own transactional id
-(the eospack transaction id of sink, batch, partition and attempt), flushes, and leaves
-it open; its commit message carries the producer id and epoch the driver commits with.
+Exactly-once: the task writes in a Kafka transaction under a transactional id of its
+worker's pool (``producer_pool``: never shared by two live tasks, re-initialised only once
+nothing a decision names can be open under it), flushes, and leaves it open; its commit
+message carries the piece's identity (sink, batch, partition, attempt) and the
+transactional id, producer id and epoch the driver commits with.
 A task that fails aborts its transaction where it still can; what it cannot abort, the
 driver's recovery fences.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import random
 import threading
 import time
@@ -32,9 +35,9 @@ import pyarrow.compute as pc
 from kafka import KafkaProducer
 from kafka import errors as kafka_errors
 
-from eospack.commit_protocols import TaskIdentity, faults, transaction_id
+from eospack.commit_protocols import TaskIdentity, faults
 from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka import record_batches
+from eospack.connectors.kafka import producer_pool, record_batches
 from eospack.connectors.kafka.authentication import naming_refused_logins
 from eospack.connectors.kafka.errors import KafkaSendError
 from eospack.connectors.kafka.ledger import is_ledger_topic
@@ -42,9 +45,10 @@ from eospack.connectors.kafka.producer_batches import DEFAULT_BATCH_BYTES, Batch
 from eospack.connectors.kafka.producer_pool import kept_producer
 from eospack.connectors.kafka.record_batches import EncodeSettings, RecordRefusedError
 from eospack.connectors.kafka.sink_options import KafkaSinkOptions
-from eospack.connectors.kafka.transactions import begin, end_transaction, prepare
+from eospack.connectors.kafka.transactions import begin, begin_again, end_transaction, prepare
 
 ENCODED_COLUMNS = ("key", "value", "partition", "headers")
+logger = logging.getLogger(__name__)
 ABORT_TIMEOUT_MS = 10_000
 """How long a failed task waits for its abort: a coordinator that died would hold it 60 s
 (``END_TIMEOUT_MS``) before Spark could retry it; what stays open, recovery fences."""
@@ -55,16 +59,35 @@ def prepare_task(
 ) -> PreparedPiece:
     """Write the task's rows into an open transaction and return it as a prepared piece.
 
-    The producer is made and initialised (bootstrap, coordinator lookup, InitProducerId:
-    about 80-110 ms, profiled) and looks the ``topic`` option's partitions up (~50 ms) on a
-    thread of its own while this thread takes the task's first input batch from Spark
-    (``opened_while_reading``); nothing is sent before both are there, so the transaction
-    and its records are exactly those of before."""
-    name = transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
+    The transactional id comes from the worker's pool, and so does its producer when an
+    earlier task of this worker left one (``producer_pool``: restarted with one
+    InitProducerId, ``begin_again``). Else the producer is made and initialised (bootstrap,
+    coordinator lookup, InitProducerId: about 80-110 ms, profiled) and looks the ``topic``
+    option's partitions up (~50 ms). Either way on a thread of its own while this thread
+    takes the task's first input batch from Spark (``opened_while_reading``); nothing is
+    sent before both are there. A prepared producer is kept for the next task; a failed
+    task's is closed and its id given back."""
+    config = options.producer_config()
+    name = producer_pool.pooled_transactional_id(task)
 
     def open_transaction() -> KafkaProducer:
-        with naming_refused_logins(options.producer_config(), "2pc-kafka"):
-            producer = begin(options.producer_config(), name)
+        kept = producer_pool.take_kept_transactional(config, name)
+        if kept is not None:
+            try:
+                begin_again(kept)
+                return kept
+            except Exception as error:
+                logger.info(
+                    "2pc-kafka: the kept producer of %s could not begin again (%s: %s);"
+                    " making a new one",
+                    name,
+                    type(error).__name__,
+                    " ".join(str(error).split())[:200],
+                )
+                with contextlib.suppress(Exception):
+                    kept.close(timeout=0)
+        with naming_refused_logins(config, "2pc-kafka"):
+            producer = begin(config, name)
         if options.topic:  # the first metadata lookup (~50 ms) also while reading
             try:
                 producer.partitions_for(options.topic)
@@ -74,12 +97,16 @@ def prepare_task(
                 raise
         return producer
 
-    producer, batches = opened_while_reading(open_transaction, batches)
+    try:
+        producer, batches = opened_while_reading(open_transaction, batches)
+    except BaseException:
+        producer_pool.release_transactional_id(task, name)
+        raise
     try:
         records = send_rows(producer, options, batches)
         prepared = faults.run_call(
             "kafka_sink.prepare",
-            lambda: prepare(producer, records),
+            lambda: prepare(producer, records, close=False),
             error=kafka_errors.KafkaConnectionError,
             batch_id=task.batch_id,
         )
@@ -88,7 +115,9 @@ def prepare_task(
             end_transaction(producer, commit=False, timeout_ms=ABORT_TIMEOUT_MS)
         with contextlib.suppress(Exception):  # a close's flush timeout hid the cause
             producer.close(timeout=0)
+        producer_pool.release_transactional_id(task, name)
         raise
+    producer_pool.keep_transactional(config, producer)
     return task.piece(records, prepared.to_json())
 
 
