@@ -72,8 +72,6 @@ records are at-least-once's to send twice: Spark retries the task)."""
 
 MAX_KEPT_TRANSACTIONAL = 4
 """How many transactional producers (one per pooled id) a worker process keeps open."""
-MAX_POOLED_RUNS = 8
-"""How many (sink, run) pairs a worker process tracks the batch of; the oldest is forgotten."""
 POOL_MARKER = "pool_"
 """Starts the part of a pooled id after the sink prefix; never parsed as a piece name."""
 
@@ -155,7 +153,10 @@ class _BatchIndices:
 
 
 _WORKER: tuple[int, str] | None = None
-_BATCHES: OrderedDict[tuple[str, str], _BatchIndices] = OrderedDict()
+_BATCHES: dict[tuple[str, str], _BatchIndices] = {}
+"""Per (sink, run), the batch this process last wrote and its taken indices. Never
+forgotten (a few bytes per query run): a forgotten entry would hand index 0 to a second
+task of a batch whose first task's transaction still waits for the driver."""
 
 
 def worker_token() -> str:
@@ -179,12 +180,9 @@ def pooled_transactional_id(task: TaskIdentity) -> str:
     worker = worker_token()
     key = (task.sink_id, run)
     with _LOCK:
-        indices = _BATCHES.pop(key, None)
+        indices = _BATCHES.get(key)
         if indices is None or indices.batch_id < task.batch_id:
-            indices = _BatchIndices(task.batch_id)
-        _BATCHES[key] = indices
-        while len(_BATCHES) > MAX_POOLED_RUNS:
-            _BATCHES.popitem(last=False)
+            indices = _BATCHES[key] = _BatchIndices(task.batch_id)
         if indices.batch_id > task.batch_id:
             return transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
         index = min(set(range(len(indices.taken) + 1)) - indices.taken)
