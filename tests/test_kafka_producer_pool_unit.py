@@ -69,3 +69,10 @@ def test_a_pooled_id_is_never_read_as_a_piece_name() -> None:
     assert name.startswith("eospack-s1-pool_")
     assert parse_transaction_id(name) is None
     assert producer_pool.pooled_index(task(3, 0).piece(0).transaction_id) is None
+
+
+def test_many_sinks_in_one_worker_never_reset_a_batch_in_progress() -> None:
+    first = producer_pool.pooled_transactional_id(task(3, 0))
+    for number in range(20):
+        producer_pool.pooled_transactional_id(task(7, 0, sink=f"other{number}"))
+    assert producer_pool.pooled_transactional_id(task(3, 1)) != first
