@@ -422,6 +422,7 @@ class KafkaResource(TransactionalResource):
             return super().inspect(sink_id)
         finally:
             self._read_only = False
+            self._pooled_open.pop(sink_id, None)  # never what a later recovery fences
 
     # Inspection (read only) ----------------------------------------------------------
 
