@@ -1,0 +1,477 @@
+"""An adversarial review of 2pc-kafka's pooled transactional ids (commit 36908c3 and after:
+``connectors/kafka/producer_pool.py``), against Apache Kafka, at the level of the sink's own
+parts (``writer.prepare_task`` run in this process as a Python worker runs its tasks, the
+driver's ``TwoPhaseCommitCoordinator`` over ``KafkaResource``): each case ends with every
+row exactly once as a read_committed consumer sees it and nothing open under the sink's
+prefix. Cases that held stay as regressions of paths no other test walks; a hole is a strict
+xfail naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, transaction_id
+from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece, sink_prefix
+from eospack.commit_protocols.stream_writer import recover_at_least_once
+from eospack.connectors.kafka import producer_pool, writer
+from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX, read_slots_if_any
+from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.transactions import (
+    admin_client,
+    begin,
+    open_epochs,
+    open_transactions,
+    prepare,
+)
+from eospack.services.kafka_tools import create_topic
+from integration_tests.kafka_sink_parts import committed_keys, sink_options
+
+pytestmark = pytest.mark.integration
+
+
+def rows_of(prefix: str, count: int) -> Iterator[pa.RecordBatch]:
+    yield pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array([f"{prefix}{index}".encode() for index in range(count)], pa.binary()),
+            "value": pa.array([b"v"] * count, pa.binary()),
+        }
+    )
+
+
+def failing_rows(prefix: str, count: int) -> Iterator[pa.RecordBatch]:
+    yield from rows_of(prefix, count)
+    raise RuntimeError("the task's input failed mid-task")
+
+
+def keys(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}{index}".encode() for index in range(count)]
+
+
+def task(sink_id: str, run: str, batch_id: int, partition: int, attempt: int = 0) -> TaskIdentity:
+    """A task of query run ``run`` (the attempt string's run part, as Spark's job group
+    gives it) with an attempt string unique per (batch, partition, attempt)."""
+    return TaskIdentity(
+        sink_id, batch_id, partition, f"{attempt}x{run}x{batch_id:03d}{partition:02d}{attempt}"
+    )
+
+
+def open_under(kafka: Any, sink_id: str) -> list[str]:
+    return open_transactions(
+        {"bootstrap_servers": kafka.endpoint.bootstrap_servers}, sink_prefix(sink_id)
+    )
+
+
+def epochs_of(kafka: Any, names: list[str]) -> dict[str, tuple[int, int]]:
+    admin = admin_client({"bootstrap_servers": kafka.endpoint.bootstrap_servers})
+    try:
+        return open_epochs(admin, names)
+    finally:
+        admin.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool() -> Iterator[None]:
+    """This process plays one Python worker: no producer kept from another test."""
+    producer_pool.close_kept()
+    yield
+    producer_pool.close_kept()
+
+
+@pytest.mark.timeout(240)
+def test_more_tasks_of_a_batch_than_kept_producers_with_one_failing_mid_batch(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Six partitions in one worker per batch (more than MAX_KEPT_TRANSACTIONAL: the first
+    tasks' producers are closed while their transactions wait for the driver), the third
+    task's input fails after it sent rows (its index is given back and retaken by its retry
+    in the same worker), and a fourth attempt's Python side prepares but its message never
+    reaches the driver (Spark failed the task afterwards; the retry takes a new index).
+    Two batches: each named row once, nothing open."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 3)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    expected: list[bytes] = []
+    try:
+        for batch_id in range(2):
+            pieces: list[PreparedPiece] = []
+            for partition in range(6):
+                prefix = f"b{batch_id}p{partition}-"
+                if partition == 2:
+                    with pytest.raises(RuntimeError, match="mid-task"):
+                        writer.prepare_task(
+                            options,
+                            task(sink_id, "runaaaa", batch_id, partition, 0),
+                            failing_rows(f"failed-{prefix}", 4),
+                        )
+                if partition == 3:
+                    writer.prepare_task(  # Python side done, Spark failed the task after
+                        options,
+                        task(sink_id, "runaaaa", batch_id, partition, 0),
+                        rows_of(f"dropped-{prefix}", 4),
+                    )
+                attempt = 1 if partition in (2, 3) else 0
+                pieces.append(
+                    writer.prepare_task(
+                        options,
+                        task(sink_id, "runaaaa", batch_id, partition, attempt),
+                        rows_of(prefix, 3),
+                    )
+                )
+                expected += keys(prefix, 3)
+            assert producer_pool.kept_count() <= producer_pool.MAX_KEPT_TRANSACTIONAL
+            coordinator.commit(pieces, batch_id)
+            assert open_under(real_kafka, sink_id) == []
+    finally:
+        coordinator.resource.close()
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(240)
+def test_two_sinks_interleaved_in_one_worker_never_touch_each_others_transactions(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Two queries' sinks share a Python worker: their tasks alternate, one sink's commit
+    (and its roll back of unattributed pooled leftovers) runs while the other's batch is
+    prepared but not decided, and the kept producers of both evict each other."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sinks = {"a": f"{unique_name}_a", "b": f"{unique_name}_b"}
+    coordinators = {
+        name: TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka") for name in sinks
+    }
+    expected: list[bytes] = []
+    try:
+        for batch_id in range(3):
+            prepared: dict[str, list[PreparedPiece]] = {name: [] for name in sinks}
+            for partition in range(3):
+                for name, sink_id in sinks.items():
+                    prefix = f"{name}{batch_id}p{partition}-"
+                    prepared[name].append(
+                        writer.prepare_task(
+                            options,
+                            task(sink_id, f"run{name}", batch_id, partition),
+                            rows_of(prefix, 2),
+                        )
+                    )
+                    expected += keys(prefix, 2)
+            coordinators["a"].commit(prepared["a"], batch_id)
+            assert len(open_under(real_kafka, sinks["b"])) == 3, "sink a's commit touched b"
+            coordinators["b"].commit(prepared["b"], batch_id)
+    finally:
+        for coordinator in coordinators.values():
+            coordinator.resource.close()
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert [open_under(real_kafka, sink_id) for sink_id in sinks.values()] == [[], []]
+
+
+@pytest.mark.timeout(240)
+def test_pieces_without_records_under_pooled_ids_across_batches(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Tasks of 0 rows take and keep pooled ids like the others (their transaction never
+    reaches the broker, the driver ends nothing for them); the ids then serve tasks with
+    rows in later batches, and the other way round."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    shapes = [(0, 3, 0), (2, 0, 0), (0, 0, 0), (1, 1, 1)]
+    expected: list[bytes] = []
+    try:
+        for batch_id, counts in enumerate(shapes):
+            pieces = []
+            for partition, count in enumerate(counts):
+                prefix = f"b{batch_id}p{partition}-"
+                pieces.append(
+                    writer.prepare_task(
+                        options,
+                        task(sink_id, "runzero", batch_id, partition),
+                        rows_of(prefix, count),
+                    )
+                )
+                expected += keys(prefix, count)
+            coordinator.commit(pieces, batch_id)
+    finally:
+        coordinator.resource.close()
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(240)
+def test_inspection_of_a_running_and_of_a_crashed_sink_fences_no_pooled_transaction(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """``eospack checkpoint inspect`` while a batch is prepared (running query) and after a
+    crash that left a decided batch on ids that served earlier batches too (other epochs):
+    every pooled transaction keeps its producer id and epoch, the decided ones are reported
+    as the decided batch's pieces, and the restart then commits exactly the decided rows."""
+    from eospack.checkpoint import inspect_sink
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    raw_options = {
+        "kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers,
+        "topic": unique_name,
+        "ledgerTopic": f"{unique_name}_ledger",
+        "sinkId": sink_id,
+    }
+    crashed = KafkaResource(options)
+    coordinator = TwoPhaseCommitCoordinator(crashed, "2pc-kafka")
+    expected: list[bytes] = []
+    try:
+        for batch_id in range(2):
+            pieces = [
+                writer.prepare_task(
+                    options,
+                    task(sink_id, "runinsp", batch_id, partition),
+                    rows_of(f"b{batch_id}p{partition}-", 2),
+                )
+                for partition in range(2)
+            ]
+            coordinator.commit(pieces, batch_id)
+            expected += keys(f"b{batch_id}p0-", 2) + keys(f"b{batch_id}p1-", 2)
+        running = [
+            writer.prepare_task(
+                options, task(sink_id, "runinsp", 2, partition), rows_of(f"b2p{partition}-", 2)
+            )
+            for partition in range(2)
+        ]
+        before = epochs_of(real_kafka, open_under(real_kafka, sink_id))
+        assert len(before) == 2
+        state = inspect_sink("2pc-kafka", "(unused)", raw_options)
+        assert epochs_of(real_kafka, open_under(real_kafka, sink_id)) == before
+        assert not state.unfinished
+        decision = crashed.record_decision(BatchDecision(sink_id, 2, tuple(running)))
+        assert decision.is_decided
+        # the driver dies here: decided, nothing committed
+        state = inspect_sink("2pc-kafka", "(unused)", raw_options)
+        assert epochs_of(real_kafka, open_under(real_kafka, sink_id)) == before
+        assert [decision.batch_id for decision in state.unfinished] == [2]
+        assert sorted(state.prepared_pieces) == sorted(piece.transaction_id for piece in running)
+        assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    finally:
+        crashed.close()
+    restarted = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        replay = [
+            writer.prepare_task(
+                options,
+                task(sink_id, "runafter", 2, partition),
+                rows_of(f"replay-b2p{partition}-", 2),
+            )
+            for partition in range(2)
+        ]
+        assert restarted.commit(replay, 2) is None
+    finally:
+        restarted.resource.close()
+    expected += keys("b2p0-", 2) + keys("b2p1-", 2)
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(240)
+def test_an_undecided_crash_on_ids_that_served_earlier_batches_is_rolled_back_not_attributed(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """The crashed run's ids served batches 0 and 1 (decided, done) and batch 2 was
+    prepared but never decided: the open transactions have the ids the done slots name
+    but other epochs, so recovery must not attribute them to batches 0 and 1; the replay
+    commits its own rows once."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    expected: list[bytes] = []
+    try:
+        for batch_id in range(2):
+            pieces = [
+                writer.prepare_task(
+                    options,
+                    task(sink_id, "runcrsh", batch_id, partition),
+                    rows_of(f"b{batch_id}p{partition}-", 2),
+                )
+                for partition in range(2)
+            ]
+            coordinator.commit(pieces, batch_id)
+            expected += keys(f"b{batch_id}p0-", 2) + keys(f"b{batch_id}p1-", 2)
+        for partition in range(2):
+            writer.prepare_task(
+                options, task(sink_id, "runcrsh", 2, partition), rows_of(f"lost-b2p{partition}-", 2)
+            )
+    finally:
+        coordinator.resource.close()
+    resource = KafkaResource(options)
+    try:
+        listed = list(resource.prepared_pieces(sink_id))
+        assert [piece.batch_id for piece in listed] == [], "misattributed to a done batch"
+    finally:
+        resource.close()
+    restarted = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        replay = [
+            writer.prepare_task(
+                options, task(sink_id, "runrstr", 2, partition), rows_of(f"b2p{partition}-", 2)
+            )
+            for partition in range(2)
+        ]
+        restarted.commit(replay, 2)
+    finally:
+        restarted.resource.close()
+    expected += keys("b2p0-", 2) + keys("b2p1-", 2)
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(240)
+def test_an_at_least_once_run_after_an_exactly_once_crash_on_pooled_ids(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Exactly-once run: batch 3 decided on pooled ids (not committed) and a pooled
+    leftover no decision names (a task Spark failed after its Python side prepared); the
+    query restarts at-least-once: its first commit commits the decided rows, rolls the
+    leftover back, and marks the decision done."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    crashed = KafkaResource(options)
+    try:
+        decided = [
+            writer.prepare_task(
+                options, task(sink_id, "runeos", 3, partition), rows_of(f"b3p{partition}-", 2)
+            )
+            for partition in range(2)
+        ]
+        writer.prepare_task(options, task(sink_id, "runeos", 3, 0, 1), rows_of("leftover-", 2))
+        assert crashed.record_decision(BatchDecision(sink_id, 3, tuple(decided))).is_decided
+    finally:
+        crashed.close()
+    assert len(open_under(real_kafka, sink_id)) == 3
+    at_least_once = sink_options(real_kafka, unique_name, deliveryGuarantee="at-least-once")
+    resource = KafkaResource(at_least_once)
+    try:
+        recover_at_least_once(resource, "2pc-kafka", sink_id, 3, query_id=None)
+    finally:
+        resource.close()
+    assert committed_keys(real_kafka, unique_name) == sorted(keys("b3p0-", 2) + keys("b3p1-", 2))
+    assert open_under(real_kafka, sink_id) == []
+    assert read_slots_if_any(options, sink_id, fence_stuck=False)[3].status == DONE
+
+
+def legacy_piece(
+    options: Any, task_identity: TaskIdentity, prefix: str, count: int
+) -> PreparedPiece:
+    """A piece as 2pc-kafka wrote it before pooling: the transactional id is the piece's
+    own name (sink, batch, partition, attempt), the producer closed after its flush."""
+    name = transaction_id(
+        task_identity.sink_id,
+        task_identity.batch_id,
+        task_identity.partition_id,
+        task_identity.attempt,
+    )
+    producer = begin(options.producer_config(), name)
+    records = writer.send_rows(producer, options, rows_of(prefix, count))
+    prepared = prepare(producer, records)
+    return task_identity.piece(records, prepared.to_json())
+
+
+@pytest.mark.timeout(240)
+def test_a_decision_of_the_version_before_pooling_is_finished_after_the_upgrade(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """The pre-pooling version decided batch 4 (pieces named eospack-<sink>-4-<p>-<attempt>)
+    and left an undecided piece of batch 4 (a failed attempt) and one of batch 5 (prepared
+    when it crashed); the upgraded query replays 4 on pooled ids (its replay is rolled
+    back, the old decision committed), then runs 5."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    crashed = KafkaResource(options)
+    try:
+        decided = [
+            legacy_piece(options, task(sink_id, "runold", 4, partition), f"b4p{partition}-", 2)
+            for partition in range(2)
+        ]
+        legacy_piece(options, task(sink_id, "runold", 4, 0, 1), "stray4-", 2)
+        assert crashed.record_decision(BatchDecision(sink_id, 4, tuple(decided))).is_decided
+        legacy_piece(options, task(sink_id, "runold", 5, 0), "stray5-", 2)
+    finally:
+        crashed.close()
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    try:
+        replay = [
+            writer.prepare_task(
+                options, task(sink_id, "runnew", 4, partition), rows_of(f"replay4p{partition}-", 2)
+            )
+            for partition in range(2)
+        ]
+        assert coordinator.commit(replay, 4) is None
+        later = [
+            writer.prepare_task(
+                options, task(sink_id, "runnew", 5, partition), rows_of(f"b5p{partition}-", 2)
+            )
+            for partition in range(2)
+        ]
+        assert coordinator.commit(later, 5) is not None
+    finally:
+        coordinator.resource.close()
+    assert committed_keys(real_kafka, unique_name) == sorted(
+        keys("b4p0-", 2) + keys("b4p1-", 2) + keys("b5p0-", 2) + keys("b5p1-", 2)
+    )
+    assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.xfail(
+    strict=True,
+    reason="sinkId 'ledger': its prefix eospack-ledger- covers every ledger's transactional"
+    " id, and is_pooled takes the ledger of a sink named pool_... for a pooled leftover and"
+    " fences it",
+)
+def test_a_sink_named_ledger_never_fences_the_ledger_of_another_sink(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Two sinks on one cluster: one with sinkId ``ledger`` (valid: letters), the other
+    with sinkId ``pool_<...>`` (valid). The second sink's ledger transaction is open (its
+    driver is writing a decision, or died writing one: that write is its own restart's to
+    settle). The first sink's commit must not fence it: it lists open transactions under
+    ``eospack-ledger-``, the prefix of every ledger's transactional id, and a ledger id
+    ``eospack-ledger-pool_...`` passes ``is_pooled``."""
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    other_sink = f"pool_{unique_name}"[:64]
+    ledger_id = f"{LEDGER_ID_PREFIX}{other_sink}"
+    options = sink_options(real_kafka, unique_name, sinkId="ledger")
+    other_topic = f"{unique_name}_other_ledger"
+    create_topic(real_kafka.endpoint.bootstrap_servers, other_topic, 1)
+    other_ledger = begin(options.producer_config(), ledger_id)
+    try:
+        other_ledger.send(other_topic, key=b"slot", value=b"writing").get(timeout=30)
+        before = epochs_of(real_kafka, [ledger_id])
+        assert ledger_id in before
+        coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+        try:
+            pieces = [
+                writer.prepare_task(
+                    options, task("ledger", "runldgr", 0, partition), rows_of(f"p{partition}-", 2)
+                )
+                for partition in range(2)
+            ]
+            coordinator.commit(pieces, 0)
+        finally:
+            coordinator.resource.close()
+        assert committed_keys(real_kafka, unique_name) == sorted(keys("p0-", 2) + keys("p1-", 2))
+        assert epochs_of(real_kafka, [ledger_id]) == before, (
+            "sink 'ledger' fenced the open ledger transaction of sink " + other_sink
+        )
+    finally:
+        other_ledger.close(timeout=0)
+        from eospack.connectors.kafka.transactions import fence
+
+        fence(options.client_config(), ledger_id)
