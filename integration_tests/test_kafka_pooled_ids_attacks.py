@@ -10,12 +10,18 @@ xfail naming it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, transaction_id
+from eospack.commit_protocols import (
+    TaskIdentity,
+    TwoPhaseCommitCoordinator,
+    faults,
+    transaction_id,
+)
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece, sink_prefix
 from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.kafka import producer_pool, writer
@@ -475,3 +481,84 @@ def test_a_sink_named_ledger_never_fences_the_ledger_of_another_sink(
         from eospack.connectors.kafka.transactions import fence
 
         fence(options.client_config(), ledger_id)
+
+
+# Through real queries ------------------------------------------------------------------
+
+
+@pytest.fixture
+def kafka_sink(request: pytest.FixtureRequest, tmp_path: Path, unique_name: str) -> Any:
+    from integration_tests.sink_contract.adapters import Kafka, KafkaSink
+
+    bound = Kafka.open(request, tmp_path, unique_name)
+    assert isinstance(bound, KafkaSink)
+    return bound
+
+
+def run_many_partitions(run: Any, partitions: int) -> None:
+    """The contract's query, with ``partitions`` tasks per batch instead of 2: on the
+    session's ``local[2]`` each Python worker runs about ``partitions / 2`` tasks of every
+    batch (more than it keeps producers), and with 20 rows per batch some tasks get none."""
+    from eospack.testing import await_query
+    from integration_tests.sink_contract.inputs import SCHEMA
+
+    query = (
+        run.sink.spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(run.source))
+        .repartition(partitions)
+        .selectExpr("grp AS key", "CAST(id AS STRING) AS value")
+        .writeStream.format("2pc-kafka")
+        .options(**run.options)
+        .option("checkpointLocation", str(run.checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        await_query(query, 180)
+    finally:
+        run.remember_sink_id()
+
+
+@pytest.mark.timeout(420)
+def test_a_same_session_restart_over_many_partitions_finishes_the_crashed_runs_decision(
+    kafka_sink: Any, call_faults: Path
+) -> None:
+    """24 tasks per batch on 2 slots (about 12 per worker, 4 without rows). Run 1 commits
+    batches 0 and 1; run 2 decides batch 2 and fails before committing any piece (the
+    piece commit fails in Spark's commit and again in its abort); run 3 starts in the same
+    session, so the same Python workers, still keeping run 2's producers with their open
+    decided transactions, replay batch 2 and run batch 3. Each row once, nothing open."""
+    from integration_tests.sink_contract.harness import ContractRun
+
+    run = ContractRun(kafka_sink)
+    run.add_batches(2)
+    run_many_partitions(run, 24)
+    run.add_batches(1)
+    faults.arm(call_faults, "kafka_sink.commit_piece", "before", batch_id=2, times=2)
+    with pytest.raises(Exception, match="injected fault"):
+        run_many_partitions(run, 24)
+    run.assert_nothing_doubled()
+    assert len(run.sink.leftovers(run.sink_ids, run.options)) > 2
+    run.add_batches(1)
+    run_many_partitions(run, 24)
+    run.assert_each_row_once()
+
+
+@pytest.mark.timeout(420)
+def test_tasks_retried_after_their_flush_failed_in_reused_workers_write_each_row_once(
+    kafka_sink: Any, call_faults: Path
+) -> None:
+    """A driver under ``local[2,3]``: in batch 1 two tasks' flush applies and its answer
+    is lost (their transaction is aborted, their pooled index given back), and Spark
+    retries them in the same reused Python workers, which take the index again for the
+    retry. The query finishes on its own; each row once, nothing open."""
+    from integration_tests.sink_contract.harness import ContractRun
+
+    run = ContractRun(kafka_sink)
+    run.add_batches(3)
+    faults.arm(call_faults, "kafka_sink.prepare", "after", batch_id=1, times=2)
+    finished = run.run_driver(master="local[2,3]", fault_directory=call_faults)
+    assert finished.succeeded, finished.explain()
+    assert [entry["call"] for entry in faults.injected(call_faults)] == ["kafka_sink.prepare"] * 2
+    run.assert_each_row_once()
