@@ -562,3 +562,56 @@ def test_tasks_retried_after_their_flush_failed_in_reused_workers_write_each_row
     assert finished.succeeded, finished.explain()
     assert [entry["call"] for entry in faults.injected(call_faults)] == ["kafka_sink.prepare"] * 2
     run.assert_each_row_once()
+
+
+@pytest.mark.timeout(300)
+def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_of_its_id(
+    real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every kept producer's InitProducerId (``begin_again``) gives up after 1 ms
+    (a coordinator slow to answer): its request may still be in flight when the task
+    closes it and makes a new producer on the same id. That late InitProducerId must never
+    land after the new producer's and abort the transaction the task prepares (lost, or a
+    fenced task). Twelve batches of three tasks: each row once, nothing open."""
+    from eospack.connectors.kafka import transactions
+
+    real_begin_again = transactions.begin_again
+    gave_up: list[str] = []
+
+    def impatient(producer: Any) -> None:
+        monkeypatch.setattr(transactions, "ATTEMPT_SECONDS", 0.001)
+        try:
+            real_begin_again(producer)
+        except Exception as error:
+            gave_up.append(type(error).__name__)
+            raise
+        finally:
+            monkeypatch.undo()
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_sink"
+    coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    expected: list[bytes] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(writer, "begin_again", impatient)
+        try:
+            for batch_id in range(12):
+                pieces = []
+                for partition in range(3):
+                    prefix = f"b{batch_id}p{partition}-"
+                    pieces.append(
+                        writer.prepare_task(
+                            options,
+                            task(sink_id, "runslow", batch_id, partition),
+                            rows_of(prefix, 3),
+                        )
+                    )
+                    expected += keys(prefix, 3)
+                coordinator.commit(pieces, batch_id)
+        finally:
+            coordinator.resource.close()
+    print(f"begin_again gave up {len(gave_up)} times: {sorted(set(gave_up))}")
+    assert len(gave_up) >= 11 * 3 // 2, "the kept producers were not made to give up"
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert open_under(real_kafka, sink_id) == []
