@@ -615,3 +615,81 @@ def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_o
     assert len(gave_up) >= 11 * 3 // 2, "the kept producers were not made to give up"
     assert committed_keys(real_kafka, unique_name) == sorted(expected)
     assert open_under(real_kafka, sink_id) == []
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.xfail(
+    strict=True,
+    reason="roll_back_unattributed fences every open pooled id of the sink: a query refused"
+    " for sharing the sinkId (its abort recovers) aborts the running query's prepared"
+    " batch, which that query then decides: a decided batch lost",
+)
+def test_a_query_refused_for_sharing_a_sinkid_never_loses_the_running_querys_batch(
+    real_kafka: Any, unique_name: str
+) -> None:
+    """Query 2 runs with sinkId S (batches 0 and 1 done). Query 1 is started from a new
+    checkpoint (a savepoint restored into a new query) and keeps sinkId S: its batch 0
+    finds query 2's slot, and its commit is refused loudly (``SinkIdentityError``), as
+    designed; Spark then calls its abort, which recovers the sink. Meanwhile query 2's
+    batch 2 is prepared and checked alive, about to be decided. Before pooling, that
+    recovery left batch 2 alone (pieces of a batch above 0 are not touched) or fenced its
+    slot (query 2's decision then refused: a replay). Query 2 must never lose batch 2."""
+    from eospack.commit_protocols import DecidedPieceLostError, SinkIdentityError
+
+    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
+    options = sink_options(real_kafka, unique_name)
+    sink_id = f"{unique_name}_shared"
+
+    def query_task(query: str, run: str, batch_id: int, partition: int) -> TaskIdentity:
+        base = task(sink_id, run, batch_id, partition)
+        return TaskIdentity(sink_id, batch_id, partition, base.attempt, query_id=query)
+
+    def prepared(query: str, run: str, batch_id: int, label: str) -> list[PreparedPiece]:
+        return [
+            writer.prepare_task(
+                options,
+                query_task(query, run, batch_id, partition),
+                rows_of(f"{label}b{batch_id}p{partition}-", 2),
+            )
+            for partition in range(2)
+        ]
+
+    running = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+    expected: list[bytes] = []
+    lost: list[str] = []
+    try:
+        for batch_id in range(2):
+            running.commit(prepared("q2", "runqtwo", batch_id, "q2"), batch_id)
+            expected += keys(f"q2b{batch_id}p0-", 2) + keys(f"q2b{batch_id}p1-", 2)
+        batch_two = prepared("q2", "runqtwo", 2, "q2")
+        expected += keys("q2b2p0-", 2) + keys("q2b2p1-", 2)
+        refused = prepared("q1", "runqone", 0, "q1")
+        real_check = running.resource.check_prepared
+
+        def checked_then_the_other_query_runs(decision: BatchDecision) -> None:
+            real_check(decision)
+            other = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+            try:
+                with pytest.raises(SinkIdentityError):
+                    other.commit(refused, 0)
+                other.abort(refused, 0)  # what Spark does when commit raises
+            finally:
+                other.resource.close()
+
+        running.resource.check_prepared = checked_then_the_other_query_runs  # type: ignore[method-assign]
+        try:
+            running.commit(batch_two, 2)
+        except DecidedPieceLostError as error:
+            lost.append(str(error))
+        except Exception as error:  # a loud refusal is fine: query 2 replays batch 2
+            print(f"query 2's commit failed: {error}")
+            replay = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
+            try:
+                replay.commit(prepared("q2", "runqtwo2", 2, "q2"), 2)
+            finally:
+                replay.resource.close()
+    finally:
+        running.resource.close()
+    assert lost == [], f"query 2's decided batch 2 was lost: {lost[0][:300] if lost else ''}"
+    assert committed_keys(real_kafka, unique_name) == sorted(expected)
+    assert open_under(real_kafka, sink_id) == []
