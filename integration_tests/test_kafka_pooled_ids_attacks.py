@@ -568,11 +568,12 @@ def test_tasks_retried_after_their_flush_failed_in_reused_workers_write_each_row
 def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_of_its_id(
     real_kafka: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every kept producer's InitProducerId (``begin_again``) gives up after 1 ms
-    (a coordinator slow to answer): its request may still be in flight when the task
-    closes it and makes a new producer on the same id. That late InitProducerId must never
-    land after the new producer's and abort the transaction the task prepares (lost, or a
-    fenced task). Twelve batches of three tasks: each row once, nothing open."""
+    """Every kept producer's InitProducerId (``begin_again``) gives up after 1 ms (a
+    coordinator slow to answer): its request may still be in flight when the task closes
+    it and makes a new producer on the same id (how often depends on the broker's speed:
+    at least once). That late InitProducerId must never land after the new producer's and
+    abort the transaction the task prepares (lost, or a fenced task). Twelve batches of
+    three tasks: each row once, nothing open."""
     from eospack.connectors.kafka import transactions
 
     real_begin_again = transactions.begin_again
@@ -612,7 +613,7 @@ def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_o
         finally:
             coordinator.resource.close()
     print(f"begin_again gave up {len(gave_up)} times: {sorted(set(gave_up))}")
-    assert len(gave_up) >= 11 * 3 // 2, "the kept producers were not made to give up"
+    assert gave_up, "no kept producer gave up (its InitProducerId answered within 1 ms)"
     assert committed_keys(real_kafka, unique_name) == sorted(expected)
     assert open_under(real_kafka, sink_id) == []
 
@@ -620,12 +621,13 @@ def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_o
 @pytest.mark.timeout(240)
 @pytest.mark.xfail(
     strict=True,
-    reason="roll_back_unattributed fences every open pooled id of the sink: a query refused"
-    " for sharing the sinkId (its abort recovers) aborts the running query's prepared"
-    " batch, which that query then decides: a decided batch lost",
+    reason="roll_back_unattributed fences every open pooled id of the sink: another query"
+    " on the same sinkId (its commit, or its refused commit's abort) aborts the running"
+    " query's prepared batch, which that query then decides: a decided batch lost",
 )
+@pytest.mark.parametrize("other_batch", [0, 10], ids=["refused", "far_ahead"])
 def test_a_query_refused_for_sharing_a_sinkid_never_loses_the_running_querys_batch(
-    real_kafka: Any, unique_name: str
+    real_kafka: Any, unique_name: str, other_batch: int
 ) -> None:
     """Query 2 runs with sinkId S (batches 0 and 1 done). Query 1 is started from a new
     checkpoint (a savepoint restored into a new query) and keeps sinkId S: its batch 0
@@ -633,7 +635,10 @@ def test_a_query_refused_for_sharing_a_sinkid_never_loses_the_running_querys_bat
     designed; Spark then calls its abort, which recovers the sink. Meanwhile query 2's
     batch 2 is prepared and checked alive, about to be decided. Before pooling, that
     recovery left batch 2 alone (pieces of a batch above 0 are not touched) or fenced its
-    slot (query 2's decision then refused: a replay). Query 2 must never lose batch 2."""
+    slot (query 2's decision then refused: a replay). Query 2 must never lose batch 2.
+    ``far_ahead``: query 1 is at batch 10, which no slot holds yet: its commit succeeds
+    (the shared sinkId is refused later, when one query reaches the other's slots) and
+    recovers the sink the same way."""
     from eospack.commit_protocols import DecidedPieceLostError, SinkIdentityError
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
@@ -663,16 +668,20 @@ def test_a_query_refused_for_sharing_a_sinkid_never_loses_the_running_querys_bat
             expected += keys(f"q2b{batch_id}p0-", 2) + keys(f"q2b{batch_id}p1-", 2)
         batch_two = prepared("q2", "runqtwo", 2, "q2")
         expected += keys("q2b2p0-", 2) + keys("q2b2p1-", 2)
-        refused = prepared("q1", "runqone", 0, "q1")
+        other_pieces = prepared("q1", "runqone", other_batch, "q1")
         real_check = running.resource.check_prepared
 
         def checked_then_the_other_query_runs(decision: BatchDecision) -> None:
             real_check(decision)
             other = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
             try:
-                with pytest.raises(SinkIdentityError):
-                    other.commit(refused, 0)
-                other.abort(refused, 0)  # what Spark does when commit raises
+                if other_batch == 0:
+                    with pytest.raises(SinkIdentityError):
+                        other.commit(other_pieces, 0)
+                    other.abort(other_pieces, 0)  # what Spark does when commit raises
+                else:
+                    other.commit(other_pieces, other_batch)
+                    expected.extend(keys("q1b10p0-", 2) + keys("q1b10p1-", 2))
             finally:
                 other.resource.close()
 
