@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from eospack.commit_protocols.fault_points import (
     AFTER_COMMIT,
@@ -150,7 +150,7 @@ class TwoPhaseCommitCoordinator:
                 f" {', '.join(fenced)} were rolled back by an abort or a recovery before the"
                 " decision; restart the query from its checkpoint: Spark replays the batch"
             )
-        self.recover(sink_id, up_to_batch=batch_id)
+        self.recover(sink_id, up_to_batch=batch_id, query_ids=ours.piece_query_ids())
         fault_point(AFTER_COMMIT, batch_id)
         if not applied:
             logger.info(
@@ -223,7 +223,11 @@ class TwoPhaseCommitCoordinator:
                     batch_id,
                     len(pieces),
                 )
-            self.recover(sink_id, up_to_batch=batch_id)
+            self.recover(
+                sink_id,
+                up_to_batch=batch_id,
+                query_ids=frozenset(piece.query_id for piece in pieces),
+            )
         except Exception as error:  # the query fails anyway; say what is left and where
             left = ", ".join(piece.transaction_id for piece in pieces if piece.rows) or "none"
             logger.warning(
@@ -252,8 +256,14 @@ class TwoPhaseCommitCoordinator:
         ]
         self.roll_back_orphans(ours.sink_id, orphans)
 
-    def recover(self, sink_id: str, up_to_batch: int | None = None) -> None:
-        """Finish decided batches (roll forward); roll back orphans of batches <= up_to_batch.
+    def recover(
+        self,
+        sink_id: str,
+        up_to_batch: int | None = None,
+        query_ids: Collection[str | None] = frozenset(),
+    ) -> None:
+        """Finish decided batches (roll forward); roll back orphans of batches <= up_to_batch,
+        and the leftovers without a batch that ``query_ids`` wrote.
 
         Pieces of later batches are left alone: they may belong to a batch still running.
         """
@@ -271,7 +281,7 @@ class TwoPhaseCommitCoordinator:
             if up_to_batch is None or piece.batch_id <= up_to_batch
         ]
         self.roll_back_orphans(sink_id, orphans)
-        self.resource.roll_back_unattributed(sink_id)
+        self.resource.roll_back_unattributed(sink_id, query_ids)
 
     def roll_back_orphans(self, sink_id: str, pieces: Iterable[PreparedPiece]) -> None:
         """Fence each batch's pieces, then roll back those no decision names (decided ones

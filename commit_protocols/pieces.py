@@ -119,6 +119,10 @@ class BatchDecision:
         """The queries whose tasks wrote the pieces (empty for pieces of older versions)."""
         return frozenset(piece.query_id for piece in self.pieces if piece.query_id is not None)
 
+    def piece_query_ids(self) -> frozenset[str | None]:
+        """``query_ids`` with None for each piece that names no query."""
+        return frozenset(piece.query_id for piece in self.pieces)
+
     def transaction_ids(self) -> frozenset[str]:
         return frozenset(piece.transaction_id for piece in self.pieces)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState, cleanup_line
 from eospack.commit_protocols.pieces import BatchDecision, PreparedPiece
@@ -98,8 +98,12 @@ class TransactionalResource(ABC):
     def prepared_pieces(self, sink_id: str) -> Iterable[PreparedPiece]:
         """Pieces of this sink still prepared: neither committed nor rolled back."""
 
-    def roll_back_unattributed(self, sink_id: str) -> None:  # noqa: B027 - optional hook
-        """Roll back the sink's leftovers that carry no batch id (2pc-kafka's pooled
+    def roll_back_unattributed(  # noqa: B027 - optional hook
+        self, sink_id: str, query_ids: Collection[str | None]
+    ) -> None:
+        """Roll back the leftovers of the sink written by ``query_ids`` (the queries whose
+        pieces the recovering commit or abort holds; None for a piece that names no query)
+        that carry no batch id (2pc-kafka's pooled
         transactional ids: ``connectors/kafka/producer_pool.py``). Recovery calls it last,
         after every unfinished decision is finished and the batches' orphans are rolled
         back, and only at a batch's commit or abort (or the first commit of a run), when no

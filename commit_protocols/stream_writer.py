@@ -201,7 +201,7 @@ def recover_at_least_once(
             )
     undecided = [piece for piece in orphans if piece.batch_id not in decided]
     TwoPhaseCommitCoordinator(resource, sink_name).roll_back_orphans(sink_id, undecided)
-    resource.roll_back_unattributed(sink_id)
+    resource.roll_back_unattributed(sink_id, {query_id})
 
 
 def _finish_or_mark_lost(

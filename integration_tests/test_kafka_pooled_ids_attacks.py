@@ -3,8 +3,10 @@
 parts (``writer.prepare_task`` run in this process as a Python worker runs its tasks, the
 driver's ``TwoPhaseCommitCoordinator`` over ``KafkaResource``): each case ends with every
 row exactly once as a read_committed consumer sees it and nothing open under the sink's
-prefix. Cases that held stay as regressions of paths no other test walks; a hole is a strict
-xfail naming it.
+prefix. Cases that held stay as regressions of paths no other test walks. The holes it
+found are fixed: a query wrongly sharing the sinkId fenced the running query's prepared
+batch (pooled ids now name their query and recovery fences only its own), and sinkId
+``ledger`` fenced other sinks' ledgers (refused now; the unit twin of this file pins it).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from eospack.commit_protocols import (
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece, sink_prefix
 from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.kafka import producer_pool, writer
-from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX, read_slots_if_any
+from eospack.connectors.kafka.ledger import read_slots_if_any
 from eospack.connectors.kafka.resource import KafkaResource
 from eospack.connectors.kafka.transactions import (
     admin_client,
@@ -434,55 +436,6 @@ def test_a_decision_of_the_version_before_pooling_is_finished_after_the_upgrade(
     assert open_under(real_kafka, sink_id) == []
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.xfail(
-    strict=True,
-    reason="sinkId 'ledger': its prefix eospack-ledger- covers every ledger's transactional"
-    " id, and is_pooled takes the ledger of a sink named pool_... for a pooled leftover and"
-    " fences it",
-)
-def test_a_sink_named_ledger_never_fences_the_ledger_of_another_sink(
-    real_kafka: Any, unique_name: str
-) -> None:
-    """Two sinks on one cluster: one with sinkId ``ledger`` (valid: letters), the other
-    with sinkId ``pool_<...>`` (valid). The second sink's ledger transaction is open (its
-    driver is writing a decision, or died writing one: that write is its own restart's to
-    settle). The first sink's commit must not fence it: it lists open transactions under
-    ``eospack-ledger-``, the prefix of every ledger's transactional id, and a ledger id
-    ``eospack-ledger-pool_...`` passes ``is_pooled``."""
-    create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
-    other_sink = f"pool_{unique_name}"[:64]
-    ledger_id = f"{LEDGER_ID_PREFIX}{other_sink}"
-    options = sink_options(real_kafka, unique_name, sinkId="ledger")
-    other_topic = f"{unique_name}_other_ledger"
-    create_topic(real_kafka.endpoint.bootstrap_servers, other_topic, 1)
-    other_ledger = begin(options.producer_config(), ledger_id)
-    try:
-        other_ledger.send(other_topic, key=b"slot", value=b"writing").get(timeout=30)
-        before = epochs_of(real_kafka, [ledger_id])
-        assert ledger_id in before
-        coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
-        try:
-            pieces = [
-                writer.prepare_task(
-                    options, task("ledger", "runldgr", 0, partition), rows_of(f"p{partition}-", 2)
-                )
-                for partition in range(2)
-            ]
-            coordinator.commit(pieces, 0)
-        finally:
-            coordinator.resource.close()
-        assert committed_keys(real_kafka, unique_name) == sorted(keys("p0-", 2) + keys("p1-", 2))
-        assert epochs_of(real_kafka, [ledger_id]) == before, (
-            "sink 'ledger' fenced the open ledger transaction of sink " + other_sink
-        )
-    finally:
-        other_ledger.close(timeout=0)
-        from eospack.connectors.kafka.transactions import fence
-
-        fence(options.client_config(), ledger_id)
-
-
 # Through real queries ------------------------------------------------------------------
 
 
@@ -619,12 +572,6 @@ def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_o
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(
-    strict=True,
-    reason="roll_back_unattributed fences every open pooled id of the sink: another query"
-    " on the same sinkId (its commit, or its refused commit's abort) aborts the running"
-    " query's prepared batch, which that query then decides: a decided batch lost",
-)
 @pytest.mark.parametrize("other_batch", [0, 10], ids=["refused", "far_ahead"])
 def test_a_query_refused_for_sharing_a_sinkid_never_loses_the_running_querys_batch(
     real_kafka: Any, unique_name: str, other_batch: int

@@ -16,8 +16,13 @@ the failed task, which must not ride along with the next task's flush). At most
 Exactly-once (``pooled_transactional_id``, ``kept_transactional_producer``)
 ---------------------------------------------------------------------------
 Flink's KafkaSink pools its transactional ids (FLINK-34554); so does this sink. A task's
-Kafka transactional id is ``eospack-<sink>-pool_<run><worker>_<index>``:
+Kafka transactional id is ``eospack-<sink>-pool_<query><run><worker>_<index>``:
 
+- ``<query>``: 8 hex digits of the streaming query's id (the same across its restarts).
+  Recovery rolls back only its own query's leftovers: another query wrongly sharing the
+  ``sinkId`` (refused loudly once one meets the other's decisions) never has its prepared
+  batch fenced under it; what such a query leaves is its own recovery's, or the broker's
+  transaction timeout's.
 - ``<run>``: the query run (Spark's run id, new at every start). A replay after a restart
   never re-initialises an id of the run that crashed, whose decided transactions may still
   wait for their commit (InitProducerId on their id would abort them: data lost).
@@ -51,11 +56,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,7 +193,13 @@ def pooled_transactional_id(task: TaskIdentity) -> str:
             return transaction_id(task.sink_id, task.batch_id, task.partition_id, task.attempt)
         index = min(set(range(len(indices.taken) + 1)) - indices.taken)
         indices.taken.add(index)
-    return f"{sink_prefix(task.sink_id)}{POOL_MARKER}{run}{worker}_{index}"
+    return f"{pooled_prefix(task.sink_id, task.query_id)}{run}{worker}_{index}"
+
+
+def pooled_prefix(sink_id: str, query_id: str | None) -> str:
+    """What every pooled id of the sink written by the query ``query_id`` starts with."""
+    tag = hashlib.sha256((query_id or "").encode()).hexdigest()[:8]
+    return f"{sink_prefix(sink_id)}{POOL_MARKER}{tag}"
 
 
 def release_transactional_id(task: TaskIdentity, transactional_id: str) -> None:
@@ -212,9 +224,16 @@ def pooled_index(transactional_id: str) -> int | None:
     return int(number) if number.isdigit() else None
 
 
-def is_pooled(transactional_id: str, sink_id: str) -> bool:
-    """Whether ``transactional_id`` is one of the sink's pooled ids (in recovery listings)."""
-    return transactional_id.startswith(f"{sink_prefix(sink_id)}{POOL_MARKER}")
+def is_pooled(
+    transactional_id: str, sink_id: str, query_ids: Collection[str | None] | None = None
+) -> bool:
+    """Whether ``transactional_id`` is one of the sink's pooled ids (in recovery listings),
+    written by one of ``query_ids`` when they are given."""
+    if query_ids is None:
+        return transactional_id.startswith(f"{sink_prefix(sink_id)}{POOL_MARKER}")
+    return any(
+        transactional_id.startswith(pooled_prefix(sink_id, query_id)) for query_id in query_ids
+    )
 
 
 def take_kept_transactional(

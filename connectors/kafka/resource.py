@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from kafka import KafkaAdminClient
@@ -334,19 +334,22 @@ class KafkaResource(TransactionalResource):
             f"fencing {transactional_id}", lambda: fence(self.config, transactional_id)
         )
 
-    def roll_back_unattributed(self, sink_id: str) -> None:
-        """Fence every open transaction under the sink's pooled ids (``producer_pool``)
-        that the last ``prepared_pieces`` listing saw (else listed now): leftovers of tasks
-        whose commit message never reached a decision (a failed or zombie task, a crashed
-        run). Safe because recovery calls this only after finishing every unfinished
-        decision, at a batch's commit or abort: a decision naming one of them would have
-        committed it first, and no later one can (this run's next batches and any later
-        run open ids of their own)."""
+    def roll_back_unattributed(self, sink_id: str, query_ids: Collection[str | None]) -> None:
+        """Fence every open transaction under the pooled ids (``producer_pool``) of the
+        sink and of ``query_ids`` that the last ``prepared_pieces`` listing saw (else
+        listed now) and no slot names: leftovers of tasks whose commit message never
+        reached a decision (a failed or zombie task, a crashed run of the query). Safe
+        because recovery calls this only after finishing every unfinished decision, at a
+        batch's commit or abort: a decision naming one of them would have committed it
+        first, and no later one can (this run's next batches and any later run open ids of
+        their own). Another query's ids are left alone: it may be running."""
         listed = self._pooled_open.pop(sink_id, None)
         if listed is None:
             self.prepared_pieces(sink_id)
             listed = self._pooled_open.pop(sink_id, [])
         for transactional_id in listed:
+            if not is_pooled(transactional_id, sink_id, query_ids):
+                continue
             self.rollback_transactional_id(transactional_id)
             logger.warning(
                 "2pc-kafka recovery: rolled back the leftover transaction %s (named by no"

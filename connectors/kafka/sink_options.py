@@ -97,11 +97,21 @@ def bootstrap_list(bootstrap_servers: str) -> list[str]:
     return sorted({server for server in servers if server})
 
 
+RESERVED_SINK_ID = "ledger"
+"""The sink id whose transaction-id prefix (``eospack-ledger-``) is every ledger's."""
+
+
 def parse_options(options: Mapping[str, str]) -> KafkaSinkOptions:
     """Validate every option once; raise ``KafkaSinkOptionError`` naming the option and fix."""
     reader = OptionReader(options, KafkaSinkOptionError)
     bootstrap = reader.required("kafka.bootstrap.servers", "host:port[,host:port...]")
     common = parse_sink_common_options(reader)
+    if common.sink_id == RESERVED_SINK_ID:
+        raise KafkaSinkOptionError(
+            f"Option sinkId '{RESERVED_SINK_ID}' is reserved by 2pc-kafka (its ledgers'"
+            f" transactional ids are eospack-{RESERVED_SINK_ID}-<sinkId>): choose another"
+            " sinkId"
+        )
     topic = reader.text("topic")
     ledger_topic = reader.identity("ledgerTopic", "a topic name", DEFAULT_LEDGER_TOPIC)
     if ledger_topic == topic:
