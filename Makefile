@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install fetch demo test test-kafka-production test-kafka-production-smoke test-unit lint docs bench bench-quick services clean wheel test-wheel
+.PHONY: install fetch demo test test-kafka-production test-kafka-production-smoke test-unit lint docs bench bench-quick bench-rolling-restart services clean wheel test-wheel
 
 $(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,11 @@ bench: $(STAMP) fetch
 
 bench-quick: $(STAMP) fetch
 	$(PY) -m benchmarks --quick $(ARGS)
+
+# On demand: a rolling restart of a 3-node cluster under Kafka -> 2pc-kafka at 5k events/s
+# (issue 37; a few minutes, ~2 GB). ARGS="--rate 2000" offers another rate.
+bench-rolling-restart: $(STAMP) fetch
+	$(PY) -m benchmarks --only rolling-restart $(ARGS)
 
 # The binary wheel (Linux x86_64, manylinux2014, abi3: CPython 3.11+) into dist/: pip wheel
 # with the extension linked by zig against glibc 2.17, then auditwheel repair; the tools are

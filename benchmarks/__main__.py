@@ -38,6 +38,8 @@ ALL = (
     "fixed-cost",
     "micro-batch",
 )
+ON_DEMAND = ("rolling-restart",)
+"""Benchmarks only ``--only`` runs: they start services of their own (a 3-node cluster)."""
 SUMMARY_START, SUMMARY_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"
 
@@ -49,7 +51,13 @@ def parse_arguments() -> argparse.Namespace:
         action="store_true",
         help="small sizes, one repetition, without the end-to-end benchmark (under 4 minutes)",
     )
-    parser.add_argument("--only", nargs="+", choices=ALL, default=None)
+    parser.add_argument("--only", nargs="+", choices=ALL + ON_DEMAND, default=None)
+    parser.add_argument(
+        "--rate",
+        type=int,
+        default=5000,
+        help="events/s offered to the rolling-restart benchmark (default 5000, issue 37's goal)",
+    )
     parser.add_argument("--repetitions", type=int, default=None)
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument(
@@ -78,6 +86,7 @@ def main() -> int:
         latency,
         micro_batch,
         pipeline,
+        rolling_restart,
         s3_sink,
         stateful,
     )
@@ -87,9 +96,19 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="eospack-bench-"))
     report = Report()
     services = []
-    say("starting services and Spark (local[2])")
     report.notes.append(f"load average at the start: {_load_average()}")
+    if "rolling-restart" in selected:
+        try:
+            rolling_restart.run(report, arguments.rate)
+        except Exception as error:  # the row reports what failed; the other rows still run
+            report.notes.append(f"rolling restart: FAILED: {error}")
+            say(f"rolling restart: FAILED: {error}")
+    shared = bool(selected - set(ON_DEMAND))
+    if shared:
+        say("starting services and Spark (local[2])")
     try:
+        if not shared:
+            raise _NothingShared
         kafka = start_kafka()
         services.append(kafka)
         postgres = start_postgres()
@@ -211,6 +230,8 @@ def main() -> int:
                 "end to end (7) is left out of quick runs: its two pipeline launches take"
                 " over a minute (`--quick --only e2e` runs it small)"
             )
+    except _NothingShared:
+        pass
     finally:
         for service in reversed(services):
             service.stop()
@@ -224,15 +245,22 @@ def main() -> int:
     today = datetime.date.today().isoformat()
     output = (
         arguments.output
-        or ROOT / "benchmarks" / "results" / f"{today}{'-quick' if quick else ''}.md"
+        or ROOT
+        / "benchmarks"
+        / "results"
+        / f"{today}{'-quick' if quick else ''}{'' if shared else '-on-demand'}.md"
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(report.markdown(f"eospack benchmarks, {today}"), encoding="utf-8")
     say(f"results written to {output}")
-    if not arguments.no_docs:
+    if not arguments.no_docs and shared:  # on-demand rows are kept by hand in the page
         update_performance_page(report, output)
     print(report.summary_table())
     return 0
+
+
+class _NothingShared(Exception):
+    """Only on-demand benchmarks were selected: no shared services or Spark session."""
 
 
 def peer_jars(name: str, report: Report) -> list[Path]:
