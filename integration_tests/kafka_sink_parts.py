@@ -31,3 +31,21 @@ def committed_keys(kafka: Any, topic: str) -> list[bytes]:
             kafka.endpoint.bootstrap_servers, topic, isolation_level="read_committed"
         )
     )
+
+
+def known_transactional_ids(bootstrap_servers: str, prefix: str) -> set[str]:
+    """Every transactional id under ``prefix`` the brokers keep, in any state
+    (ListTransactions): what the sink's ids cost the cluster."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    try:
+        listed = admin.list_transactions()
+    finally:
+        admin.close()
+    return {
+        listing.transactional_id
+        for listings in listed.values()
+        for listing in listings
+        if listing.transactional_id.startswith(prefix)
+    }

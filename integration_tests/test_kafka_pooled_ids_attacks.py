@@ -68,6 +68,25 @@ def task(sink_id: str, run: str, batch_id: int, partition: int, attempt: int = 0
     )
 
 
+def committed_batches(
+    coordinator: Any, options: Any, sink_id: str, run: str, batch_ids: range
+) -> list[bytes]:
+    """Batches of 2 tasks of run ``run`` prepared in this process and committed; their keys."""
+    expected: list[bytes] = []
+    for batch_id in batch_ids:
+        pieces = [
+            writer.prepare_task(
+                options,
+                task(sink_id, run, batch_id, partition),
+                rows_of(f"b{batch_id}p{partition}-", 2),
+            )
+            for partition in range(2)
+        ]
+        coordinator.commit(pieces, batch_id)
+        expected += keys(f"b{batch_id}p0-", 2) + keys(f"b{batch_id}p1-", 2)
+    return expected
+
+
 def open_under(kafka: Any, sink_id: str) -> list[str]:
     return open_transactions(
         {"bootstrap_servers": kafka.endpoint.bootstrap_servers}, sink_prefix(sink_id)
@@ -235,17 +254,7 @@ def test_inspection_of_a_running_and_of_a_crashed_sink_fences_no_pooled_transact
     coordinator = TwoPhaseCommitCoordinator(crashed, "2pc-kafka")
     expected: list[bytes] = []
     try:
-        for batch_id in range(2):
-            pieces = [
-                writer.prepare_task(
-                    options,
-                    task(sink_id, "runinsp", batch_id, partition),
-                    rows_of(f"b{batch_id}p{partition}-", 2),
-                )
-                for partition in range(2)
-            ]
-            coordinator.commit(pieces, batch_id)
-            expected += keys(f"b{batch_id}p0-", 2) + keys(f"b{batch_id}p1-", 2)
+        expected += committed_batches(coordinator, options, sink_id, "runinsp", range(2))
         running = [
             writer.prepare_task(
                 options, task(sink_id, "runinsp", 2, partition), rows_of(f"b2p{partition}-", 2)
@@ -299,17 +308,7 @@ def test_an_undecided_crash_on_ids_that_served_earlier_batches_is_rolled_back_no
     coordinator = TwoPhaseCommitCoordinator(KafkaResource(options), "2pc-kafka")
     expected: list[bytes] = []
     try:
-        for batch_id in range(2):
-            pieces = [
-                writer.prepare_task(
-                    options,
-                    task(sink_id, "runcrsh", batch_id, partition),
-                    rows_of(f"b{batch_id}p{partition}-", 2),
-                )
-                for partition in range(2)
-            ]
-            coordinator.commit(pieces, batch_id)
-            expected += keys(f"b{batch_id}p0-", 2) + keys(f"b{batch_id}p1-", 2)
+        expected += committed_batches(coordinator, options, sink_id, "runcrsh", range(2))
         for partition in range(2):
             writer.prepare_task(
                 options, task(sink_id, "runcrsh", 2, partition), rows_of(f"lost-b2p{partition}-", 2)

@@ -21,7 +21,11 @@ from eospack.commit_protocols import TaskIdentity
 from eospack.connectors.kafka import producer_pool, transactions, writer
 from eospack.connectors.kafka.transactions import PreparedTransaction, commit_prepared
 from eospack.services.kafka_tools import create_topic
-from integration_tests.kafka_sink_parts import committed_keys, sink_options
+from integration_tests.kafka_sink_parts import (
+    committed_keys,
+    known_transactional_ids,
+    sink_options,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -140,8 +144,6 @@ def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
     """Issue 37's goal: after many batches, at most 2x the task slots of the sink's ids
     (Flink pools them, FLINK-34554); a transactional id's state stays on the broker for
     ``transactional.id.expiration.ms`` (7 days) after its last use."""
-    from kafka import KafkaAdminClient
-
     from eospack.commit_protocols import TwoPhaseCommitCoordinator
     from eospack.commit_protocols.pieces import sink_prefix
     from eospack.connectors.kafka.resource import KafkaResource
@@ -165,17 +167,7 @@ def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
     coordinator.resource.close()
     assert len(committed_keys(real_kafka, unique_name)) == BATCHES * TASK_SLOTS * 3
 
-    admin = KafkaAdminClient(bootstrap_servers=real_kafka.endpoint.bootstrap_servers)
-    try:
-        listed = admin.list_transactions()
-    finally:
-        admin.close()
-    ids = {
-        listing.transactional_id
-        for listings in listed.values()
-        for listing in listings
-        if listing.transactional_id.startswith(sink_prefix(sink_id))
-    }
+    ids = known_transactional_ids(real_kafka.endpoint.bootstrap_servers, sink_prefix(sink_id))
     assert len(ids) <= 2 * TASK_SLOTS, f"{len(ids)} transactional ids after {BATCHES} batches"
 
 
