@@ -181,7 +181,15 @@ class ContractRun:
                 "grp": groups,
                 "version": pa.array([batch_id] * len(ids), pa.int64()),
             }
-        task = TaskIdentity(sink_id, batch_id, partition_id, attempt_string(1, "handmade"))
+        # the query's id, as Spark gives every task of it: a piece of another query is
+        # that query's to recover (2pc-kafka's pooled ids name their query)
+        task = TaskIdentity(
+            sink_id,
+            batch_id,
+            partition_id,
+            attempt_string(1, "handmade"),
+            query_id=self.query_id(),
+        )
         piece = writer.prepare(task, iter(pa.table(columns).to_batches()))
         return writer, piece
 
