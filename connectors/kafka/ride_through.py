@@ -25,11 +25,18 @@ live process keeps taking the sink over: see ``ledger``).
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
 from eospack.connectors.kafka.errors import KafkaAuthenticationError
+
+Result = TypeVar("Result")
+logger = logging.getLogger(__name__)
 
 RIDE_THROUGH_SECONDS = 300.0
 """How long one commit step keeps retrying a broker that is gone (see the module doc)."""
@@ -129,3 +136,30 @@ class Retry:
             return None
         delay = min(MAX_DELAY_SECONDS, FIRST_DELAY_SECONDS * 2 ** (self.failures - 1))
         return min(delay, left)
+
+
+def asked_again(
+    what: str, action: Callable[[], Result], deadline_seconds: float, sink_name: str
+) -> Result:
+    """Run ``action``, a query-start broker call that is safe to repeat and makes its own
+    clients, again after a transient failure until ``deadline_seconds`` have passed (the
+    client's request timeout): a restart while one broker is down found the dead node in
+    the bootstrap metadata and failed its query at start. A failure no broker change cures
+    (a refused login, a denied ACL) is raised at once."""
+    retry = Retry(time.monotonic(), deadline_seconds=deadline_seconds)
+    while True:
+        try:
+            return action()
+        except Exception as error:
+            delay = retry.next_delay(error, time.monotonic(), fenced=False)
+            if delay is None:
+                raise
+            logger.warning(
+                "%s: %s failed (%s: %s); asking again in %.1f s",
+                sink_name,
+                what,
+                type(error).__name__,
+                " ".join(str(error).split())[:300],
+                delay,
+            )
+            time.sleep(delay)

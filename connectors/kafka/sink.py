@@ -42,6 +42,7 @@ from eospack.connectors.kafka.checkpoint_record import check_against_record
 from eospack.connectors.kafka.cluster_configs import describe_configs, fit_transaction_timeout
 from eospack.connectors.kafka.ledger import ensure_ledger_topic, is_ledger_topic
 from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.ride_through import asked_again
 from eospack.connectors.kafka.sink_options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaSinkOptionError,
@@ -73,16 +74,41 @@ class TwoPhaseKafkaDataSource(DataSource):
             )
         check_schema(options, schema)
         native_path.warn_if_reference_path()
-        facts = cluster_facts(options, fit_timeout=options.exactly_once)
+        started = options
+        facts = asked_again(
+            "asking the cluster for its id",
+            lambda: cluster_facts(started, fit_timeout=started.exactly_once),
+            start_deadline_seconds(options),
+            SINK_NAME,
+        )
         options = replace(options, cluster_id=facts.cluster_id)
         check_against_record(options)
-        check_topic_option(options)
+        identified = options
+        asked_again(
+            "checking the topic option",
+            lambda: check_topic_option(identified),
+            start_deadline_seconds(options),
+            SINK_NAME,
+        )
         if options.exactly_once:
             options = with_broker_timeout(options, facts.transaction_max_timeout_ms)
             # Before any transaction begins: a ledger topic the user may not create fails
             # the query here, in one line, instead of the first commit after tasks ran.
-            ensure_ledger_topic(options)
+            fitted = options
+            asked_again(
+                "checking the ledger topic",
+                lambda: ensure_ledger_topic(fitted),
+                start_deadline_seconds(options),
+                SINK_NAME,
+            )
         return KafkaStreamWriter(options)
+
+
+def start_deadline_seconds(options: KafkaSinkOptions) -> float:
+    """How long a query-start broker call is asked again while brokers fail (one down in a
+    rolling restart): the client's ``kafka.request.timeout.ms`` (30 s by default), as the
+    replayable-kafka source's driver calls."""
+    return int(options.client_config().get("request_timeout_ms") or 30_000) / 1000
 
 
 def check_schema(options: KafkaSinkOptions, schema: StructType) -> None:
