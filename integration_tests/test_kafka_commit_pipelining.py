@@ -14,7 +14,7 @@ from eospack.commit_protocols import TaskIdentity, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError
 from eospack.connectors.kafka import transactions
-from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.resource import KafkaResource, kafka_name
 from eospack.connectors.kafka.transactions import begin, fence, open_transactions, prepare
 from eospack.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
@@ -82,7 +82,7 @@ def test_a_lost_piece_is_reported_and_its_siblings_are_committed_anyway(
     options = sink_options(real_kafka, unique_name)
     sink_id = f"{unique_name}-sink"
     pieces = prepared_pieces(options, sink_id, 3, unique_name)
-    fence(options.client_config(), pieces[2].transaction_id)
+    fence(options.client_config(), kafka_name(pieces[2]))
     resource = KafkaResource(options)
     try:
         with pytest.raises(DecidedPieceLostError, match=f"batch 3 of sink {sink_id}: .*lost"):

@@ -34,13 +34,13 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaProducer
 
-from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, transaction_id
+from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator
 from eospack.connectors.kafka import producer_batches, reader
 from eospack.connectors.kafka.offset_ranges import OffsetRange
 from eospack.connectors.kafka.resource import KafkaResource
 from eospack.connectors.kafka.sink_options import KafkaSinkOptions
 from eospack.connectors.kafka.source_options import parse_options as parse_source_options
-from eospack.connectors.kafka.transactions import fence, open_transactions
+from eospack.connectors.kafka.transactions import open_transactions
 from eospack.connectors.kafka.writer import prepare_task, write_directly
 from eospack.services.kafka_tools import (
     create_topic,
@@ -306,8 +306,13 @@ def test_a_broker_stall_mid_task_loses_or_doubles_nothing(
             freezer.join()
         real_kafka.resume()
     if piece is None:
-        # What a failed task could not abort, the driver's recovery fences.
-        fence(options.producer_config(), transaction_id(task.sink_id, 0, 0, task.attempt))
+        # What a failed task could not abort, the driver's recovery fences (a pooled id
+        # no decision names: roll_back_unattributed, as the batch's commit runs it).
+        resource = KafkaResource(options)
+        try:
+            resource.roll_back_unattributed(task.sink_id, {task.query_id})
+        finally:
+            resource.close()
         config = {"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}
         assert open_transactions(config, f"eospack-{task.sink_id}-") == []
         assert row_numbers(real_kafka, unique_name) == []

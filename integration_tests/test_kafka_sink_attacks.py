@@ -28,7 +28,7 @@ from eospack.commit_protocols.resource import DecidedPieceLostError
 from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.kafka import ledger as ledger_module
 from eospack.connectors.kafka.ledger import Ledger, forget_ledger, shared_ledger
-from eospack.connectors.kafka.resource import KafkaResource
+from eospack.connectors.kafka.resource import KafkaResource, kafka_name
 from eospack.connectors.kafka.sink import derived_sink_id
 from eospack.connectors.kafka.sink_options import (
     KafkaSinkOptionError,
@@ -126,7 +126,7 @@ def test_at_least_once_recovery_does_not_mark_done_a_lost_batch_it_never_rewrote
     )
     KafkaResource(exactly_once).record_decision(BatchDecision(sink_id, 3, (crashed,)))
     forget_ledger(shared_ledger(exactly_once, sink_id)[0])  # A's driver dies
-    fence(config, crashed.transaction_id)  # its transaction times out while A is down
+    fence(config, kafka_name(crashed))  # its transaction times out while A is down
 
     with contextlib.suppress(DecidedPieceLostError):  # loud in B would do as well
         recover_at_least_once(
@@ -416,7 +416,7 @@ def test_an_exactly_once_row_routed_to_the_ledger_topic_does_not_wedge_the_ledge
     try:
         TwoPhaseCommitCoordinator(KafkaResource(routed), "2pc-kafka").commit([piece], 0)
     finally:
-        fence({"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}, piece.transaction_id)
+        fence({"bootstrap_servers": real_kafka.endpoint.bootstrap_servers}, kafka_name(piece))
         with contextlib.suppress(Exception):
             forget_ledger(shared_ledger(routed, "router")[0])
 
