@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 import warnings
 from pathlib import Path
@@ -33,6 +34,37 @@ from eospack.services.base import (
 )
 
 LOOPBACK = "127.0.0.1"
+PAUSE_TIMEOUT_SECONDS = 10.0
+
+
+def thread_states(process_id: int) -> list[str]:
+    """The scheduler state letter of every thread of ``process_id`` (``/proc``; empty where
+    there is none)."""
+    states = []
+    for stat in Path(f"/proc/{process_id}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        states.append(text.rsplit(")", 1)[1].split()[0])
+    return states
+
+
+def wait_until_stopped(process_id: int, timeout: float = PAUSE_TIMEOUT_SECONDS) -> None:
+    """Wait until every thread of ``process_id`` is stopped (state ``T``), or the process
+    is gone; raises ``TimeoutError`` past ``timeout``. Without ``/proc`` it returns at once."""
+    if not Path("/proc/self/task").exists():
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        states = thread_states(process_id)
+        if all(state in ("T", "t", "Z", "X") for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"process {process_id} was sent SIGSTOP but threads still run: {states}"
+            )
+        time.sleep(0.01)
 
 
 class _ChildProcess:
@@ -72,9 +104,13 @@ class _ChildProcess:
             self.process.wait(timeout)
 
     def pause(self) -> None:
-        """Freeze the process (SIGSTOP): its port accepts connections but nothing answers."""
+        """Freeze the process (SIGSTOP): its port accepts connections but nothing answers.
+
+        Returns once every thread of the process is stopped: SIGSTOP is delivered
+        asynchronously, and a caller's next request must not meet a thread still running."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGSTOP)
+            wait_until_stopped(self.process.pid)
 
     def resume(self) -> None:
         """Continue a paused process (SIGCONT)."""
