@@ -20,11 +20,11 @@ from collections.abc import Mapping
 
 from benchmarks.data import fill_topic
 from benchmarks.harness import Comparison, Figure, Report, say
-from benchmarks.kafka_source import read_with_spark
+from benchmarks.spark_reads import read_with_spark
 
 TIMEOUT = 120.0
 GOAL_SECONDS = 1.5
-# The options both sources get, as in benchmarks.kafka_source.
+# The phases of batch 0 reported (the options both sources get: benchmarks.spark_reads).
 BATCH_PHASES = (
     "latestOffset",
     "getBatch",

@@ -25,7 +25,6 @@ import cProfile
 import importlib.util
 import os
 import pstats
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,13 +36,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from benchmarks import fixed_cost
 from benchmarks.data import VALUE_BYTES, fill_topic
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
+from benchmarks.spark_reads import COMMON_OPTIONS, read_with_spark
 from eospack.connectors.kafka import native_path, reader, record_batches
 from eospack.connectors.kafka.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
 from eospack.connectors.kafka.source_options import parse_options
-from eospack.testing import await_query
 
 TIMEOUT = 900.0
 TUPLE_SOURCE = "replayable-kafka-tuples"
@@ -52,8 +52,6 @@ PARTITIONS = 4
 CODECS = ("lz4", "zstd")
 GOAL_SIZE = 1_000_000
 """From this size on, the goal (>= 1.0x Spark's source) applies."""
-# The options both Spark sources get (Spark's own defaults to read_uncommitted).
-COMMON_OPTIONS = {"startingOffsets": "earliest", "kafka.isolation.level": "read_committed"}
 
 
 class TupleOutputStreamReader(ReplayableKafkaStreamReader):
@@ -72,23 +70,6 @@ class TupleOutputKafkaSource(ReplayableKafkaDataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self._check_schema(schema)
         return TupleOutputStreamReader(self.kafka_options)
-
-
-def read_with_spark(spark, bootstrap: str, topic: str, source: str = "replayable-kafka") -> Any:
-    """One AvailableNow query of ``topic`` into the noop sink, awaited; returns it."""
-    query = (
-        spark.readStream.format(source)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .options(**COMMON_OPTIONS)
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-source-"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, TIMEOUT)
-    return query
 
 
 def read_partition_without_spark(bootstrap: str, topic: str, records: int) -> int:
@@ -386,8 +367,6 @@ def _where_the_time_goes(
     topic, ``benchmarks.fixed_cost``), the reader's own work (the executor's reader alone on
     one partition: native, reference and librdkafka; profiled), and what is left: Spark
     running the micro-batch around the reader."""
-    from benchmarks import fixed_cost
-
     fixed = fixed_cost.run(report, spark, bootstrap, repetitions, spark_kafka)
     per_partition = records // PARTITIONS
     size = f"{per_partition:,}, one partition"
