@@ -6,9 +6,9 @@ JVM connectors are the peers: ``format("kafka")`` for the source, Spark's JDBC w
 2pc-jdbc, the Parquet file sink on S3A for 2pc-s3 and ``format("kafka")`` for 2pc-kafka;
 their jars (``spark-kafka``, ``postgresql-jdbc``, ``hadoop-aws``) come through mvn on first
 use, and a peer whose jars cannot be resolved is left out with a note. Results go to
-``benchmarks/results/<date>.md`` and the summary table into ``docs/performance.md``, between
-its ``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->`` markers (``--no-docs``
-leaves the page alone).
+``benchmarks/results/<date>.md``; the run becomes the current one of its benchmarks in
+``benchmarks/results/summary.json`` and ``docs/performance.md``'s tables are regenerated
+from the results files (``python -m benchmarks.report``; ``--no-docs`` leaves both alone).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,8 +40,6 @@ ALL = (
 )
 ON_DEMAND = ("rolling-restart",)
 """Benchmarks only ``--only`` runs: they start services of their own (a 3-node cluster)."""
-SUMMARY_START, SUMMARY_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
-PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -287,18 +285,18 @@ def _load_average() -> str:
     return ", ".join(f"{load:.2f}" for load in os.getloadavg()) + f" ({os.cpu_count()} cores)"
 
 
-def update_performance_page(report: Report, output: Path, page: Path = PERFORMANCE_PAGE) -> None:
-    """Replace the summary between the markers of the manual's performance page."""
-    text = page.read_text(encoding="utf-8")
-    if SUMMARY_START not in text:
-        return
-    summary = (
-        f"{SUMMARY_START}\nFrom `{output.relative_to(ROOT)}` (medians after a warm-up; ratio ="
-        f" eospack / baseline; for recovery a ratio of times, lower is better):\n\n"
-        f"{report.summary_table()}\n{SUMMARY_END}"
-    )
-    pattern = re.escape(SUMMARY_START) + ".*?" + re.escape(SUMMARY_END)
-    page.write_text(re.sub(pattern, lambda _: summary, text, flags=re.DOTALL), encoding="utf-8")
+def update_performance_page(report: Report, output: Path) -> None:
+    """Make this run the current one for the benchmarks it compared, in
+    ``benchmarks/results/summary.json``, and regenerate the page's tables from the results
+    files (``benchmarks.report``: the page is made from results only)."""
+    from benchmarks import report as page
+
+    numbers = sorted({page.benchmark_number(f"| {c.benchmark} |") for c in report.comparisons})
+    if not numbers or output.resolve().parent != page.RESULTS:
+        return  # the page names results files of benchmarks/results/ only
+    command = " ".join(["python -m benchmarks", *sys.argv[1:]])
+    page.record_run(output, numbers, f"`{command}`")
+    page.write_page()
 
 
 if __name__ == "__main__":
