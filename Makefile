@@ -53,6 +53,8 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@# mypy cannot read pyproject's package-dir: it checks the installed layout, as links
+	$(PY) scripts/installed_layout.py build/installed-layout
 	$(VENV)/bin/mypy
 
 # The manual (docs/) as a site in build/site; strict, so a broken link or anchor fails.

@@ -26,9 +26,13 @@ Spark's Python workers import this package, so its public names resolve lazily (
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eospack.checkout_layout import serve_checkout_folders
 from eospack.errors import EospackError
+
+serve_checkout_folders(Path(__file__).resolve().parent)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -50,6 +50,7 @@ from typing import Any
 import pytest
 
 import eospack
+from eospack.checkout_layout import MAPPED_FOLDERS
 from eospack.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
 from integration_tests.native_probe import EXPECTED_VALUES, NATIVE_PROBE
 
@@ -58,9 +59,9 @@ from integration_tests.native_probe import EXPECTED_VALUES, NATIVE_PROBE
 pytestmark = pytest.mark.timeout(900)
 
 PROJECT = Path(__file__).resolve().parents[1]
-# pyproject.toml's [tool.setuptools.packages.find] include (its py-modules: FORMAT_MODULES);
-# eospack/connectors, commit_protocols and stateful_ops are links, copied as folders
-PACKAGES = ("eospack",)
+# pyproject.toml's package-dir: eospack and the folders it installs inside eospack (its
+# py-modules: FORMAT_MODULES)
+PACKAGES = ("eospack", *MAPPED_FOLDERS)
 FORMATS = tuple(FORMAT_MODULES.values())
 ROWS = [(1, "one"), (2, "two"), (3, "three")]
 PIP_TIMEOUT = 600
@@ -436,6 +437,27 @@ def test_the_wheel_holds_the_native_extension(wheel_install: FreshInstall) -> No
             "eospack/_native.abi3.so",
             "eospack/_native.pyi",
         ]
+
+
+def test_the_wheel_installs_one_package_with_the_folders_inside_it(
+    wheel_install: FreshInstall,
+) -> None:
+    """connectors/, commit_protocols/ and stateful_ops/ install inside eospack (package-dir):
+    nothing generic such as ``connectors`` lands in site-packages, and every module of the
+    checkout is in the wheel under its one name."""
+    (wheel,) = (wheel_install.workdir.parent / "dist").glob("eospack-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    top_level = {name.split("/", 1)[0] for name in names}
+    info = f"eospack-{eospack.__version__}.dist-info"
+    assert top_level == {"eospack", info, *(f"{module}.py" for module in FORMAT_MODULES)}
+    for folder in MAPPED_FOLDERS:
+        expected = {
+            f"eospack/{path.relative_to(PROJECT).as_posix()}"
+            for path in (PROJECT / folder).rglob("*.py")
+        }
+        assert expected <= set(names), sorted(expected - set(names))
+    assert "eospack/py.typed" in names
 
 
 def wheel_tags(wheel: Path) -> tuple[list[str], str]:

@@ -35,6 +35,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import tomllib
+
 PROJECT = Path(__file__).resolve().parents[1]
 EXTENSION = "eospack/_native.abi3.so"
 ARCHITECTURES = ("x86_64", "aarch64")
@@ -74,10 +76,11 @@ def copy_source(source: Path, destination: Path) -> Path:
     destination.mkdir()
     for path in (source / "pyproject.toml", source / "README.md", *source.glob("pyspark_*.py")):
         shutil.copy2(path, destination / path.name)
-    # eospack/connectors, commit_protocols and stateful_ops are links: copied as folders
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so", "target")
-    shutil.copytree(source / "eospack", destination / "eospack", ignore=skip)
-    shutil.copytree(source / "native", destination / "native", ignore=skip)
+    pyproject = tomllib.loads((source / "pyproject.toml").read_text())
+    packages = sorted(set(pyproject["tool"]["setuptools"]["package-dir"].values()))
+    for folder in (*packages, "native"):  # the package folders (package-dir) and the crate
+        shutil.copytree(source / folder, destination / folder, ignore=skip)
     return destination
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,20 +24,57 @@ def test_every_test_module_has_its_own_basename() -> None:
     assert [name for name, count in names.items() if count > 1] == []
 
 
-LINKED_FOLDERS = ("connectors", "commit_protocols", "stateful_ops")
+MAPPED_FOLDERS = ("connectors", "commit_protocols", "stateful_ops")
 
 
-def test_the_linked_folders_are_imported_only_under_eospack() -> None:
-    """``eospack/connectors`` (and the others) link to the top-level folders, which a
-    development install also puts on ``sys.path``: importing one module under both names
-    would make two copies of it (two ledger caches, error classes that do not match)."""
-    for folder in LINKED_FOLDERS:
-        link = ROOT / "eospack" / folder
-        assert link.is_symlink() and link.resolve() == ROOT / folder, link
-    bare = re.compile(rf"^\s*(from|import) ({'|'.join(LINKED_FOLDERS)})\b", re.MULTILINE)
+def test_the_repository_holds_no_links() -> None:
+    """One address per file: every tool that reads the committed tree sees the files
+    Python imports (``git ls-files -s`` marks a link with mode 120000)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    links = [line.split("\t", 1)[1] for line in listed.splitlines() if line.startswith("120000")]
+    assert links == []
+
+
+def pyproject_setuptools() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_pyproject_installs_every_package_folder_under_eospack() -> None:
+    """The top-level folders install inside ``eospack`` (package-dir) and every folder with
+    an ``__init__.py`` is a listed package: a folder left out would be missing from the
+    wheel while the checkout, which serves the folders directly, still imports it."""
+    setuptools = pyproject_setuptools()
+    assert setuptools["package-dir"] == {
+        "eospack": "eospack",
+        **{f"eospack.{folder}": folder for folder in MAPPED_FOLDERS},
+    }
+    found = {
+        ".".join(("eospack", *init.parent.relative_to(ROOT / top).parts))
+        if top == "eospack"
+        else ".".join(("eospack", *init.parent.relative_to(ROOT).parts))
+        for top in ("eospack", *MAPPED_FOLDERS)
+        for init in (ROOT / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert sorted(setuptools["packages"]) == sorted(found)
+
+
+def test_checkout_layout_serves_the_same_mapping_as_pyproject() -> None:
+    from eospack.checkout_layout import MAPPED_FOLDERS as SERVED
+
+    assert SERVED == MAPPED_FOLDERS
+
+
+def test_the_mapped_folders_are_imported_only_under_eospack() -> None:
+    """``connectors/`` (and the others) are ``eospack.connectors`` (and so on): the checkout
+    is also on ``sys.path``, and importing a module under a bare top-level name would make
+    a second copy of it (two ledger caches, error classes that do not match)."""
+    bare = re.compile(rf"^\s*(from|import) ({'|'.join(MAPPED_FOLDERS)})\b", re.MULTILINE)
     sources = [*ROOT.glob("*.py")]
-    for folder in (*LINKED_FOLDERS, "eospack", "tests", "integration_tests", "benchmarks"):
-        sources += (ROOT / folder).rglob("*.py")  # rglob does not follow the links
+    for folder in (*MAPPED_FOLDERS, "eospack", "tests", "integration_tests", "benchmarks"):
+        sources += (ROOT / folder).rglob("*.py")
     offenders = [str(path) for path in sources if bare.search(path.read_text())]
     assert offenders == []
 
