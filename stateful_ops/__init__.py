@@ -13,16 +13,10 @@ from eospack.stateful_ops.errors import (
     StateSchemaMismatchError,
 )
 from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.operators import (
-    Deduplicate,
-    RunningAggregate,
-    RunningCount,
-    Sessionize,
-    deduplicate,
-    running_aggregate,
-    running_count,
-    sessionize,
-)
+from eospack.stateful_ops.operators.deduplicate import Deduplicate, deduplicate
+from eospack.stateful_ops.operators.running_aggregate import RunningAggregate, running_aggregate
+from eospack.stateful_ops.operators.running_count import RunningCount, running_count
+from eospack.stateful_ops.operators.sessionize import Sessionize, sessionize
 from eospack.stateful_ops.state_reader import read_state
 from eospack.stateful_ops.state_store import configure_state_store
 

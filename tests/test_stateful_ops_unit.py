@@ -39,13 +39,13 @@ from eospack.stateful_ops import (
     state_codec,
 )
 from eospack.stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, flag_first_row
-from eospack.stateful_ops.operators import (
-    EVENT_US,
+from eospack.stateful_ops.operators.partial_aggregation import (
     PARTIAL_COUNT,
-    merge_sessions,
     partial_aggregates,
     partial_counts,
 )
+from eospack.stateful_ops.operators.sessionize import merge_sessions
+from eospack.stateful_ops.operators.shared import EVENT_US
 from eospack.stateful_ops.state_store import configure_state_store, state_store_conf
 from eospack.stateful_ops.validation import duration_ms
 

@@ -1,0 +1,125 @@
+"""running_count (output mode update): a running count per key, versioned.
+
+One output row per key that received rows in the batch; ``version`` is the number of
+batches in which the key received rows, so it grows by exactly one each time the key's
+count changes. Rows are counted within each input partition first
+(``partial_aggregation``), so one row per key and partition is shuffled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+from eospack.stateful_ops.base import (
+    DEFAULT_KEY_GROUPS,
+    MARKER_COLUMN,
+    Clock,
+    StatefulOperator,
+    canonical,
+)
+from eospack.stateful_ops.initial_state import InitialState
+from eospack.stateful_ops.operators.partial_aggregation import (
+    NESTED_TYPES,
+    PARTIAL_COUNT,
+    partial_counts,
+)
+from eospack.stateful_ops.operators.shared import NEW_ROWS, key_codes, long_field, refuse_name_clash
+
+
+class RunningCount(StatefulOperator):
+    """Running count per key with a version that grows once per batch the key appears in."""
+
+    name: ClassVar[str] = "running_count"
+    state_fields: ClassVar[StructType] = StructType([long_field("count"), long_field("version")])
+    output_fields: ClassVar[StructType] = state_fields
+    output_mode = "update"
+
+    def validate(self, df: DataFrame) -> None:
+        refuse_name_clash(self.name, self.keys, ["count", "version"])
+
+    def prepare(self, df: DataFrame) -> DataFrame:
+        """Count rows per key within each input partition first (Spark's partial count).
+
+        The stateless ``mapInArrow`` step shrinks what is shuffled, sorted and handed to
+        pandas from one row per input row to one row per key and partition. Nested key types
+        (which Arrow cannot group by) skip it.
+        """
+        keys = df.select(*self.keys)
+        if any(isinstance(f.dataType, NESTED_TYPES) for f in keys.schema.fields):
+            return keys
+        fields = [*keys.schema.fields, StructField(PARTIAL_COUNT, LongType(), False)]
+        if self.emit_settings_markers:
+            fields.append(StructField(MARKER_COLUMN, BooleanType(), False))
+        count = partial_counts(list(self.keys), settings_marker=self.emit_settings_markers)
+        return keys.mapInArrow(count, StructType(fields))
+
+    def fold(self, frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
+        """Partial counts are passed on as they are (one row per key and input partition):
+        ``update`` sums a key's rows, so a second group-by here would only cost time."""
+        if PARTIAL_COUNT not in self.input_schema.names:
+            return super().fold(frames)
+        columns = [*self.keys, PARTIAL_COUNT]
+        parts = [frame[columns] for frame in frames if len(frame)]
+        if not parts:
+            return super().fold(iter([]))
+        rows = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        rows = canonical(rows, self.key_schema.fields)
+        return rows.rename(columns={PARTIAL_COUNT: NEW_ROWS})
+
+    def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
+        grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
+        counts = grouped[PARTIAL_COUNT].sum() if PARTIAL_COUNT in rows else grouped.size()
+        return counts.rename(NEW_ROWS).reset_index()
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Stored keys keep their order, new keys follow in order of arrival; ``rows`` may
+        hold a key more than once (once per input partition)."""
+        keys = list(self.keys)
+        both = pd.concat([state[keys], rows[keys]], ignore_index=True)
+        codes, firsts = key_codes(both, keys)
+        stored = len(state)
+        new_rows = np.bincount(
+            codes[stored:],
+            weights=rows[NEW_ROWS].to_numpy(dtype=np.float64),
+            minlength=len(firsts),
+        ).astype(np.int64)  # float64 sums are exact below 2**53 rows
+        count = np.zeros(len(firsts), dtype=np.int64)
+        version = np.zeros(len(firsts), dtype=np.int64)
+        count[codes[:stored]] = state["count"].to_numpy(dtype=np.int64)
+        version[codes[:stored]] = state["version"].to_numpy(dtype=np.int64)
+        changed = new_rows > 0
+        new_state = both.iloc[firsts].reset_index(drop=True)
+        new_state["count"] = count + new_rows
+        new_state["version"] = version + changed
+        return new_state, new_state[changed]
+
+
+def running_count(
+    df: DataFrame,
+    key: str | Sequence[str],
+    *,
+    key_groups: int = DEFAULT_KEY_GROUPS,
+    output_mode: str = "update",
+    initial_state: InitialState | None = None,
+) -> DataFrame:
+    """Key column(s), ``count`` and ``version`` per key changed in the batch.
+
+    ``output_mode`` must match the query's: ``"update"`` (default) for Spark's own sinks,
+    ``"append"`` for Python data source sinks such as 2pc-jdbc and 2pc-s3, which Spark
+    runs in Append mode only. The emitted rows are the same in both: each is one
+    (key, count, version) fact that is never retracted.
+
+    ``initial_state``: per-key state to start from, from a savepoint
+    (``RestoredCheckpoint(checkpointLocation).initial_state()``; see ``initial_state``).
+    """
+    return RunningCount(
+        key, key_groups=key_groups, output_mode=output_mode, initial_state=initial_state
+    ).apply(df)
