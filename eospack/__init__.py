@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from eospack.checkout_layout import serve_checkout_folders
 from eospack.errors import EospackError
+from eospack.formats import FORMATS, public_error_homes
 
 serve_checkout_folders(Path(__file__).resolve().parent)
 
@@ -85,7 +86,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 # Each lazily resolved public name and the module that defines it.
-_HOMES = {
+_HOMES: dict[str, str] = {
     "local_session": "eospack.spark",
     "JavaNotFoundError": "eospack.spark",
     "supervise": "eospack.supervisor",
@@ -108,23 +109,8 @@ _HOMES = {
     "ServiceStartError": "eospack.services.base",
     "DecidedPieceLostError": "eospack.commit_protocols.resource",
     "SinkIdentityError": "eospack.commit_protocols.identity",
-    "JdbcSinkOptionError": "eospack.connectors.jdbc.errors",
-    "JdbcConnectionError": "eospack.connectors.jdbc.errors",
-    "JdbcSchemaError": "eospack.connectors.jdbc.errors",
-    "JdbcWriteError": "eospack.connectors.jdbc.errors",
-    "KafkaSourceOptionError": "eospack.connectors.kafka.errors",
-    "KafkaBrokerUnreachableError": "eospack.connectors.kafka.errors",
-    "KafkaAuthenticationError": "eospack.connectors.kafka.errors",
-    "KafkaDataLossError": "eospack.connectors.kafka.errors",
-    "KafkaReadTimeoutError": "eospack.connectors.kafka.errors",
-    "KafkaCodecMissingError": "eospack.connectors.kafka.errors",
-    "KafkaSinkOptionError": "eospack.connectors.kafka.sink_options",
-    "KafkaSendError": "eospack.connectors.kafka.errors",
-    "PreparedTransactionLostError": "eospack.connectors.kafka.errors",
-    "LedgerFencedError": "eospack.connectors.kafka.ledger",
-    "S3OptionError": "eospack.connectors.s3.errors",
-    "S3AccessError": "eospack.connectors.s3.errors",
-    "S3WriteError": "eospack.connectors.s3.errors",
+    # each format's errors users catch: its entry in eospack.formats
+    **public_error_homes(),
 }
 
 __all__ = [
@@ -203,12 +189,7 @@ def register(spark: SparkSession) -> None:
     that cannot import eospack: :class:`WorkerPythonError`, one line naming that Python and
     the fix, instead of a ``ModuleNotFoundError`` trace from the first query's workers.
     """
-    from pyspark_2pc_jdbc import DefaultSource as JdbcSource
-    from pyspark_2pc_kafka import DefaultSource as KafkaSinkSource
-    from pyspark_2pc_s3 import DefaultSource as S3Source
-    from pyspark_replayable_kafka import DefaultSource as KafkaSource
-
-    sources = (KafkaSource, JdbcSource, S3Source, KafkaSinkSource)
+    sources = [entry.data_source.load() for entry in FORMATS.values()]
     if is_spark_connect(spark):
         for source in sources:
             if not connect_server_resolves(spark, source.name()):

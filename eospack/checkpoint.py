@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from eospack.checkpoint_files import CheckpointFiles, checkpoint_files
 from eospack.commit_protocols.inspection import SinkState, no_decision_line
 from eospack.errors import EospackError
+from eospack.formats import FORMATS, inspectable_sinks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,6 +78,19 @@ class SinkLedger:
     leftovers: list[str] = field(default_factory=list)
     """Everything left behind, one line each (``SinkState.leftovers``)."""
 
+    def left_behind(self) -> str:
+        """The report's summary of what the sink left behind, in its format's words
+        (``FormatEntry.left_behind``)."""
+        entry = FORMATS.get(self.kind)
+        summary = entry.left_behind if entry else "{leftovers} leftovers"
+        return summary.format(
+            prepared_transactions=len(self.prepared_transactions),
+            staged_rows=self.staged_rows,
+            multipart_uploads=len(self.multipart_uploads),
+            open_transactions=len(self.open_transactions),
+            leftovers=len(self.leftovers),
+        )
+
 
 @dataclass(frozen=True)
 class CheckpointReport:
@@ -114,17 +128,7 @@ class CheckpointReport:
                     f"  batch {row['batch_id']}: {row['status']}, {row['rows']} rows,"
                     f" {row['pieces']} pieces"
                 )
-            if sink.kind == "2pc-s3":
-                lines.append(
-                    f"  left behind: {len(sink.multipart_uploads)} multipart uploads in progress"
-                )
-            elif sink.kind == "2pc-kafka":
-                lines.append(f"  left behind: {len(sink.open_transactions)} open transactions")
-            else:
-                lines.append(
-                    f"  left behind: {len(sink.prepared_transactions)} prepared transactions,"
-                    f" {sink.staged_rows} staged rows"
-                )
+            lines.append(f"  left behind: {sink.left_behind()}")
             lines.extend(f"    {gid}" for gid in sink.prepared_transactions)
             lines.extend(f"    {upload}" for upload in sink.multipart_uploads)
             lines.extend(f"    {transaction}" for transaction in sink.open_transactions)
@@ -138,6 +142,7 @@ def inspect_checkpoint(
     s3_options: dict[str, str] | None = None,
     spark: SparkSession | None = None,
     kafka_options: dict[str, str] | None = None,
+    sink_options: Mapping[str, Mapping[str, str]] | None = None,
 ) -> CheckpointReport:
     """Read ``path`` (a local checkpoint directory, a ``file://`` URI, or any Hadoop file
     system URI such as ``s3a://``, read through ``spark``'s Hadoop file system, default the
@@ -147,7 +152,8 @@ def inspect_checkpoint(
     optional ``endpointUrl``, ``region``, ``sinkId``; credentials from boto3's default
     chain), that 2pc-s3 sink; with ``kafka_options`` (``kafka.bootstrap.servers``,
     ``topic``, optional ``ledgerTopic``, ``sinkId``), that 2pc-kafka sink. Each sink is read
-    through its resource (``inspect_sink``), never written. With ``spark``, each
+    through its resource (``inspect_sink``), never written; ``sink_options`` maps any
+    inspectable sink format (``eospack.formats``) to its options the same way. With ``spark``, each
     stateful_ops operator's name, keys and key groups at the last committed batch."""
     files = path if isinstance(path, CheckpointFiles) else checkpoint_files(path, spark)
     metadata = files.read_text("metadata")
@@ -171,10 +177,16 @@ def inspect_checkpoint(
         report.operators[:] = [
             _with_keys(spark, files.location, operator, last) for operator in report.operators
         ]
-    sinks = {"2pc-jdbc": jdbc_options, "2pc-s3": s3_options, "2pc-kafka": kafka_options}
-    if "2pc-jdbc" in sinks and jdbc_options:
+    sinks: dict[str, Mapping[str, str] | None] = {
+        "2pc-jdbc": jdbc_options,
+        "2pc-s3": s3_options,
+        "2pc-kafka": kafka_options,
+        **(sink_options or {}),
+    }
+    jdbc = sinks.get("2pc-jdbc")
+    if jdbc:
         password = os.environ.get(PASSWORD_VARIABLE)
-        sinks["2pc-jdbc"] = {**jdbc_options, **({"password": password} if password else {})}
+        sinks["2pc-jdbc"] = {**jdbc, **({"password": password} if password else {})}
     for sink_format, options in sinks.items():
         if options:
             report.sinks.append(_ledger_of(inspect_sink(sink_format, query_id, options)))
@@ -242,12 +254,11 @@ def _with_keys(
 
 
 SINK_INSPECTORS: dict[str, str] = {
-    "2pc-jdbc": "eospack.connectors.jdbc.resource:inspect_sink",
-    "2pc-s3": "eospack.connectors.s3.resource:inspect_sink",
-    "2pc-kafka": "eospack.connectors.kafka.resource:inspect_sink",
+    entry.name: str(entry.sink_inspector) for entry in inspectable_sinks() if entry.sink_inspector
 }
 """Format name -> the connector's ``inspect_sink(query_id, options) -> SinkState``: parse
-the options, derive the sink id as the sink does, build its resource and inspect it."""
+the options, derive the sink id as the sink does, build its resource and inspect it (the
+entries of ``eospack.formats``)."""
 
 
 def inspect_sink(sink_format: str, query_id: str, options: Mapping[str, str]) -> SinkState:

@@ -11,6 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from eospack.formats import entry_of, inspectable_sinks
+
 WELL_KNOWN_PORTS = {"kafka": 9092, "postgresql": 5432, "s3": 9000}
 """What docker-compose.yml publishes, so that examples written for it run as written."""
 
@@ -236,59 +238,19 @@ def supervise(arguments: argparse.Namespace) -> int:
 
 
 def checkpoint(arguments: argparse.Namespace) -> int:
-    """Print what a checkpoint holds (and a 2pc sink's decisions and leftovers)."""
+    """Print what a checkpoint holds (and a 2pc sink's decisions and leftovers).
+
+    Each sink's options are parsed by the sink's own parser (``eospack.formats``) before
+    anything is read, so a bad option is the sink's one line naming it and its fix."""
     from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
     from eospack.checkpoint_files import is_local
 
-    jdbc = None
-    if arguments.ledger_table and not arguments.jdbc_url:
-        print("eospack checkpoint inspect: --ledger-table needs --jdbc-url", file=sys.stderr)
-        return 2
-    if arguments.jdbc_url or arguments.table:
-        if not (arguments.jdbc_url and arguments.table):
-            print(
-                "eospack checkpoint inspect: give --jdbc-url and --table together", file=sys.stderr
-            )
-            return 2
-        jdbc = {"url": arguments.jdbc_url, "dbtable": arguments.table}
-        if arguments.user:
-            jdbc["user"] = arguments.user
-        if arguments.ledger_table:
-            jdbc["ledgerTable"] = arguments.ledger_table
-        if arguments.sink_id:
-            jdbc["sinkId"] = arguments.sink_id
-    s3 = None
-    if arguments.s3_path:
-        s3 = {"path": arguments.s3_path}
-        for option, value in (
-            ("endpointUrl", arguments.s3_endpoint_url),
-            ("region", arguments.s3_region),
-            ("sinkId", arguments.sink_id),
-        ):
-            if value:
-                s3[option] = value
-    kafka = None
-    if arguments.kafka_bootstrap_servers:
-        kafka = {"kafka.bootstrap.servers": arguments.kafka_bootstrap_servers}
-        for option, value in (
-            ("topic", arguments.topic),
-            ("ledgerTopic", arguments.ledger_topic),
-            ("sinkId", arguments.sink_id),
-        ):
-            if value:
-                kafka[option] = value
-        if arguments.kafka_command_config:
-            try:
-                kafka.update(kafka_command_config(arguments.kafka_command_config))
-            except (OSError, ValueError) as error:
-                print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
-                return 2
-    elif arguments.topic or arguments.ledger_topic or arguments.kafka_command_config:
-        print(
-            "eospack checkpoint inspect: --topic, --ledger-topic and --kafka-command-config"
-            " need --kafka-bootstrap-servers",
-            file=sys.stderr,
-        )
+    try:
+        sinks = inspected_sinks(arguments)
+        for sink_format, options in sinks.items():
+            entry_of(sink_format).parse(options)
+    except (ValueError, OSError) as error:
+        print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
         return 2
     spark = None
     try:
@@ -303,12 +265,124 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         print(f"eospack checkpoint inspect: reading {why} with Spark", file=sys.stderr)
         spark = local_session("eospack checkpoint inspect", conf=conf)
     try:
-        report = inspect_checkpoint(arguments.path, jdbc, s3, spark, kafka)
+        report = inspect_checkpoint(arguments.path, spark=spark, sink_options=sinks)
     except (CheckpointInspectError, ValueError, ConnectionError, OSError) as error:
         print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
         return 1
     print(report.to_json() if arguments.json else report.to_text(), flush=True)
     return 0
+
+
+def inspected_sinks(arguments: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """Sink format -> the options ``checkpoint inspect`` reads it with: ``--format`` with
+    its options (the deprecated flags of that format, then ``--option-file``, then each
+    ``--option``: a later one wins, as in Spark's options), and each sink the deprecated
+    flags name. Raises ``ValueError`` (one line, never a value) on a misused flag."""
+    sinks = deprecated_flag_options(arguments)
+    if arguments.format is None:
+        if arguments.option or arguments.option_file:
+            raise ValueError(
+                "--option and --option-file need --format (the sink they are options of),"
+                " e.g. --format 2pc-jdbc --option url=... --option dbtable=..."
+            )
+        return sinks
+    known = [entry.name for entry in inspectable_sinks()]
+    if arguments.format not in known:
+        raise ValueError(
+            f"--format {arguments.format!r} is not a sink that inspect reads: use one of"
+            f" {', '.join(known)}"
+        )
+    options = dict(sinks.get(arguments.format, {}))
+    if arguments.sink_id:
+        options["sinkId"] = arguments.sink_id
+    if arguments.option_file:
+        options.update(option_file(arguments.option_file))
+    options.update(option_arguments(arguments.option))
+    sinks[arguments.format] = options
+    return sinks
+
+
+def option_arguments(arguments: Sequence[str]) -> dict[str, str]:
+    """``--option KEY=VALUE`` arguments as sink options, a later key winning; an argument
+    without ``=`` is refused by its position (neither key nor value is quoted: either could
+    be a secret written in the wrong place)."""
+    options = {}
+    for number, argument in enumerate(arguments, start=1):
+        key, separator, value = argument.partition("=")
+        if not separator or not key.strip():
+            raise ValueError(
+                f"--option number {number} is not KEY=VALUE: give one sink option each,"
+                " e.g. --option dbtable=orders"
+            )
+        options[key.strip()] = value
+    return options
+
+
+def option_file(path: str) -> dict[str, str]:
+    """``key=value`` lines of ``path`` as sink options (blank lines and ``#`` comments
+    skipped; keys and values stripped; a later line wins), so secrets need not be
+    arguments. Errors name the line, never its text (it may hold a password)."""
+    options = {}
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            key, separator, value = text.partition("=")
+            if not separator or not key.strip():
+                raise ValueError(
+                    f"{path} line {number} is not key=value: write one sink option per line"
+                    " (# starts a comment)"
+                )
+            options[key.strip()] = value.strip()
+    return options
+
+
+def deprecated_flag_options(arguments: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The options the deprecated sink flags (``--jdbc-url``, ``--s3-path``,
+    ``--kafka-bootstrap-servers`` and theirs) give, per sink format: each flag is an alias
+    of one ``--option``. Kept for one release; they raise the same one-line refusals."""
+    sinks: dict[str, dict[str, str]] = {}
+    if arguments.ledger_table and not arguments.jdbc_url:
+        raise ValueError("--ledger-table needs --jdbc-url")
+    if arguments.jdbc_url or arguments.table:
+        if not (arguments.jdbc_url and arguments.table):
+            raise ValueError("give --jdbc-url and --table together")
+        jdbc = {"url": arguments.jdbc_url, "dbtable": arguments.table}
+        if arguments.user:
+            jdbc["user"] = arguments.user
+        if arguments.ledger_table:
+            jdbc["ledgerTable"] = arguments.ledger_table
+        if arguments.sink_id:
+            jdbc["sinkId"] = arguments.sink_id
+        sinks["2pc-jdbc"] = jdbc
+    if arguments.s3_path:
+        s3 = {"path": arguments.s3_path}
+        for option, value in (
+            ("endpointUrl", arguments.s3_endpoint_url),
+            ("region", arguments.s3_region),
+            ("sinkId", arguments.sink_id),
+        ):
+            if value:
+                s3[option] = value
+        sinks["2pc-s3"] = s3
+    if arguments.kafka_bootstrap_servers:
+        kafka = {"kafka.bootstrap.servers": arguments.kafka_bootstrap_servers}
+        for option, value in (
+            ("topic", arguments.topic),
+            ("ledgerTopic", arguments.ledger_topic),
+            ("sinkId", arguments.sink_id),
+        ):
+            if value:
+                kafka[option] = value
+        if arguments.kafka_command_config:
+            kafka.update(kafka_command_config(arguments.kafka_command_config))
+        sinks["2pc-kafka"] = kafka
+    elif arguments.topic or arguments.ledger_topic or arguments.kafka_command_config:
+        raise ValueError(
+            "--topic, --ledger-topic and --kafka-command-config need --kafka-bootstrap-servers"
+        )
+    return sinks
 
 
 def savepoint(arguments: argparse.Namespace) -> int:
@@ -426,39 +500,76 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also count each stateful_ops operator's keys and key groups (starts Spark)",
     )
-    parser.add_argument("--jdbc-url", help="the 2pc-jdbc sink's url (PostgreSQL or SQLite)")
-    parser.add_argument("--table", help="the 2pc-jdbc sink's dbtable")
+    sink_names = ", ".join(entry.name for entry in inspectable_sinks())
     parser.add_argument(
-        "--ledger-table", help="the 2pc-jdbc sink's ledgerTable, if set (default: eospack_commits)"
+        "--format",
+        metavar="FORMAT",
+        help=f"the sink the query writes to ({sink_names}): its decisions and leftovers are"
+        " read with the options of --option and --option-file",
     )
     parser.add_argument(
-        "--user", help="database user (password from EOSPACK_JDBC_PASSWORD, never an argument)"
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the sink's options, as the query set it (repeatable; a later one wins),"
+        " e.g. --option url=jdbc:postgresql://db:5432/shop --option dbtable=orders; parsed"
+        " by the sink itself, so a bad option is refused before anything is read",
     )
     parser.add_argument(
-        "--s3-path", help="the 2pc-s3 sink's path (credentials: boto3's default chain)"
-    )
-    parser.add_argument("--s3-endpoint-url", help="the 2pc-s3 sink's endpointUrl, if set")
-    parser.add_argument("--s3-region", help="the 2pc-s3 sink's region, if set")
-    parser.add_argument(
-        "--kafka-bootstrap-servers",
-        help="the 2pc-kafka sink's kafka.bootstrap.servers (the sink id follows the cluster's"
-        " id, so the cluster must be up)",
-    )
-    parser.add_argument(
-        "--topic",
-        help="the 2pc-kafka sink's topic option; leave it out if the query wrote a topic column",
-    )
-    parser.add_argument(
-        "--ledger-topic", help="the 2pc-kafka sink's ledgerTopic, if set (default: the shared one)"
-    )
-    parser.add_argument(
-        "--kafka-command-config",
+        "--option-file",
         metavar="FILE",
-        help="a properties file of the 2pc-kafka cluster's client settings (security.protocol,"
-        " sasl.*, ssl.*: the sink's kafka.* options without the prefix), as Kafka's own"
-        " tools take them, so a secret is never an argument",
+        help="a file of the sink's options, one KEY=VALUE a line (# comments), read before"
+        " --option (which wins): the place for secrets (password, kafka.sasl.jaas.config,"
+        " secretAccessKey), which are never printed",
     )
     parser.add_argument("--sink-id", help="the sink's sinkId option, if the query set one")
+    deprecated = parser.add_argument_group(
+        "deprecated sink flags",
+        "Kept for one release, then removed: each is an alias of one --format/--option and"
+        " goes through the same parsing.",
+    )
+    deprecated.add_argument(
+        "--jdbc-url", help="deprecated: --format 2pc-jdbc --option url=URL (PostgreSQL or SQLite)"
+    )
+    deprecated.add_argument("--table", help="deprecated: --format 2pc-jdbc --option dbtable=TABLE")
+    deprecated.add_argument(
+        "--ledger-table", help="deprecated: --format 2pc-jdbc --option ledgerTable=TABLE"
+    )
+    deprecated.add_argument(
+        "--user",
+        help="deprecated: --format 2pc-jdbc --option user=USER (the password from"
+        " EOSPACK_JDBC_PASSWORD or --option-file, never an argument)",
+    )
+    deprecated.add_argument(
+        "--s3-path",
+        help="deprecated: --format 2pc-s3 --option path=s3://bucket/prefix (credentials:"
+        " boto3's default chain)",
+    )
+    deprecated.add_argument(
+        "--s3-endpoint-url", help="deprecated: --format 2pc-s3 --option endpointUrl=URL"
+    )
+    deprecated.add_argument("--s3-region", help="deprecated: --format 2pc-s3 --option region=R")
+    deprecated.add_argument(
+        "--kafka-bootstrap-servers",
+        help="deprecated: --format 2pc-kafka --option kafka.bootstrap.servers=HOST:PORT (the"
+        " sink id follows the cluster's id, so the cluster must be up)",
+    )
+    deprecated.add_argument(
+        "--topic",
+        help="deprecated: --format 2pc-kafka --option topic=TOPIC; leave it out if the query"
+        " wrote a topic column",
+    )
+    deprecated.add_argument(
+        "--ledger-topic", help="deprecated: --format 2pc-kafka --option ledgerTopic=TOPIC"
+    )
+    deprecated.add_argument(
+        "--kafka-command-config",
+        metavar="FILE",
+        help="deprecated: --format 2pc-kafka --option-file FILE with kafka.-prefixed keys; a"
+        " properties file of the cluster's client settings (security.protocol, sasl.*, ssl.*)"
+        " without the kafka. prefix, as Kafka's own tools take them",
+    )
 
 
 def kafka_command_config(path: str) -> dict[str, str]:
@@ -572,8 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     checkpoint_parser = commands.add_parser(
         "checkpoint",
-        help="inspect a streaming checkpoint: batches, offsets, state, and a 2pc-jdbc,"
-        " 2pc-s3 or 2pc-kafka sink's decisions and leftovers (reads only)",
+        help="inspect a streaming checkpoint: batches, offsets, state, and a 2pc sink's"
+        f" ({', '.join(entry.name for entry in inspectable_sinks())}) decisions and"
+        " leftovers (reads only)",
     )
     add_checkpoint_arguments(checkpoint_parser)
     checkpoint_parser.set_defaults(handler=checkpoint)

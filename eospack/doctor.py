@@ -21,17 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from eospack.errors import EospackError
+from eospack.formats import FORMATS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 # The modules Spark's lookup imports, and the format each one's DefaultSource names.
-FORMAT_MODULES = {
-    "pyspark_replayable_kafka": "replayable-kafka",
-    "pyspark_2pc_jdbc": "2pc-jdbc",
-    "pyspark_2pc_s3": "2pc-s3",
-    "pyspark_2pc_kafka": "2pc-kafka",
-}
+FORMAT_MODULES = {entry.lookup_module: entry.name for entry in FORMATS.values()}
 
 FORMATS_FOUND = "formats: found by Spark's automatic lookup ({formats})"
 FORMATS_NOT_FOUND = (

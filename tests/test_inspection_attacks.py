@@ -96,8 +96,8 @@ def test_the_cli_passes_a_2pc_jdbc_sinks_ledger_table_to_inspection(
     ``eospack checkpoint inspect`` read ``eospack_commits`` and could never see them."""
     seen: dict[str, object] = {}
 
-    def capture(path: object, jdbc_options: object = None, *rest: object) -> None:
-        seen["jdbc"] = jdbc_options
+    def capture(path: object, *, spark: object, sink_options: dict[str, object]) -> None:
+        seen["jdbc"] = sink_options["2pc-jdbc"]
         raise CheckpointInspectError("captured")
 
     monkeypatch.setattr(checkpoint, "inspect_checkpoint", capture)
@@ -116,8 +116,8 @@ def test_the_cli_passes_a_secured_kafka_clusters_client_settings_from_a_command_
     come from a properties file, so a secret is never an argument, and never printed."""
     seen: dict[str, object] = {}
 
-    def capture(path: object, jdbc: object, s3: object, spark: object, kafka: object) -> None:
-        seen["kafka"] = kafka
+    def capture(path: object, *, spark: object, sink_options: dict[str, object]) -> None:
+        seen["kafka"] = sink_options["2pc-kafka"]
         raise CheckpointInspectError("captured")
 
     monkeypatch.setattr(checkpoint, "inspect_checkpoint", capture)
