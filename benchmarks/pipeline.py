@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Comparison, Figure, Report, say
-from eospack.demo.pipeline import MILESTONE_PREFIX
+from eospack.demo.pipeline import MILESTONE_PREFIX, PipelineCommand
 from eospack.demo.run import committed_batches
 from eospack.processes import DriverProcess
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
@@ -50,30 +50,20 @@ def pipeline(
     done_file = workdir / f"{name}.done"
     if done:
         done_file.touch()
+    command = PipelineCommand(
+        name=name,
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        checkpoint_dir=workdir / name,
+        done_file=done_file,
+        jdbc_url=postgres.endpoint.jdbc_url,
+        jdbc_user=postgres.endpoint.user,
+        guarantee=guarantee,
+        max_offsets_per_trigger=per_trigger,
+        more=tuple(extra),
+    )
     return DriverProcess(
-        [
-            "-m",
-            "eospack.demo.pipeline",
-            "--name",
-            name,
-            "--bootstrap-servers",
-            bootstrap,
-            "--topic",
-            topic,
-            "--jdbc-url",
-            postgres.endpoint.jdbc_url,
-            "--jdbc-user",
-            postgres.endpoint.user,
-            "--checkpoint-dir",
-            str(workdir / name),
-            "--done-file",
-            str(done_file),
-            "--guarantee",
-            guarantee,
-            "--max-offsets-per-trigger",
-            str(per_trigger),
-            *extra,
-        ],
+        command.arguments(),
         log_path=workdir / f"{name}.log",
     )
 

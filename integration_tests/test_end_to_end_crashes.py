@@ -21,6 +21,7 @@ import pytest
 
 from eospack.commit_protocols.fault_points import ALL_FAULT_POINTS
 from eospack.demo.outputs import JdbcOutput
+from eospack.demo.pipeline import PipelineCommand
 from eospack.demo.run import committed_batches
 from eospack.demo.verify import check_pipeline
 from eospack.services.kafka_tools import Record, create_topic, produce_sealed
@@ -46,26 +47,16 @@ def produce_events(bootstrap: str, topic: str, events: int, keys: int, seed: int
 def pipeline_arguments(name: str, bootstrap: str, topic: str, postgres, workdir: Path) -> list[str]:
     done_file = workdir / "done"
     done_file.touch()
-    return [
-        "-m",
-        "eospack.demo.pipeline",
-        "--name",
-        name,
-        "--bootstrap-servers",
-        bootstrap,
-        "--topic",
-        topic,
-        "--jdbc-url",
-        postgres.endpoint.jdbc_url,
-        "--jdbc-user",
-        postgres.endpoint.user,
-        "--checkpoint-dir",
-        str(workdir / "checkpoints"),
-        "--done-file",
-        str(done_file),
-        "--max-offsets-per-trigger",
-        "300",
-    ]
+    return PipelineCommand(
+        name=name,
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        checkpoint_dir=workdir / "checkpoints",
+        done_file=done_file,
+        jdbc_url=postgres.endpoint.jdbc_url,
+        jdbc_user=postgres.endpoint.user,
+        max_offsets_per_trigger=300,
+    ).arguments()
 
 
 def run_pipeline(arguments: list[str], **crash) -> object:

@@ -19,6 +19,7 @@ The verdict itself is ``eospack.demo.verify.check_pipeline`` for both.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -33,6 +34,8 @@ from eospack.demo.verify import PipelineResult, PrintedCounts, check_pipeline, c
 if TYPE_CHECKING:
     import psycopg
     from kafka import KafkaConsumer, TopicPartition
+
+    from eospack.demo.pipeline import PipelineCommand
 
 SAMPLE_POLL_MS = 50
 """One poll of a sampling consumer when nothing is new: the orchestrator's loop waits on it."""
@@ -58,8 +61,8 @@ class Output(Protocol):
         """Where the counts go, for the first progress line."""
         ...
 
-    def pipeline_arguments(self, name: str) -> list[str]:
-        """The sink's arguments of ``eospack.demo.pipeline`` for pipeline ``name``."""
+    def with_sink(self, command: PipelineCommand) -> PipelineCommand:
+        """``command`` (of the pipeline ``command.name``) printing into this sink."""
         ...
 
     def sample(self) -> dict[str, Sample]:
@@ -103,9 +106,10 @@ class JdbcOutput:
     def describe(self) -> str:
         return f"sinks 2pc-jdbc {self.guarantee} into <name>_current and <name>_history"
 
-    def pipeline_arguments(self, name: str) -> list[str]:
-        arguments = ["--sink", "jdbc", "--jdbc-url", self.jdbc_url]
-        return arguments + (["--jdbc-user", self.jdbc_user] if self.jdbc_user else [])
+    def with_sink(self, command: PipelineCommand) -> PipelineCommand:
+        return dataclasses.replace(
+            command, sink="jdbc", jdbc_url=self.jdbc_url, jdbc_user=self.jdbc_user or None
+        )
 
     def sample(self) -> dict[str, Sample]:
         """The current tables: a key's count going down between samples is a regression."""
@@ -228,8 +232,8 @@ class KafkaOutput:
     def describe(self) -> str:
         return f"sink 2pc-kafka {self.guarantee} into <name>_out (read_committed)"
 
-    def pipeline_arguments(self, name: str) -> list[str]:
-        return ["--sink", "kafka", "--output-topic", self.topics[name]]
+    def with_sink(self, command: PipelineCommand) -> PipelineCommand:
+        return dataclasses.replace(command, sink="kafka", output_topic=self.topics[command.name])
 
     def sample(self) -> dict[str, Sample]:
         """What is new in each topic since the last sample: a key's count going down in

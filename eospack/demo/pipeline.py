@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,62 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error("--jdbc-url, --jdbc-user and --tables apply to --sink jdbc")
         arguments.output_topic = arguments.output_topic or f"{arguments.name}_out"
     return arguments
+
+
+@dataclass(frozen=True)
+class PipelineCommand:
+    """The command line of this pipeline as a driver process: ``python <arguments()>``.
+
+    The one place that writes it, beside ``parse_arguments`` that reads it: the demo's
+    orchestrator, the crash tests and the benchmarks all start the pipeline through it, so a
+    flag renamed or added here cannot be missed by one of them. An option left ``None`` is
+    not passed, and the pipeline's own default applies. The sink's options are set by the
+    demo's output (``eospack.demo.outputs``) with ``dataclasses.replace``.
+    """
+
+    name: str
+    bootstrap_servers: str
+    topic: str
+    checkpoint_dir: Path
+    done_file: Path
+    sink: str | None = None
+    jdbc_url: str | None = None
+    jdbc_user: str | None = None
+    output_topic: str | None = None
+    guarantee: str | None = None
+    max_offsets_per_trigger: int | None = None
+    trigger_interval: str | None = None
+    more: Sequence[str] = ()
+    """Further arguments as they are (``--tables``, ``--source-option``)."""
+
+    def arguments(self) -> list[str]:
+        arguments = [
+            "-m",
+            "eospack.demo.pipeline",
+            "--name",
+            self.name,
+            "--bootstrap-servers",
+            self.bootstrap_servers,
+            "--topic",
+            self.topic,
+            "--checkpoint-dir",
+            str(self.checkpoint_dir),
+            "--done-file",
+            str(self.done_file),
+        ]
+        optional = {
+            "--sink": self.sink,
+            "--jdbc-url": self.jdbc_url,
+            "--jdbc-user": self.jdbc_user,
+            "--output-topic": self.output_topic,
+            "--guarantee": self.guarantee,
+            "--max-offsets-per-trigger": self.max_offsets_per_trigger,
+            "--trigger-interval": self.trigger_interval,
+        }
+        for flag, value in optional.items():
+            if value is not None:
+                arguments += [flag, str(value)]
+        return [*arguments, *self.more]
 
 
 def sink_options(arguments: argparse.Namespace, table: str) -> dict[str, str]:

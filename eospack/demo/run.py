@@ -30,13 +30,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eospack.checkpoint_files import LocalFiles
 from eospack.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
-from eospack.demo.verify import verification_table
+from eospack.demo.verify import PipelineResult, verification_table
 from eospack.processes import DriverProcess
 
 PIPELINE_DEADLINE_SECONDS = 600.0
@@ -197,72 +197,102 @@ def _run(
     workdir: Path,
     cleanup: contextlib.ExitStack,
 ) -> int:
-    """The demo itself; ``cleanup`` stops what it starts (services, readers, pipelines still
-    running after an error), in reverse order, however it ends."""
-    from eospack.services import start_kafka
+    """The demo itself, phase by phase; ``cleanup`` stops what it starts (services, readers,
+    pipelines still running after an error), in reverse order, however it ends."""
     from eospack.services.kafka_tools import create_topic
     from eospack.spark import check_java
 
     check_java()
-    if arguments.bootstrap_servers:
-        bootstrap = arguments.bootstrap_servers
-    else:
-        say("starting the embedded Kafka broker")
-        broker = start_kafka()
-        cleanup.callback(broker.stop)
-        bootstrap = broker.endpoint.bootstrap_servers
-        if arguments.sink == "kafka" and broker.endpoint.kind != "kafka":
-            say(
-                "--sink kafka needs Apache Kafka (transactions, read_committed), but the"
-                " embedded broker is tansu: install java and mvn (see Prerequisites)"
-            )
-            return 2
-
+    bootstrap = start_broker(arguments, say, cleanup)
+    if bootstrap is None:
+        return 2
     run_id = uuid.uuid4().hex[:6]
     topic = f"demo_events_{run_id}"
     create_topic(bootstrap, topic, arguments.partitions)
     names = [f"demo_{run_id}_count_1", f"demo_{run_id}_count_2"]
     output = _open_output(arguments, say, cleanup, bootstrap, names, workdir)
     cleanup.callback(output.close)
-    done_file = workdir / "sources-finished"
     seconds = arguments.produce_seconds or max(30.0, 15.0 * arguments.crashes)
     say(
         f"{arguments.events} events over {arguments.keys} keys into {topic}"
         f" ({arguments.partitions} partitions) during ~{seconds:.0f} s once both counters run;"
         f" {arguments.crashes} crashes of count_1; {output.describe()}"
     )
+    demo = DemoRun(arguments, timeline, say, workdir, bootstrap, topic, names, output)
+    producer = Producer(bootstrap, topic, arguments, seconds)
+    producer.start()
+    pipelines = start_pipelines(demo, cleanup)
+    crashes = run_until_pipelines_finish(demo, producer, pipelines)
+    results = verify_outputs(demo, producer, crashes)
+    return report(demo, producer, results)
 
-    def start_pipeline(name: str) -> DriverProcess:
-        command = [
-            "-m",
-            "eospack.demo.pipeline",
-            "--name",
-            name,
-            "--bootstrap-servers",
-            bootstrap,
-            "--topic",
-            topic,
-            "--checkpoint-dir",
-            str(workdir / name),
-            "--done-file",
-            str(done_file),
-            "--guarantee",
-            arguments.guarantee,
-            "--max-offsets-per-trigger",
-            str(CATCH_UP_OFFSETS_PER_TRIGGER),
-            "--trigger-interval",
-            arguments.trigger_interval,
-            *output.pipeline_arguments(name),
-        ]
+
+def start_broker(
+    arguments: argparse.Namespace, say: Callable[[str], None], cleanup: contextlib.ExitStack
+) -> str | None:
+    """The bootstrap servers of ``--bootstrap-servers``, or of an embedded broker started
+    here (and stopped by ``cleanup``); None, said why, if ``--sink kafka`` cannot run on it."""
+    if arguments.bootstrap_servers:
+        return str(arguments.bootstrap_servers)
+    from eospack.services import start_kafka
+
+    say("starting the embedded Kafka broker")
+    broker = start_kafka()
+    cleanup.callback(broker.stop)
+    if arguments.sink == "kafka" and broker.endpoint.kind != "kafka":
+        say(
+            "--sink kafka needs Apache Kafka (transactions, read_committed), but the"
+            " embedded broker is tansu: install java and mvn (see Prerequisites)"
+        )
+        return None
+    return broker.endpoint.bootstrap_servers
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """What every phase of one demo run shares, fixed once the services run."""
+
+    arguments: argparse.Namespace
+    timeline: Timeline
+    say: Callable[[str], None]
+    workdir: Path
+    bootstrap: str
+    topic: str
+    names: list[str]
+    """The two pipelines: count_1 (the one crashed) and count_2."""
+    output: Output
+
+    @property
+    def done_file(self) -> Path:
+        """Created once the sources finished: each pipeline then counts what is left, exits."""
+        return self.workdir / "sources-finished"
+
+    def start_pipeline(self, name: str) -> DriverProcess:
+        """Pipeline ``name`` as its own driver process, on its checkpoint in the workdir
+        (so a restart after a SIGKILL recovers from it); its log beside it."""
+        from eospack.demo.pipeline import PipelineCommand  # not at the top: see committed_batches
+
+        command = PipelineCommand(
+            name=name,
+            bootstrap_servers=self.bootstrap,
+            topic=self.topic,
+            checkpoint_dir=self.workdir / name,
+            done_file=self.done_file,
+            guarantee=self.arguments.guarantee,
+            max_offsets_per_trigger=CATCH_UP_OFFSETS_PER_TRIGGER,
+            trigger_interval=self.arguments.trigger_interval,
+        )
         return DriverProcess(
-            command,
-            log_path=workdir / f"{name}.log",
+            self.output.with_sink(command).arguments(),
+            log_path=self.workdir / f"{name}.log",
             environment={"PYTHONWARNINGS": "ignore::FutureWarning"},
         )
 
-    producer = Producer(bootstrap, topic, arguments, seconds)
-    producer.start()
-    pipelines = {name: start_pipeline(name) for name in names}
+
+def start_pipelines(demo: DemoRun, cleanup: contextlib.ExitStack) -> dict[str, DriverProcess]:
+    """Both pipelines, started; the returned mapping always holds each one's current driver
+    (a restart replaces it), and ``cleanup`` kills whichever still runs after an error."""
+    pipelines = {name: demo.start_pipeline(name) for name in demo.names}
 
     def kill_running_pipelines() -> None:
         """After an error: no driver outlives the demo (each runs in its own session)."""
@@ -271,77 +301,129 @@ def _run(
                 driver.kill()
 
     cleanup.callback(kill_running_pipelines)
-    crashed_name = names[0]
-    rng = random.Random(arguments.seed + 1)
-    crashes = 0
-    batches_at_start = 0
-    kill_at: float | None = None
+    return pipelines
+
+
+class CrashSchedule:
+    """When to SIGKILL count_1: at a random moment within 2.5 s after it committed a batch
+    since its last start, ``--crashes`` times; each kill is followed by a restart from the
+    same checkpoint, which must recover exactly where the last committed batch left off."""
+
+    def __init__(self, demo: DemoRun) -> None:
+        self.demo = demo
+        self.name = demo.names[0]
+        self.rng = random.Random(demo.arguments.seed + 1)
+        self.crashes = 0
+        self.batches_at_start = 0
+        self.kill_at: float | None = None
+
+    def crash_and_restart_when_due(
+        self, pipelines: dict[str, DriverProcess], finished: Mapping[str, int]
+    ) -> None:
+        if self.crashes >= self.demo.arguments.crashes or self.name in finished:
+            return
+        checkpoint = self.demo.workdir / self.name
+        if self.kill_at is None and committed_batches(checkpoint) > self.batches_at_start:
+            self.kill_at = time.monotonic() + self.rng.uniform(0.0, 2.5)
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            pipelines[self.name].kill()
+            self.crashes += 1
+            self.demo.timeline.crash_times.append(self.demo.timeline.now())
+            self.demo.say(
+                f"SIGKILL count_1 (crash {self.crashes}/{self.demo.arguments.crashes}); restarting"
+            )
+            pipelines[self.name] = self.demo.start_pipeline(self.name)
+            self.batches_at_start = committed_batches(checkpoint)
+            self.kill_at = None
+
+
+def run_until_pipelines_finish(
+    demo: DemoRun, producer: Producer, pipelines: dict[str, DriverProcess]
+) -> int:
+    """Poll every 0.25 s until both pipelines exit 0: sample their output, let the sources
+    produce the rest once both committed a first batch, tell the pipelines when the sources
+    finished, crash and restart count_1 as scheduled, and print progress every 2 s.
+
+    Returns the number of crashes. Raises if a pipeline fails, producing fails or the
+    deadline passes."""
+    schedule = CrashSchedule(demo)
     last_report = 0.0
     deadline = time.monotonic() + PIPELINE_DEADLINE_SECONDS
     finished: dict[str, int] = {}
 
-    while len(finished) < len(names):
+    while len(finished) < len(demo.names):
         if time.monotonic() > deadline:
             raise TimeoutError("the pipelines did not finish within the demo's deadline")
         if producer.error is not None:
             raise RuntimeError(f"producing events failed: {producer.error}")
-        if not producer.is_alive() and not done_file.exists():
-            done_file.touch()
-            say(f"sources finished: {producer.sent} events; counting what is left")
-        timeline.record(output.sample())
+        if not producer.is_alive() and not demo.done_file.exists():
+            demo.done_file.touch()
+            demo.say(f"sources finished: {producer.sent} events; counting what is left")
+        demo.timeline.record(demo.output.sample())
         if not producer.flowing.is_set() and all(
-            committed_batches(workdir / name) > 0 for name in names
+            committed_batches(demo.workdir / name) > 0 for name in demo.names
         ):
             producer.flowing.set()
-            say("both counters committed their first batch; the sources produce the rest")
-
-        batches = committed_batches(workdir / crashed_name)
-        if crashes < arguments.crashes and crashed_name not in finished:
-            if kill_at is None and batches > batches_at_start:
-                kill_at = time.monotonic() + rng.uniform(0.0, 2.5)
-            if kill_at is not None and time.monotonic() >= kill_at:
-                pipelines[crashed_name].kill()
-                crashes += 1
-                timeline.crash_times.append(timeline.now())
-                say(f"SIGKILL count_1 (crash {crashes}/{arguments.crashes}); restarting")
-                pipelines[crashed_name] = start_pipeline(crashed_name)
-                batches_at_start = committed_batches(workdir / crashed_name)
-                kill_at = None
-
-        for name, driver in pipelines.items():
-            code = driver.poll()
-            if code is not None and name not in finished:
-                if code != 0:
-                    raise RuntimeError(
-                        f"pipeline {name} exited with {code}:\n{driver.output(3000)}"
-                    )
-                finished[name] = code
-        if timeline.now() - last_report >= 2.0:
-            last_report = timeline.now()
-            progress = " | ".join(
-                f"{_short(name)}: {_counted(timeline, name):,} counted" for name in names
-            )
-            say(f"produced {producer.sent:,}/{arguments.events:,} | {progress} | crashes {crashes}")
+            demo.say("both counters committed their first batch; the sources produce the rest")
+        schedule.crash_and_restart_when_due(pipelines, finished)
+        collect_finished(pipelines, finished)
+        if demo.timeline.now() - last_report >= 2.0:
+            last_report = demo.timeline.now()
+            report_progress(demo, producer, schedule.crashes)
         time.sleep(0.25)  # polling cadence of the orchestrator
+    return schedule.crashes
 
-    timeline.record(output.sample())
+
+def collect_finished(pipelines: Mapping[str, DriverProcess], finished: dict[str, int]) -> None:
+    """Record each pipeline that exited 0 in ``finished``; a pipeline exiting otherwise ends
+    the demo with its last output."""
+    for name, driver in pipelines.items():
+        code = driver.poll()
+        if code is not None and name not in finished:
+            if code != 0:
+                raise RuntimeError(f"pipeline {name} exited with {code}:\n{driver.output(3000)}")
+            finished[name] = code
+
+
+def report_progress(demo: DemoRun, producer: Producer, crashes: int) -> None:
+    progress = " | ".join(
+        f"{_short(name)}: {_counted(demo.timeline, name):,} counted" for name in demo.names
+    )
+    demo.say(
+        f"produced {producer.sent:,}/{demo.arguments.events:,} | {progress} | crashes {crashes}"
+    )
+
+
+def verify_outputs(demo: DemoRun, producer: Producer, crashes: int) -> list[PipelineResult]:
+    """Each pipeline's whole output judged against what was produced (count_1 with its
+    crashes, count_2 with none), with the regressions sampled while it ran."""
+    demo.timeline.record(demo.output.sample())
     results = [
-        output.verify(name, producer.produced, crashes if i == 0 else 0, timeline.regressions[name])
-        for i, name in enumerate(names)
+        demo.output.verify(
+            name, producer.produced, crashes if i == 0 else 0, demo.timeline.regressions[name]
+        )
+        for i, name in enumerate(demo.names)
     ]
     for result in results:
         object.__setattr__(result, "name", _short(result.name))
+    return results
+
+
+def report(demo: DemoRun, producer: Producer, results: list[PipelineResult]) -> int:
+    """The verification table, the plot if asked, and the verdict: 0 when both counters
+    equal what was produced, exactly once, else 1."""
     print()
     print(verification_table(producer.sent, results), flush=True)
-    if arguments.plot:
+    if demo.arguments.plot:
         from eospack.demo.plot import plot_timeline
 
-        plot_timeline(timeline, {name: _short(name) for name in names}, arguments.plot)
-        say(f"plot written to {arguments.plot}")
+        shorts = {name: _short(name) for name in demo.names}
+        plot_timeline(demo.timeline, shorts, demo.arguments.plot)
+        demo.say(f"plot written to {demo.arguments.plot}")
     verified = all(result.verified for result in results)
     counts_equal = results[0].counted == results[1].counted == producer.sent
     ok = verified and counts_equal
-    say(
+    demo.say(
         "VERIFIED: both counters equal what was produced, exactly once"
         if ok
         else "NOT VERIFIED: see the table above"
