@@ -8,7 +8,6 @@ Spark looks up, ``pyproject.toml``, ``mkdocs.yml`` and every list of formats in 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -53,8 +52,7 @@ def test_each_entry_resolves_to_its_data_source_options_and_parser(entry: Format
     source = entry.data_source.load()
     assert source.name() == entry.name
     options_class = entry.options_class.load()
-    assert dataclasses.is_dataclass(options_class)
-    assert options_class.__dataclass_params__.frozen
+    assert options_class.__dataclass_params__.frozen  # a frozen dataclass
     assert isinstance(entry.parse(MINIMAL_OPTIONS[entry.name]), options_class)
     assert (ROOT / entry.docs_page).is_file()
     for error in entry.public_errors:
