@@ -84,9 +84,9 @@ FORMATS: Mapping[str, FormatEntry] = {
         FormatEntry(
             name="replayable-kafka",
             role="source",
-            data_source=Reference(f"{_KAFKA}.source", "ReplayableKafkaDataSource"),
-            options_class=Reference(f"{_KAFKA}.source_options", "KafkaSourceOptions"),
-            parse_options=Reference(f"{_KAFKA}.source_options", "parse_options"),
+            data_source=Reference(f"{_KAFKA}.source.data_source", "ReplayableKafkaDataSource"),
+            options_class=Reference(f"{_KAFKA}.source.options", "KafkaSourceOptions"),
+            parse_options=Reference(f"{_KAFKA}.source.options", "parse_options"),
             docs_page="docs/connectors/replayable-kafka.md",
             public_errors=tuple(
                 Reference(f"{_KAFKA}.errors", name)
@@ -136,17 +136,17 @@ FORMATS: Mapping[str, FormatEntry] = {
         FormatEntry(
             name="2pc-kafka",
             role="sink",
-            data_source=Reference(f"{_KAFKA}.sink", "TwoPhaseKafkaDataSource"),
-            options_class=Reference(f"{_KAFKA}.sink_options", "KafkaSinkOptions"),
-            parse_options=Reference(f"{_KAFKA}.sink_options", "parse_options"),
+            data_source=Reference(f"{_KAFKA}.sink.data_source", "TwoPhaseKafkaDataSource"),
+            options_class=Reference(f"{_KAFKA}.sink.options", "KafkaSinkOptions"),
+            parse_options=Reference(f"{_KAFKA}.sink.options", "parse_options"),
             docs_page="docs/connectors/2pc-kafka.md",
             public_errors=(
-                Reference(f"{_KAFKA}.sink_options", "KafkaSinkOptionError"),
+                Reference(f"{_KAFKA}.sink.options", "KafkaSinkOptionError"),
                 Reference(f"{_KAFKA}.errors", "KafkaSendError"),
                 Reference(f"{_KAFKA}.errors", "PreparedTransactionLostError"),
-                Reference(f"{_KAFKA}.ledger", "LedgerFencedError"),
+                Reference(f"{_KAFKA}.sink.ledger", "LedgerFencedError"),
             ),
-            sink_inspector=Reference(f"{_KAFKA}.resource", "inspect_sink"),
+            sink_inspector=Reference(f"{_KAFKA}.sink.resource", "inspect_sink"),
             left_behind="{open_transactions} open transactions",
         ),
     )
