@@ -1,5 +1,7 @@
 """``eospack checkpoint inspect`` on a real checkpoint: after a driver was SIGKILLed with
-batch 1 prepared (2pc-jdbc) or decided (2pc-s3), and after the restart that cleaned up."""
+batch 1 prepared (2pc-jdbc) or decided (2pc-s3), and after the restart that cleaned up; the
+sink given by ``--format``/``--option``/``--option-file`` and by the deprecated flags gives
+the same report."""
 
 from __future__ import annotations
 
@@ -53,6 +55,20 @@ def test_inspect_shows_a_crashed_querys_leftovers_then_a_clean_checkpoint(
     text = crashed.to_text()
     assert "1: NOT committed (replayed at restart)" in text
     assert f"left behind: {prepared} prepared transactions, 0 staged rows" in text
+    deprecated_flags = [
+        "--jdbc-url", postgres.endpoint.jdbc_url, "--table", unique_name,
+        "--user", postgres.endpoint.user,
+    ]  # fmt: skip
+    assert main(["checkpoint", "inspect", str(checkpoint), *deprecated_flags]) == 0
+    assert capsys.readouterr().out == text + "\n"
+    options = tmp_path / "sink.options"
+    options.write_text(f"# the query's sink\nurl={postgres.endpoint.jdbc_url}\ndbtable=other\n")
+    format_options = [
+        "--format", "2pc-jdbc", "--option-file", str(options),
+        "--option", f"dbtable={unique_name}", "--option", f"user={postgres.endpoint.user}",
+    ]  # fmt: skip
+    assert main(["checkpoint", "inspect", str(checkpoint), *format_options]) == 0
+    assert capsys.readouterr().out == text + "\n"
 
     final = pipeline.run(spark, "--protocol", "prepared")
     assert final.succeeded, final.explain()
