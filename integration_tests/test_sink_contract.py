@@ -437,3 +437,12 @@ def test_every_adapter_declares_what_the_cases_rely_on() -> None:
         assert all(c.follows in changes for c in changes.values() if c.follows), adapter.name
         documented = {option.name: option.sample for option in adapter.documented_options}
         assert documented.get("deliveryGuarantee") == EXACTLY_ONCE, adapter.name
+
+
+def test_every_registered_sink_has_a_contract_adapter() -> None:
+    """Pure check (no service): a sink in ``eospack.formats`` without an adapter would never
+    meet the contract's cases."""
+    from eospack.formats import sinks
+
+    adapted = {adapter.sink_format for adapter in ADAPTERS.values()}
+    assert adapted == {entry.name for entry in sinks()}
