@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from eospack.errors import EospackError
+
 Role = Literal["source", "sink"]
 
 
@@ -154,7 +156,7 @@ FORMATS: Mapping[str, FormatEntry] = {
 """Every format, in the order ``register`` registers them and the docs list them."""
 
 
-class UnknownFormatError(ValueError):
+class UnknownFormatError(EospackError, ValueError):
     """A format name that is not in the registry (the message lists the known ones)."""
 
 
