@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
 
 from eospack import checkpoint
 from eospack.checkpoint import CheckpointInspectError
 from eospack.cli import build_parser, inspected_sinks, main, option_file
+from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
 
 SECRET = "S3cretValue"
 
