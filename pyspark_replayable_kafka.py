@@ -1,5 +1,5 @@
 """Auto-registers ``format("replayable-kafka")`` with Spark (found by its module name)."""
 
-from eospack.connectors.kafka.source import ReplayableKafkaDataSource as DefaultSource
+from eospack.connectors.kafka.source.data_source import ReplayableKafkaDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -40,10 +40,14 @@ from benchmarks import fixed_cost
 from benchmarks.data import VALUE_BYTES, fill_topic
 from benchmarks.harness import Comparison, Figure, Report, measure, say, scaling_note
 from benchmarks.spark_reads import COMMON_OPTIONS, read_with_spark
-from eospack.connectors.kafka import native_path, reader, record_batches
-from eospack.connectors.kafka.offset_ranges import OffsetRange
-from eospack.connectors.kafka.source import ReplayableKafkaDataSource, ReplayableKafkaStreamReader
-from eospack.connectors.kafka.source_options import parse_options
+from eospack.connectors.kafka.records import native_path, record_batches
+from eospack.connectors.kafka.source import reader
+from eospack.connectors.kafka.source.data_source import (
+    ReplayableKafkaDataSource,
+    ReplayableKafkaStreamReader,
+)
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+from eospack.connectors.kafka.source.options import parse_options
 
 TIMEOUT = 900.0
 TUPLE_SOURCE = "replayable-kafka-tuples"

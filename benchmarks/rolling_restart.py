@@ -175,7 +175,7 @@ def run(report: Report, rate: int) -> None:
     from kafka.admin import NewTopic
 
     from eospack.commit_protocols import sink_prefix
-    from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX
+    from eospack.connectors.kafka.sink.ledger import LEDGER_ID_PREFIX
     from eospack.services.kafka_cluster import ApacheKafkaCluster
 
     say(f"rolling restart: starting a 3-node cluster, then {rate:,} events/s")

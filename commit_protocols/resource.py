@@ -104,7 +104,7 @@ class TransactionalResource(ABC):
         """Roll back the leftovers of the sink written by ``query_ids`` (the queries whose
         pieces the recovering commit or abort holds; None for a piece that names no query)
         that carry no batch id (2pc-kafka's pooled
-        transactional ids: ``connectors/kafka/producer_pool.py``). Recovery calls it last,
+        transactional ids: ``connectors/kafka/sink/producer_pool.py``). Recovery calls it last,
         after every unfinished decision is finished and the batches' orphans are rolled
         back, and only at a batch's commit or abort (or the first commit of a run), when no
         task of a later batch has begun: anything such a leftover holds is named by no

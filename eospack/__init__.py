@@ -53,11 +53,11 @@ if TYPE_CHECKING:
         KafkaDataLossError,
         KafkaReadTimeoutError,
         KafkaSendError,
+        KafkaSinkOptionError,
         KafkaSourceOptionError,
+        LedgerFencedError,
         PreparedTransactionLostError,
     )
-    from eospack.connectors.kafka.ledger import LedgerFencedError
-    from eospack.connectors.kafka.sink_options import KafkaSinkOptionError
     from eospack.connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
     from eospack.doctor import WorkerPythonError
     from eospack.savepoint import RestoredCheckpoint

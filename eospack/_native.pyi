@@ -1,4 +1,4 @@
-"""Types of the Rust extension built from native/ (see connectors/kafka/record_batches.py)."""
+"""Types of the Rust extension (native/; see connectors/kafka/records/record_batches.py)."""
 
 __version__: str
 

@@ -76,3 +76,20 @@ def write_installed_layout(checkout: Path, destination: Path) -> Path:
     for folder in MAPPED_FOLDERS:
         (package / folder).symlink_to((checkout / folder).resolve())
     return package
+
+
+def every_module_name() -> list[str]:
+    """Every module of the package, found by walking ``eospack`` and each mapped folder
+    (``pkgutil.walk_packages`` over ``eospack.__path__`` alone does not reach the mapped
+    folders in a checkout, where they sit beside the package)."""
+    import importlib
+    import pkgutil
+
+    names = {"eospack"}
+    for package_name in ("eospack", *(f"eospack.{folder}" for folder in MAPPED_FOLDERS)):
+        package = importlib.import_module(package_name)
+        names.add(package_name)
+        names.update(
+            module.name for module in pkgutil.walk_packages(package.__path__, f"{package_name}.")
+        )
+    return sorted(names)

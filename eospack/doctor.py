@@ -87,7 +87,7 @@ def data_path_check() -> CheckResult:
     """The one line about the Kafka data path: the native extension and its build (release,
     or debug: slower, never wrong), or the pure-Python reference (slower, never wrong) and
     what is missing for the native one."""
-    from eospack.connectors.kafka import native_path
+    from eospack.connectors.kafka.records import native_path
 
     return CheckResult(True, f"kafka data path: {native_path.active_path()}")
 

@@ -143,10 +143,10 @@ FORMATS: Mapping[str, FormatEntry] = {
             parse_options=Reference(f"{_KAFKA}.sink.options", "parse_options"),
             docs_page="docs/connectors/2pc-kafka.md",
             public_errors=(
-                Reference(f"{_KAFKA}.sink.options", "KafkaSinkOptionError"),
+                Reference(f"{_KAFKA}.errors", "KafkaSinkOptionError"),
                 Reference(f"{_KAFKA}.errors", "KafkaSendError"),
                 Reference(f"{_KAFKA}.errors", "PreparedTransactionLostError"),
-                Reference(f"{_KAFKA}.sink.ledger", "LedgerFencedError"),
+                Reference(f"{_KAFKA}.errors", "LedgerFencedError"),
             ),
             sink_inspector=Reference(f"{_KAFKA}.sink.resource", "inspect_sink"),
             left_behind="{open_transactions} open transactions",

@@ -55,7 +55,7 @@ from eospack.checkpoint_files import (
     as_hadoop,
     checkpoint_files,
 )
-from eospack.connectors.kafka.source_options import UNLISTED
+from eospack.connectors.kafka.source.options import UNLISTED
 from eospack.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.state_reader import read_state_table

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eospack.connectors.kafka.sink_options import KafkaSinkOptions, parse_options
+from eospack.connectors.kafka.sink.options import KafkaSinkOptions, parse_options
 from eospack.services.kafka_tools import read_all
 
 

@@ -17,7 +17,7 @@ NATIVE_PROBE = """
 import json
 import pyarrow as pa
 import eospack._native as native
-from eospack.connectors.kafka import native_path, record_batches as rb
+from eospack.connectors.kafka.records import native_path, record_batches as rb
 
 values = [b"a" * 100, b"b", None]
 rows = pa.RecordBatch.from_pydict({"value": pa.array(values, pa.binary())})

@@ -22,11 +22,11 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from eospack.commit_protocols import faults
-from eospack.connectors.kafka import reader as kafka_reader
 from eospack.connectors.kafka.errors import KafkaDataLossError, KafkaReadTimeoutError
-from eospack.connectors.kafka.offset_ranges import OffsetRange
-from eospack.connectors.kafka.source import read_ranges
-from eospack.connectors.kafka.source_options import parse_options
+from eospack.connectors.kafka.source import reader as kafka_reader
+from eospack.connectors.kafka.source.data_source import read_ranges
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+from eospack.connectors.kafka.source.options import parse_options
 from eospack.services.kafka_tools import (
     Record,
     create_topic,

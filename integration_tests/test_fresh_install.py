@@ -97,7 +97,7 @@ print("RESULT " + json.dumps({
 REFERENCE_PROBE = """
 import json
 import pyarrow as pa
-from eospack.connectors.kafka import record_batches as rb
+from eospack.connectors.kafka.records import record_batches as rb
 rows = pa.RecordBatch.from_pydict({"value": pa.array([b"a", b"b", None], pa.binary())})
 settings = rb.EncodeSettings(1, 1 << 16, 1 << 20, "gzip", 1_700_000_000_000)
 (encoded,), _ = rb.encode(rows, settings, 0)
@@ -414,7 +414,7 @@ def test_every_module_of_the_project_imports_from_a_wheel_install(
     wheel_install: FreshInstall,
 ) -> None:
     names = sorted(module.name for module in walk_packages(eospack.__path__, "eospack."))
-    assert "eospack.connectors.kafka.sink" in names
+    assert "eospack.connectors.kafka.sink.data_source" in names
     probe = wheel_install.run_python(MODULES_PROBE, json.dumps(names), timeout=120)
     assert_not_from_the_project(probe)
     assert len(probe["files"]) == len(names) + 1

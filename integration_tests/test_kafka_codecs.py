@@ -438,9 +438,10 @@ def test_a_missing_codec_library_fails_in_one_line_naming_the_package(
     naming codec and package; the native path decodes every codec itself."""
     from kafka import codec
 
-    from eospack.connectors.kafka import reader, record_batches
-    from eospack.connectors.kafka.offset_ranges import OffsetRange
-    from eospack.connectors.kafka.source_options import parse_options
+    from eospack.connectors.kafka.records import record_batches
+    from eospack.connectors.kafka.source import reader
+    from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+    from eospack.connectors.kafka.source.options import parse_options
 
     servers = kafka.endpoint.bootstrap_servers
     create_topic(servers, unique_name, partitions=1)

@@ -22,10 +22,9 @@ from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 from kafka.admin import TransactionState as BrokerTransactionState
 
-from eospack.connectors.kafka import transactions
-from eospack.connectors.kafka.transactions import (
+from eospack.connectors.kafka.client import transactions
+from eospack.connectors.kafka.client.transactions import (
     PreparedTransaction,
-    TransactionFencedError,
     _end_transaction,
     admin_client,
     begin,
@@ -33,6 +32,7 @@ from eospack.connectors.kafka.transactions import (
     lost_transactions,
     prepare,
 )
+from eospack.connectors.kafka.errors import TransactionFencedError
 from eospack.services.apache_kafka import ApacheKafka
 from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import wait_until
@@ -362,8 +362,8 @@ def broker_skipped_markers(broker: ApacheKafka, transactional_id: str) -> bool:
 def test_a_closed_resource_leaves_no_admin_thread(real_kafka: Any, unique_name: str) -> None:
     """KafkaResource's kept admin client must not outlive ``close()`` (a commit's
     resource is closed in a ``finally``, on error paths too)."""
-    from eospack.connectors.kafka.resource import KafkaResource
-    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.sink.options import parse_options
+    from eospack.connectors.kafka.sink.resource import KafkaResource
 
     options = parse_options(
         {"kafka.bootstrap.servers": real_kafka.endpoint.bootstrap_servers, "topic": unique_name}

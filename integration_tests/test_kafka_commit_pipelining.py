@@ -13,9 +13,9 @@ import pytest
 from eospack.commit_protocols import TaskIdentity, transaction_id
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError
-from eospack.connectors.kafka import transactions
-from eospack.connectors.kafka.resource import KafkaResource, kafka_name
-from eospack.connectors.kafka.transactions import begin, fence, open_transactions, prepare
+from eospack.connectors.kafka.client import transactions
+from eospack.connectors.kafka.client.transactions import begin, fence, open_transactions, prepare
+from eospack.connectors.kafka.sink.resource import KafkaResource, kafka_name
 from eospack.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
 

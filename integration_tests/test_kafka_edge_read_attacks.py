@@ -19,7 +19,7 @@ from kafka import KafkaProducer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from eospack.connectors.kafka.transactions import open_transactions
+from eospack.connectors.kafka.client.transactions import open_transactions
 from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import await_query
 
@@ -180,8 +180,8 @@ def test_a_timestamp_option_beyond_a_long_is_refused_in_one_line(kafka, unique_n
     ``struct.error: int too large to convert`` (naming no option). Spark's source refuses
     such a value when it parses the option."""
     from eospack.connectors.kafka.errors import KafkaSourceOptionError
-    from eospack.connectors.kafka.source import ReplayableKafkaBatchReader
-    from eospack.connectors.kafka.source_options import parse_options
+    from eospack.connectors.kafka.source.data_source import ReplayableKafkaBatchReader
+    from eospack.connectors.kafka.source.options import parse_options
 
     servers = kafka.endpoint.bootstrap_servers
     create_topic(servers, unique_name, partitions=1)

@@ -22,7 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from eospack.connectors.kafka.record_batches import MAX_TIMESTAMP_MILLIS
+from eospack.connectors.kafka.records.record_batches import MAX_TIMESTAMP_MILLIS
 from eospack.services.kafka_tools import create_topic, end_offsets
 from eospack.testing import await_query
 

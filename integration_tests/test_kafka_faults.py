@@ -1,4 +1,4 @@
-"""replayable-kafka under broker-call faults (``eospack.connectors.kafka.broker_calls``).
+"""replayable-kafka under broker-call faults (``eospack.connectors.kafka.client.broker_calls``).
 
 An armed ``kafka.<call>`` fault makes one call fail as kafka-python fails: a dropped connection
 before the call applied or after (its answer lost), or a stall ending in a timeout. On the

@@ -35,13 +35,15 @@ import pytest
 from kafka import KafkaProducer
 
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator
-from eospack.connectors.kafka import producer_batches, reader
-from eospack.connectors.kafka.offset_ranges import OffsetRange
-from eospack.connectors.kafka.resource import KafkaResource
-from eospack.connectors.kafka.sink_options import KafkaSinkOptions
-from eospack.connectors.kafka.source_options import parse_options as parse_source_options
-from eospack.connectors.kafka.transactions import open_transactions
-from eospack.connectors.kafka.writer import prepare_task, write_directly
+from eospack.connectors.kafka.client import producer_batches
+from eospack.connectors.kafka.client.transactions import open_transactions
+from eospack.connectors.kafka.records.schema import spark_schema
+from eospack.connectors.kafka.sink.options import KafkaSinkOptions
+from eospack.connectors.kafka.sink.resource import KafkaResource
+from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
+from eospack.connectors.kafka.source import reader
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+from eospack.connectors.kafka.source.options import parse_options as parse_source_options
 from eospack.services.kafka_tools import (
     create_topic,
     end_offsets,
@@ -360,7 +362,7 @@ def test_ranges_read_natively_equal_kafka_pythons_consumer_on_interleaved_transa
             raw["kafka.max.partition.fetch.bytes"] = str(fetch_bytes)
         options = parse_source_options(raw)
         batches = list(reader.read_range(options, OffsetRange(unique_name, 0, start, stop)))
-        schema = reader.output_schema(options.include_headers).fieldNames()
+        schema = spark_schema(options.include_headers).fieldNames()
         if any(batch.schema.names != schema for batch in batches):
             mismatches.append((start, stop, fetch_bytes, "columns", options.include_headers))
         got = [

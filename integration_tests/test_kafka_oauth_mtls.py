@@ -221,9 +221,9 @@ def test_the_sink_checks_the_login_before_kafka_python_retries_it_for_30_seconds
     """A wrong password made the sink wait for kafka-python's bootstrap timeout (30 s: it
     retries a refused login like a lost connection) before the probe named it: the probe
     now runs first, so no admin client is built for a refused login."""
-    from eospack.connectors.kafka import sink
     from eospack.connectors.kafka.errors import KafkaAuthenticationError
-    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.sink import data_source as sink
+    from eospack.connectors.kafka.sink.options import parse_options
 
     def no_admin_client(config: Any) -> Any:
         raise AssertionError("an admin client bootstrapped before the login was checked")

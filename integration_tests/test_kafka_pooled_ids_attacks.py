@@ -1,5 +1,5 @@
 """An adversarial review of 2pc-kafka's pooled transactional ids (commit 36908c3 and after:
-``connectors/kafka/producer_pool.py``), against Apache Kafka, at the level of the sink's own
+``connectors/kafka/sink/producer_pool.py``), against Apache Kafka, at the level of the sink's own
 parts (``writer.prepare_task`` run in this process as a Python worker runs its tasks, the
 driver's ``TwoPhaseCommitCoordinator`` over ``KafkaResource``): each case ends with every
 row exactly once as a read_committed consumer sees it and nothing open under the sink's
@@ -26,16 +26,16 @@ from eospack.commit_protocols import (
 )
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece, sink_prefix
 from eospack.commit_protocols.stream_writer import recover_at_least_once
-from eospack.connectors.kafka import producer_pool, writer
-from eospack.connectors.kafka.ledger import read_slots_if_any
-from eospack.connectors.kafka.resource import KafkaResource
-from eospack.connectors.kafka.transactions import (
+from eospack.connectors.kafka.client.transactions import (
     admin_client,
     begin,
     open_epochs,
     open_transactions,
     prepare,
 )
+from eospack.connectors.kafka.sink import producer_pool, writer
+from eospack.connectors.kafka.sink.ledger import read_slots_if_any
+from eospack.connectors.kafka.sink.resource import KafkaResource
 from eospack.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
@@ -526,7 +526,7 @@ def test_a_kept_producer_whose_restart_times_out_never_fences_the_new_producer_o
     at least once). That late InitProducerId must never land after the new producer's and
     abort the transaction the task prepares (lost, or a fenced task). Twelve batches of
     three tasks: each row once, nothing open."""
-    from eospack.connectors.kafka import transactions
+    from eospack.connectors.kafka.client import transactions
 
     real_begin_again = transactions.begin_again
     gave_up: list[str] = []

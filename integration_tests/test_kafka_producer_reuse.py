@@ -1,5 +1,5 @@
 """What a 2pc-kafka task saves on its producer, pinned against Apache Kafka
-(``connectors/kafka/producer_pool.py``, ``writer.py``):
+(``connectors/kafka/sink/producer_pool.py``, ``writer.py``):
 
 - at-least-once tasks of one Python worker share one kept producer (no new bootstrap or
   first metadata lookup per task), and a task that failed closes and drops it, so its
@@ -18,8 +18,9 @@ import pyarrow as pa
 import pytest
 
 from eospack.commit_protocols import TaskIdentity
-from eospack.connectors.kafka import producer_pool, transactions, writer
-from eospack.connectors.kafka.transactions import PreparedTransaction, commit_prepared
+from eospack.connectors.kafka.client import transactions
+from eospack.connectors.kafka.client.transactions import PreparedTransaction, commit_prepared
+from eospack.connectors.kafka.sink import producer_pool, writer
 from eospack.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import (
     committed_keys,
@@ -146,7 +147,7 @@ def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
     ``transactional.id.expiration.ms`` (7 days) after its last use."""
     from eospack.commit_protocols import TwoPhaseCommitCoordinator
     from eospack.commit_protocols.pieces import sink_prefix
-    from eospack.connectors.kafka.resource import KafkaResource
+    from eospack.connectors.kafka.sink.resource import KafkaResource
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
     options = sink_options(real_kafka, unique_name)
@@ -176,7 +177,7 @@ def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
 
 def open_under(kafka: Any, sink_id: str) -> list[str]:
     from eospack.commit_protocols.pieces import sink_prefix
-    from eospack.connectors.kafka.transactions import open_transactions
+    from eospack.connectors.kafka.client.transactions import open_transactions
 
     return open_transactions(
         {"bootstrap_servers": kafka.endpoint.bootstrap_servers}, sink_prefix(sink_id)
@@ -213,7 +214,7 @@ def test_tasks_of_one_batch_in_one_worker_keep_their_own_ids_and_reuse_them_next
     second task's InitProducerId abort the first task's prepared transaction); the next
     batch takes the same three ids and their kept producers (no new producer)."""
     from eospack.commit_protocols import TwoPhaseCommitCoordinator
-    from eospack.connectors.kafka.resource import KafkaResource
+    from eospack.connectors.kafka.sink.resource import KafkaResource
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
     options = sink_options(real_kafka, unique_name)
@@ -253,7 +254,7 @@ def test_a_pooled_leftover_no_decision_names_is_rolled_back_at_the_commit(
     read_committed reader back: the batch's commit rolls it back, and the next batch's task
     on that id (its kept producer fenced meanwhile) writes again."""
     from eospack.commit_protocols import TwoPhaseCommitCoordinator
-    from eospack.connectors.kafka.resource import KafkaResource
+    from eospack.connectors.kafka.sink.resource import KafkaResource
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
     options = sink_options(real_kafka, unique_name)
@@ -286,7 +287,7 @@ def test_a_replay_in_a_new_run_of_the_same_worker_never_aborts_the_crashed_runs_
     A's rows."""
     from eospack.commit_protocols import TwoPhaseCommitCoordinator
     from eospack.commit_protocols.pieces import BatchDecision
-    from eospack.connectors.kafka.resource import KafkaResource
+    from eospack.connectors.kafka.sink.resource import KafkaResource
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
     options = sink_options(real_kafka, unique_name)

@@ -45,7 +45,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 
 from eospack.commit_protocols import faults, sink_prefix
-from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX
+from eospack.connectors.kafka.sink.ledger import LEDGER_ID_PREFIX
 from eospack.processes import DriverProcess
 from eospack.services.kafka_tools import read_all
 from eospack.testing import wait_until
@@ -422,7 +422,7 @@ def test_a_rolling_restart_of_every_node_fails_no_query_and_loses_or_doubles_not
 
 
 def ledger_options(cluster: Any, ledger_topic: str) -> Any:
-    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.sink.options import parse_options
 
     return parse_options(
         {
@@ -439,10 +439,10 @@ def test_a_new_ledger_topic_is_replicated_3_times_with_min_insync_replicas_2(
 ) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    from eospack.connectors.kafka.ledger import ensure_ledger_topic
+    from eospack.connectors.kafka.sink.ledger import ensure_ledger_topic
 
     topic = f"{unique_name}_ledger"
-    with caplog.at_level("WARNING", logger="eospack.connectors.kafka.ledger"):
+    with caplog.at_level("WARNING", logger="eospack.connectors.kafka.sink.ledger"):
         ensure_ledger_topic(ledger_options(kafka_cluster, topic))
     admin = admin_of(kafka_cluster)
     try:
@@ -474,7 +474,7 @@ def test_a_weaker_existing_ledger_topic_is_warned_about_once_at_query_start(
     min_insync: str,
     found: str,
 ) -> None:
-    from eospack.connectors.kafka.ledger import LEDGER_TOPIC_CONFIGS, ensure_ledger_topic
+    from eospack.connectors.kafka.sink.ledger import LEDGER_TOPIC_CONFIGS, ensure_ledger_topic
 
     topic = f"{unique_name}_ledger"
     admin = admin_of(kafka_cluster)
@@ -492,7 +492,7 @@ def test_a_weaker_existing_ledger_topic_is_warned_about_once_at_query_start(
     finally:
         admin.close()
     options = ledger_options(kafka_cluster, topic)
-    with caplog.at_level("WARNING", logger="eospack.connectors.kafka.ledger"):
+    with caplog.at_level("WARNING", logger="eospack.connectors.kafka.sink.ledger"):
         ensure_ledger_topic(options)
         ensure_ledger_topic(options)  # a second query start in the same process
     warnings = [r.getMessage() for r in caplog.records if topic in r.getMessage()]

@@ -150,8 +150,8 @@ def test_a_ledger_topic_outside_the_grant_fails_at_query_start_before_any_transa
 def test_the_transaction_timeout_is_fitted_to_the_broker_when_its_settings_may_not_be_read(
     secured_kafka: Any, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from eospack.connectors.kafka.sink import cluster_facts, with_broker_timeout
-    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.sink.data_source import cluster_facts, with_broker_timeout
+    from eospack.connectors.kafka.sink.options import parse_options
 
     options = parse_options(
         {**secured_kafka.client_options("app"), "topic": app_topic(unique_name, "out")}
@@ -172,8 +172,8 @@ def test_the_ledger_topic_guard_says_when_it_cannot_check_a_topic(
     secured_kafka: Any, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Before: the denied DescribeConfigs read as "no ledger settings", silently."""
-    from eospack.connectors.kafka.ledger import is_ledger_topic
-    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.sink.ledger import is_ledger_topic
+    from eospack.connectors.kafka.sink.options import parse_options
 
     topic = app_topic(unique_name, "out")
     create_app_topic(secured_kafka, topic, partitions=1)

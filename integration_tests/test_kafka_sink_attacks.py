@@ -26,16 +26,14 @@ from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, de
 from eospack.commit_protocols.pieces import DECIDED, DONE, BatchDecision
 from eospack.commit_protocols.resource import DecidedPieceLostError
 from eospack.commit_protocols.stream_writer import recover_at_least_once
-from eospack.connectors.kafka import ledger as ledger_module
-from eospack.connectors.kafka.ledger import Ledger, forget_ledger, shared_ledger
-from eospack.connectors.kafka.resource import KafkaResource, kafka_name
-from eospack.connectors.kafka.sink import derived_sink_id
-from eospack.connectors.kafka.sink_options import (
-    KafkaSinkOptionError,
-    parse_options,
-)
-from eospack.connectors.kafka.transactions import fence, open_transactions
-from eospack.connectors.kafka.writer import prepare_task, write_directly
+from eospack.connectors.kafka.client.transactions import fence, open_transactions
+from eospack.connectors.kafka.errors import KafkaSinkOptionError
+from eospack.connectors.kafka.sink import ledger as ledger_module
+from eospack.connectors.kafka.sink.cluster_identity import derived_sink_id
+from eospack.connectors.kafka.sink.ledger import Ledger, forget_ledger, shared_ledger
+from eospack.connectors.kafka.sink.options import parse_options
+from eospack.connectors.kafka.sink.resource import KafkaResource, kafka_name
+from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
 from eospack.errors import EospackError
 from eospack.services.kafka_tools import create_topic, transactional_producer
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
@@ -433,7 +431,7 @@ def test_a_restart_naming_the_sink_another_way_does_not_apply_its_batch_again(
     id, which finds no decision for batch 4, so the replay is committed a second time;
     the query-start check of the checkpoint does not notice. Expected: the restart
     refused at query start (as for ledgerTopic), or the batch applied once."""
-    from eospack.connectors.kafka.checkpoint_record import check_against_record
+    from eospack.connectors.kafka.sink.checkpoint_record import check_against_record
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
     base = {

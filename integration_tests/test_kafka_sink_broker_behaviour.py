@@ -25,12 +25,12 @@ from kafka import KafkaAdminClient
 from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator
 from eospack.commit_protocols.pieces import DONE, BatchDecision
 from eospack.commit_protocols.stream_writer import recover_at_least_once
+from eospack.connectors.kafka.client.transactions import open_transactions
 from eospack.connectors.kafka.errors import KafkaSendError, PreparedTransactionLostError
-from eospack.connectors.kafka.ledger import LEDGER_TRANSACTION_TIMEOUT_MS, Ledger
-from eospack.connectors.kafka.resource import KafkaResource
-from eospack.connectors.kafka.sink import TwoPhaseKafkaDataSource
-from eospack.connectors.kafka.transactions import open_transactions
-from eospack.connectors.kafka.writer import prepare_task, write_directly
+from eospack.connectors.kafka.sink.data_source import TwoPhaseKafkaDataSource
+from eospack.connectors.kafka.sink.ledger import LEDGER_TRANSACTION_TIMEOUT_MS, Ledger
+from eospack.connectors.kafka.sink.resource import KafkaResource
+from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
 from eospack.services.kafka_tools import create_topic, transactional_producer
 from eospack.testing import wait_until
 from integration_tests.kafka_sink_parts import committed_keys, sink_options

@@ -23,10 +23,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 
-from eospack.connectors.kafka import reader as kafka_reader
-from eospack.connectors.kafka.offset_format import topic_id_text
-from eospack.connectors.kafka.offset_ranges import OffsetRange
-from eospack.connectors.kafka.source_options import parse_options
+from eospack.connectors.kafka.source import reader as kafka_reader
+from eospack.connectors.kafka.source.offset_format import topic_id_text
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+from eospack.connectors.kafka.source.options import parse_options
 from eospack.services.kafka_tools import (
     Record,
     add_partitions,

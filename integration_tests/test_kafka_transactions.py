@@ -1,7 +1,7 @@
 """What 2pc-kafka will stand on, pinned against Apache Kafka: a transaction left open by a
 process that died is committed by another process from its producer id and epoch, a
 retried commit is harmless, and a fenced transaction refuses the commit loudly instead of
-losing records silently (``connectors/kafka/transactions.py``); one the broker timed
+losing records silently (``connectors/kafka/client/transactions.py``); one the broker timed
 out does the same, tested through the sink (test_kafka_sink)."""
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from kafka import errors as kafka_errors
 
-from eospack.connectors.kafka.transactions import (
+from eospack.connectors.kafka.client.transactions import (
     PreparedTransaction,
-    TransactionFencedError,
     begin,
     commit_prepared,
     end_transaction,
@@ -25,6 +24,7 @@ from eospack.connectors.kafka.transactions import (
     open_transactions,
     prepare,
 )
+from eospack.connectors.kafka.errors import TransactionFencedError
 from eospack.services.kafka_tools import create_topic, read_all
 
 pytestmark = pytest.mark.integration
@@ -131,9 +131,9 @@ def test_a_kept_ledger_rereads_after_another_process_took_the_sink_over(
     opens its own, fencing the kept one. The kept one's stale view must not decide: its next
     step rereads and finds what the other wrote."""
     from eospack.commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
-    from eospack.connectors.kafka.ledger import Ledger
-    from eospack.connectors.kafka.resource import KafkaResource
-    from eospack.connectors.kafka.sink_options import parse_options
+    from eospack.connectors.kafka.sink.ledger import Ledger
+    from eospack.connectors.kafka.sink.options import parse_options
+    from eospack.connectors.kafka.sink.resource import KafkaResource
 
     options = parse_options(
         {

@@ -45,8 +45,8 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from eospack.connectors.kafka import record_batches
-from eospack.connectors.kafka.record_batches import DecodedRecords
+from eospack.connectors.kafka.records import record_batches
+from eospack.connectors.kafka.records.record_batches import DecodedRecords
 from eospack.services.kafka_tools import create_compacted_topic, create_topic, end_offsets
 from eospack.testing import wait_until
 
@@ -718,7 +718,7 @@ def write_sink_source(directory: Path, rows: Sequence[SinkRow]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from eospack.connectors.kafka.record_batches import HEADERS
+    from eospack.connectors.kafka.records.record_batches import HEADERS
 
     directory.mkdir(parents=True)
     table = pa.table(
@@ -855,7 +855,7 @@ def executor_data_path(spark: Any) -> str:
     have it."""
 
     def active_path(_: Any) -> str:
-        from eospack.connectors.kafka import record_batches
+        from eospack.connectors.kafka.records import record_batches
 
         return record_batches.active_path()
 

@@ -31,8 +31,8 @@ import pytest
 from eospack.checkpoint import inspect_sink
 from eospack.commit_protocols import faults
 from eospack.commit_protocols.inspection import SinkState
-from eospack.connectors.kafka.sink_options import DEFAULT_LEDGER_TOPIC
-from eospack.connectors.kafka.transactions import fence
+from eospack.connectors.kafka.client.transactions import fence
+from eospack.connectors.kafka.sink.options import DEFAULT_LEDGER_TOPIC
 from eospack.services.kafka_tools import create_topic, read_all
 from eospack.testing import await_query
 from integration_tests.crash_harness import run_driver

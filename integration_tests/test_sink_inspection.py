@@ -144,8 +144,8 @@ def test_inspecting_a_kafka_sink_never_fences_another_sinks_stuck_ledger_transac
     it back for ``LEDGER_STALL_SECONDS``; inspection only waits (here 6 s, past the stall)
     and then says in one line why it could not read, leaving the transaction open."""
     from eospack.checkpoint import CheckpointInspectError
-    from eospack.connectors.kafka import ledger
-    from eospack.connectors.kafka.transactions import open_transactions
+    from eospack.connectors.kafka.client.transactions import open_transactions
+    from eospack.connectors.kafka.sink import ledger
 
     monkeypatch.setattr(ledger, "INSPECTION_READ_TIMEOUT_SECONDS", ledger.LEDGER_STALL_SECONDS + 3)
     sink = ADAPTERS["kafka"].open(request, tmp_path, unique_name)

@@ -25,7 +25,7 @@ dist=$(realpath -m "${2:-dist}")
 python=${PYTHON:-.venv/bin/python}
 
 # Imports the extension in the installed wheel: loads on this Python, release build, decodes.
-probe='import eospack._native as n, eospack.connectors.kafka.native_path as p; assert n.build_profile() == "release", n.build_profile(); assert p.NATIVE is n; print(p.active_path())'
+probe='import eospack._native as n, eospack.connectors.kafka.records.native_path as p; assert n.build_profile() == "release", n.build_profile(); assert p.NATIVE is n; print(p.active_path())'
 
 cibuildwheel() {
     "$python" -m pip install --progress-bar off 'cibuildwheel>=3.1'

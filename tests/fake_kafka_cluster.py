@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from unittest import mock
 
-from eospack.connectors.kafka.broker_metadata import ClusterView, KafkaMetadata
-from eospack.connectors.kafka.planning import OffsetPlanner
-from eospack.connectors.kafka.source import ReplayableKafkaStreamReader
-from eospack.connectors.kafka.source_options import KafkaSourceOptions, Subscription, parse_options
+from eospack.connectors.kafka.source.broker_metadata import ClusterView, KafkaMetadata
+from eospack.connectors.kafka.source.data_source import ReplayableKafkaStreamReader
+from eospack.connectors.kafka.source.options import KafkaSourceOptions, Subscription, parse_options
+from eospack.connectors.kafka.source.planning import OffsetPlanner
 
 TopicPartitionKey = tuple[str, int]
 

@@ -96,7 +96,7 @@ def test_cli_doctor_passes_in_this_environment(capsys: pytest.CaptureFixture[str
     assert len(lines) == 5
     assert lines[0].startswith("java: Java ")
     assert lines[1].startswith("formats: found by Spark's automatic lookup")
-    from eospack.connectors.kafka import record_batches
+    from eospack.connectors.kafka.records import record_batches
 
     assert lines[2] == f"kafka data path: {record_batches.active_path()}"
     assert [line.line for line in doctor.platform_checks()] == lines[3:]
@@ -108,7 +108,7 @@ def test_cli_doctor_passes_in_this_environment(capsys: pytest.CaptureFixture[str
 )
 def test_a_machine_with_a_rust_compiler_runs_the_native_path() -> None:
     """`make install` builds the extension wherever cargo is: CI runs the native path."""
-    from eospack.connectors.kafka import record_batches
+    from eospack.connectors.kafka.records import record_batches
 
     assert record_batches.NATIVE is not None, record_batches.NATIVE_MISSING
     assert record_batches.active_path().startswith("native (eospack._native ")
@@ -122,7 +122,7 @@ def test_make_install_builds_the_native_path_optimised() -> None:
     """The extension this venv runs (built by `make install`, an editable install, which
     setuptools-rust compiles in debug mode unless told otherwise) is a release build, as
     the benchmarks measure it."""
-    from eospack.connectors.kafka import native_path
+    from eospack.connectors.kafka.records import native_path
 
     assert native_path.NATIVE is not None, native_path.NATIVE_MISSING
     assert native_path.NATIVE.build_profile() == "release"
@@ -136,7 +136,7 @@ def test_doctor_says_when_the_native_path_is_a_debug_build(
 ) -> None:
     from types import SimpleNamespace
 
-    from eospack.connectors.kafka import native_path
+    from eospack.connectors.kafka.records import native_path
 
     debug_build = SimpleNamespace(__version__="0.1.0", build_profile=lambda: "debug")
     monkeypatch.setattr(native_path, "NATIVE", debug_build)
@@ -159,7 +159,7 @@ def test_a_release_build_is_not_warned_about(
 ) -> None:
     from types import SimpleNamespace
 
-    from eospack.connectors.kafka import native_path
+    from eospack.connectors.kafka.records import native_path
 
     release_build = SimpleNamespace(__version__="0.1.0", build_profile=lambda: "release")
     monkeypatch.setattr(native_path, "NATIVE", release_build)
@@ -172,7 +172,7 @@ def test_a_release_build_is_not_warned_about(
 def test_doctor_names_the_reference_path_and_what_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from eospack.connectors.kafka import native_path
+    from eospack.connectors.kafka.records import native_path
 
     monkeypatch.setattr(native_path, "NATIVE", None)
     monkeypatch.setattr(native_path, "NATIVE_MISSING", "the extension is not built")
@@ -195,7 +195,7 @@ def test_eospack_native_0_selects_the_reference_path_in_a_new_process() -> None:
     import subprocess
 
     probe = (
-        "from eospack.connectors.kafka import native_path, record_batches;"
+        "from eospack.connectors.kafka.records import native_path, record_batches;"
         "print(native_path.active_path()); print(record_batches.NATIVE is None)"
     )
     completed = subprocess.run(

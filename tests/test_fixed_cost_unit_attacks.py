@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from eospack import python_daemon
-from eospack.connectors.kafka.source_options import parse_options
+from eospack.connectors.kafka.source.options import parse_options
 
 
 class _GcRecorder:

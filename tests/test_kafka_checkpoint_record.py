@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from eospack.connectors.kafka import checkpoint_record
-from eospack.connectors.kafka.checkpoint_record import (
+from eospack.connectors.kafka.errors import KafkaSinkOptionError
+from eospack.connectors.kafka.sink import checkpoint_record
+from eospack.connectors.kafka.sink.checkpoint_record import (
     check_against_record,
     read_record,
     record_path,
     write_record,
 )
-from eospack.connectors.kafka.sink_options import (
+from eospack.connectors.kafka.sink.options import (
     DEFAULT_LEDGER_TOPIC,
-    KafkaSinkOptionError,
     KafkaSinkOptions,
     parse_options,
 )

@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
-from eospack.connectors.kafka.errors import KafkaAuthenticationError, KafkaSourceOptionError
-from eospack.connectors.kafka.sink_options import KafkaSinkOptionError
-from eospack.connectors.kafka.sink_options import parse_options as parse_sink_options
-from eospack.connectors.kafka.source_options import parse_options as parse_source_options
+from eospack.connectors.kafka.errors import (
+    KafkaAuthenticationError,
+    KafkaSinkOptionError,
+    KafkaSourceOptionError,
+)
+from eospack.connectors.kafka.sink.options import parse_options as parse_sink_options
+from eospack.connectors.kafka.source.options import parse_options as parse_source_options
 
 TOKEN = "header.payload-" + uuid.uuid4().hex + ".signature"
 PROVIDERS = """

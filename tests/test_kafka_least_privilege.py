@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kafka import errors as kafka_errors
 
-from eospack.connectors.kafka import cluster_configs
-from eospack.connectors.kafka.authentication import authentication_error, uses_sasl
+from eospack.connectors.kafka.client import cluster_configs
+from eospack.connectors.kafka.client.authentication import authentication_error, uses_sasl
 
 
 class _Manager:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kafka import errors as kafka_errors
 
-from eospack.connectors.kafka.ledger import _fenced
+from eospack.connectors.kafka.sink.ledger import _fenced
 
 
 def producer_whose_last_error_is(error: Exception | None) -> Any:

@@ -14,18 +14,19 @@ from eospack.connectors.kafka.errors import (
     KafkaReadTimeoutError,
     KafkaSourceOptionError,
 )
-from eospack.connectors.kafka.offset_format import offsets_from_json, offsets_to_json
-from eospack.connectors.kafka.offset_ranges import (
+from eospack.connectors.kafka.records.record_batches import records_to_arrow
+from eospack.connectors.kafka.records.schema import spark_schema
+from eospack.connectors.kafka.source.offset_format import offsets_from_json, offsets_to_json
+from eospack.connectors.kafka.source.offset_ranges import (
     OffsetRange,
     available_records,
     pack_ranges,
     rate_limit,
     split_ranges,
 )
-from eospack.connectors.kafka.planning import TriggerPacer, plan_ranges
-from eospack.connectors.kafka.reader import _within, output_schema
-from eospack.connectors.kafka.record_batches import records_to_arrow
-from eospack.connectors.kafka.source_options import KafkaSourceOptions, parse_options
+from eospack.connectors.kafka.source.options import KafkaSourceOptions, parse_options
+from eospack.connectors.kafka.source.planning import TriggerPacer, plan_ranges
+from eospack.connectors.kafka.source.reader import _within
 
 BASE = {"kafka.bootstrap.servers": "broker1:9092,broker2:9093", "subscribe": "orders"}
 
@@ -529,7 +530,7 @@ def test_records_become_one_arrow_batch_with_sparks_kafka_schema() -> None:
     assert batch.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert batch.column("timestamp")[0].value == 1_700_000_000_123_000
     plain = records_to_arrow(records, "t", 3, include_headers=False)
-    assert plain.schema.names == [f.name for f in output_schema(False).fields]
+    assert plain.schema.names == [f.name for f in spark_schema(False).fields]
 
 
 def test_within_keeps_only_the_half_open_range() -> None:
@@ -599,7 +600,7 @@ def read_fake(
 
     from kafka import KafkaConsumer
 
-    from eospack.connectors.kafka.reader import _RangeReader
+    from eospack.connectors.kafka.source.reader import _RangeReader
 
     # Only kafka-python's real consumer methods, with their real signatures.
     consumer = mock.create_autospec(KafkaConsumer, instance=True, spec_set=True)
@@ -639,7 +640,7 @@ def test_range_reader_reports_offsets_lost_to_retention(
 def test_a_range_beyond_the_last_stable_offset_waits_for_the_transaction(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from eospack.connectors.kafka import reader
+    from eospack.connectors.kafka.source import reader
 
     monkeypatch.setattr(reader, "_STALL_CHECK_MS", 0)
     # Planned up to 12 under read_uncommitted; a transaction open at 8 holds read_committed.

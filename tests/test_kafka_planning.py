@@ -16,19 +16,23 @@ import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from eospack.commit_protocols import faults
-from eospack.connectors.kafka import broker_calls
-from eospack.connectors.kafka.broker_metadata import ClusterView
+from eospack.connectors.kafka.client import broker_calls
 from eospack.connectors.kafka.errors import KafkaDataLossError
-from eospack.connectors.kafka.offset_format import BatchOffsets, offsets_from_json, topic_id_text
-from eospack.connectors.kafka.offset_ranges import OffsetRange
-from eospack.connectors.kafka.planning import plan_next_batch
-from eospack.connectors.kafka.source import (
+from eospack.connectors.kafka.source.broker_metadata import ClusterView
+from eospack.connectors.kafka.source.data_source import (
     ReadAllAvailable,
     ReadMaxRows,
     ReadMinRows,
     ReplayableKafkaStreamReader,
 )
-from eospack.connectors.kafka.source_options import parse_options
+from eospack.connectors.kafka.source.offset_format import (
+    BatchOffsets,
+    offsets_from_json,
+    topic_id_text,
+)
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+from eospack.connectors.kafka.source.options import parse_options
+from eospack.connectors.kafka.source.planning import plan_next_batch
 from tests.fake_kafka_cluster import FakeCluster, TopicPartitionKey, options, stream_reader
 
 ID_A = "AAAAAAAAAAAAAAAAAAAAAQ"

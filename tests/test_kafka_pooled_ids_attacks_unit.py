@@ -1,5 +1,5 @@
 """Pure-logic attacks on 2pc-kafka's pooled transactional ids
-(``connectors/kafka/producer_pool.py``); what a broker does with them is attacked in
+(``connectors/kafka/sink/producer_pool.py``); what a broker does with them is attacked in
 ``integration_tests/test_kafka_pooled_ids_attacks.py``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from eospack.commit_protocols import TaskIdentity, transaction_id
-from eospack.connectors.kafka import producer_pool
-from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX
+from eospack.connectors.kafka.sink import producer_pool
+from eospack.connectors.kafka.sink.ledger import LEDGER_ID_PREFIX
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +57,8 @@ def test_the_sink_id_ledger_is_refused_in_one_line() -> None:
     """sinkId ``ledger`` would own the prefix ``eospack-ledger-`` of every ledger's
     transactional id, and its recovery took the ledger of a sink named ``pool_...`` for one
     of its pooled leftovers and fenced it (found by this attack; refused since)."""
-    from eospack.connectors.kafka.sink_options import KafkaSinkOptionError, parse_options
+    from eospack.connectors.kafka.errors import KafkaSinkOptionError
+    from eospack.connectors.kafka.sink.options import parse_options
 
     with pytest.raises(KafkaSinkOptionError) as refused:
         parse_options({"kafka.bootstrap.servers": "localhost:9092", "sinkid": "ledger"})

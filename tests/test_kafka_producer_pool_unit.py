@@ -1,5 +1,5 @@
 """Which transactional id a 2pc-kafka task takes from its worker's pool
-(``connectors/kafka/producer_pool.py``): pure logic, no broker. What a broker does with the
+(``connectors/kafka/sink/producer_pool.py``): pure logic, no broker. What a broker does with the
 ids (reuse, leftovers rolled back, a replay in a new run) is pinned by
 ``integration_tests/test_kafka_producer_reuse.py``."""
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from eospack.commit_protocols import TaskIdentity, parse_transaction_id
-from eospack.connectors.kafka import producer_pool
+from eospack.connectors.kafka.sink import producer_pool
 
 
 @pytest.fixture(autouse=True)

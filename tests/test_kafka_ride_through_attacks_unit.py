@@ -12,10 +12,10 @@ import pytest
 from kafka import errors as kafka_errors
 
 from eospack.commit_protocols.pieces import BatchDecision, PreparedPiece
-from eospack.connectors.kafka import resource as resource_module
 from eospack.connectors.kafka.errors import PreparedTransactionLostError
-from eospack.connectors.kafka.resource import KafkaResource
-from eospack.connectors.kafka.sink_options import parse_options
+from eospack.connectors.kafka.sink import resource as resource_module
+from eospack.connectors.kafka.sink.options import parse_options
+from eospack.connectors.kafka.sink.resource import KafkaResource
 
 
 @dataclass

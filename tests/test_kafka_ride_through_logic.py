@@ -14,22 +14,22 @@ import pytest
 from kafka import errors as kafka_errors
 
 from eospack.commit_protocols.pieces import DECIDED, DONE, BatchDecision, PreparedPiece
-from eospack.connectors.kafka import resource as resource_module
-from eospack.connectors.kafka.errors import KafkaAuthenticationError, PreparedTransactionLostError
-from eospack.connectors.kafka.ledger import (
-    LedgerFencedError,
-    LedgerReadTimeoutError,
-    ledger_topic_durability,
-    ledger_topic_settings,
-)
-from eospack.connectors.kafka.resource import KafkaResource
-from eospack.connectors.kafka.ride_through import (
+from eospack.connectors.kafka.client.ride_through import (
     MAX_DELAY_SECONDS,
     RIDE_THROUGH_SECONDS,
     Retry,
     is_transient,
 )
-from eospack.connectors.kafka.sink_options import parse_options
+from eospack.connectors.kafka.errors import (
+    KafkaAuthenticationError,
+    LedgerFencedError,
+    LedgerReadTimeoutError,
+    PreparedTransactionLostError,
+)
+from eospack.connectors.kafka.sink import resource as resource_module
+from eospack.connectors.kafka.sink.ledger import ledger_topic_durability, ledger_topic_settings
+from eospack.connectors.kafka.sink.options import parse_options
+from eospack.connectors.kafka.sink.resource import KafkaResource
 
 # What is retried ---------------------------------------------------------------------
 
@@ -337,7 +337,7 @@ class FakeProducer:
 
 @pytest.fixture
 def fake_producers(monkeypatch: pytest.MonkeyPatch) -> type[FakeProducer]:
-    from eospack.connectors.kafka import transactions
+    from eospack.connectors.kafka.client import transactions
 
     FakeProducer.made = []
     monkeypatch.setattr(transactions, "KafkaProducer", FakeProducer)
@@ -348,7 +348,7 @@ def fake_producers(monkeypatch: pytest.MonkeyPatch) -> type[FakeProducer]:
 def test_a_producer_whose_init_times_out_is_made_anew_each_attempt_bounded(
     fake_producers: type[FakeProducer],
 ) -> None:
-    from eospack.connectors.kafka.transactions import initialised_producer
+    from eospack.connectors.kafka.client.transactions import initialised_producer
 
     fake_producers.stuck = 2
     producer = initialised_producer({"bootstrap_servers": "b:1"}, "eospack-s-1-0-a")
@@ -359,7 +359,7 @@ def test_a_producer_whose_init_times_out_is_made_anew_each_attempt_bounded(
 
 
 def test_a_smaller_max_block_ms_bounds_each_attempt(fake_producers: type[FakeProducer]) -> None:
-    from eospack.connectors.kafka.transactions import initialised_producer
+    from eospack.connectors.kafka.client.transactions import initialised_producer
 
     fake_producers.stuck = 0
     initialised_producer({"bootstrap_servers": "b:1", "max_block_ms": 2_000}, "eospack-s-1-0-a")
@@ -369,7 +369,7 @@ def test_a_smaller_max_block_ms_bounds_each_attempt(fake_producers: type[FakePro
 def test_a_producer_that_never_initialises_fails_within_the_tasks_deadline(
     fake_producers: type[FakeProducer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from eospack.connectors.kafka import transactions
+    from eospack.connectors.kafka.client import transactions
 
     fake_producers.stuck = 1_000
     clock = iter(float(second) for second in range(0, 10_000, 10))

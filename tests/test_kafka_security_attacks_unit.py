@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kafka.net.sasl import get_sasl_mechanism
 
-from eospack.connectors.kafka import token_provider
-from eospack.connectors.kafka.client_config import kafka_client_params
+from eospack.connectors.kafka.client import token_provider
+from eospack.connectors.kafka.client.config import kafka_client_params
 from eospack.connectors.kafka.errors import KafkaAuthenticationError
 
 _SCRAM = (
@@ -113,8 +113,8 @@ def test_kafka_pythons_debug_log_of_an_admin_client_holds_no_password(
     """kafka-python's KafkaAdminClient logs its whole configuration at DEBUG when it
     starts, the SASL password and the key's passphrase included; the sink builds admin
     clients from the parsed options (transactions.admin_client)."""
-    from eospack.connectors.kafka.sink_options import parse_options
-    from eospack.connectors.kafka.transactions import admin_client
+    from eospack.connectors.kafka.client.transactions import admin_client
+    from eospack.connectors.kafka.sink.options import parse_options
 
     options = parse_options(
         {
@@ -151,7 +151,7 @@ def test_a_provider_that_fails_after_the_query_started_is_named_in_one_line(
     one line naming the option."""
     from kafka.errors import KafkaTimeoutError
 
-    from eospack.connectors.kafka import authentication
+    from eospack.connectors.kafka.client import authentication
 
     (tmp_path / "expiring_tokens_attack.py").write_text(
         "CALLS = []\n\n\ndef token() -> str:\n    CALLS.append(1)\n"

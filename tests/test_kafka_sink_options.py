@@ -14,12 +14,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from eospack.connectors.kafka.sink import check_schema
-from eospack.connectors.kafka.sink_options import (
-    DEFAULT_LEDGER_TOPIC,
-    KafkaSinkOptionError,
-    parse_options,
-)
+from eospack.connectors.kafka.errors import KafkaSinkOptionError
+from eospack.connectors.kafka.sink.data_source import check_schema
+from eospack.connectors.kafka.sink.options import DEFAULT_LEDGER_TOPIC, parse_options
 
 BASE = {"kafka.bootstrap.servers": "b1:9092, b2:9092", "topic": "out"}
 SECRET = "hunter2-secret"

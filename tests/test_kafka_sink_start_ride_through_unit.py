@@ -11,8 +11,10 @@ import pytest
 from kafka import errors as kafka_errors
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from eospack.connectors.kafka import ride_through, sink
+from eospack.connectors.kafka.client import ride_through
 from eospack.connectors.kafka.errors import KafkaAuthenticationError
+from eospack.connectors.kafka.sink import cluster_identity
+from eospack.connectors.kafka.sink import data_source as sink
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +56,7 @@ def test_past_the_deadline_the_last_failure_is_raised() -> None:
 
 
 def test_the_sinks_start_rides_through_a_dead_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    facts = sink.ClusterFacts("cluster-1", 900_000)
+    facts = cluster_identity.ClusterFacts("cluster-1", 900_000)
     monkeypatch.setattr(
         sink, "cluster_facts", failing(1, kafka_errors.KafkaConnectionError("refused"), facts)
     )

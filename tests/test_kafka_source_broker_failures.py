@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-from eospack.connectors.kafka import broker_metadata
-from eospack.connectors.kafka.broker_metadata import KafkaMetadata
 from eospack.connectors.kafka.errors import KafkaBrokerUnreachableError
-from eospack.connectors.kafka.source_options import parse_options
+from eospack.connectors.kafka.source import broker_metadata
+from eospack.connectors.kafka.source.broker_metadata import KafkaMetadata
+from eospack.connectors.kafka.source.options import parse_options
 
 
 def options(**extra: str) -> Any:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from eospack.connectors.kafka import reader
-from eospack.connectors.kafka.source import ReplayableKafkaDataSource
+from eospack.connectors.kafka.records.schema import spark_schema
+from eospack.connectors.kafka.source.data_source import ReplayableKafkaDataSource
 
 OPTIONS = {
     "kafka.bootstrap.servers": "broker:9092",
@@ -27,7 +27,7 @@ from pyspark_replayable_kafka import DefaultSource
 source = DefaultSource({OPTIONS!r})
 source.streamReader(source.schema())
 source.reader(source.schema())
-heavy = ("kafka", "pyarrow", "eospack.connectors.kafka.reader")
+heavy = ("kafka", "pyarrow", "eospack.connectors.kafka.source.reader")
 print(",".join(sorted(name for name in heavy if name in sys.modules)))
 """
 
@@ -39,7 +39,7 @@ def test_planning_a_source_imports_neither_kafka_python_nor_pyarrow_nor_the_read
     assert result.stdout.strip() == ""
 
 
-def test_the_source_schema_is_the_readers() -> None:
+def test_the_source_schema_is_the_record_schema() -> None:
     for headers in ("false", "true"):
         source = ReplayableKafkaDataSource({**OPTIONS, "includeHeaders": headers})
-        assert source.schema() == reader.output_schema(headers == "true")
+        assert source.schema() == spark_schema(headers == "true")

@@ -105,10 +105,52 @@ def test_no_test_module_imports_another_test_module() -> None:
 
 
 def test_each_external_system_has_one_connector_package() -> None:
-    """A source and a sink of one system live side by side with their shared client
-    configuration and errors (``connectors/kafka`` holds replayable-kafka and 2pc-kafka)."""
+    """A source and a sink of one system live in one package (``connectors/kafka`` holds
+    replayable-kafka and 2pc-kafka). Kafka's is split into rooms: ``records/`` (the record
+    schema and codec), ``client/`` (kafka-python, its private parts included), ``source/``,
+    ``sink/``, and one ``errors.py`` for every Kafka error class."""
     packages = sorted(path.parent.name for path in (ROOT / "connectors").glob("*/__init__.py"))
     assert packages == ["jdbc", "kafka", "s3"]
     kafka = ROOT / "connectors" / "kafka"
-    for module in ("source.py", "sink.py", "client_config.py", "errors.py"):
+    rooms = sorted(path.parent.name for path in kafka.glob("*/__init__.py"))
+    assert rooms == ["client", "records", "sink", "source"]
+    flat = sorted(path.name for path in kafka.glob("*.py"))
+    assert flat == ["__init__.py", "errors.py"]
+    for module in (
+        "source/data_source.py",
+        "sink/data_source.py",
+        "client/config.py",
+        "records/schema.py",
+    ):
         assert (kafka / module).is_file(), module
+    defined_elsewhere = {
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in sorted(kafka.rglob("*.py"))
+        if path.name != "errors.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Refusal", "Refused"))
+    }
+    assert sorted(defined_elsewhere) == []
+
+
+def test_the_kafka_source_and_sink_do_not_import_each_other() -> None:
+    """replayable-kafka and 2pc-kafka share only ``records/``, ``client/`` and
+    ``errors.py``: a change to one side cannot break the other through an import (any
+    import counts, a function-local one too)."""
+    kafka = ROOT / "connectors" / "kafka"
+    offenders = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for side, other in (("source", "sink"), ("sink", "source"))
+        for path in sorted((kafka / side).rglob("*.py"))
+        for name in imported_modules(path)
+        if name == f"eospack.connectors.kafka.{other}"
+        or name.startswith(f"eospack.connectors.kafka.{other}.")
+    }
+    assert sorted(offenders) == []
+    relative = {
+        f"{path.relative_to(ROOT)}: line {node.lineno}"
+        for path in sorted(kafka.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    }
+    assert sorted(relative) == [], "relative imports would escape the check above"

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from eospack.commit_protocols import PreparedPiece
 from eospack.connectors.jdbc.errors import JdbcSinkOptionError
 from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
-from eospack.connectors.kafka.broker_metadata import ClusterView
-from eospack.connectors.kafka.offset_format import BatchOffsets
-from eospack.connectors.kafka.offset_ranges import OffsetRange, rate_limit, split_ranges
-from eospack.connectors.kafka.planning import plan_next_batch, plan_ranges
-from eospack.connectors.kafka.source_options import parse_options as parse_kafka_options
+from eospack.connectors.kafka.source.broker_metadata import ClusterView
+from eospack.connectors.kafka.source.offset_format import BatchOffsets
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange, rate_limit, split_ranges
+from eospack.connectors.kafka.source.options import parse_options as parse_kafka_options
+from eospack.connectors.kafka.source.planning import plan_next_batch, plan_ranges
 from eospack.connectors.s3.keys import (
     HIVE_DEFAULT_PARTITION,
     escape_path_name,

@@ -34,15 +34,14 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 
-from eospack.connectors.kafka import record_batches
-from eospack.connectors.kafka.record_batches import (
+from eospack.connectors.kafka.errors import CorruptRecordsError, RecordRefusedError
+from eospack.connectors.kafka.records import record_batches
+from eospack.connectors.kafka.records.record_batches import (
     CODECS,
     HEADERS,
-    CorruptRecordsError,
     DecodedRecords,
     EncodedBatch,
     EncodeSettings,
-    RecordRefusedError,
 )
 
 _CHOSE_REFERENCE = os.environ.get("EOSPACK_NATIVE", "1").strip().lower() in (

@@ -25,13 +25,9 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 
-from eospack.connectors.kafka import record_batches
-from eospack.connectors.kafka.record_batches import (
-    CODECS,
-    MAX_TIMESTAMP_MILLIS,
-    CorruptRecordsError,
-    TimestampOutOfRangeError,
-)
+from eospack.connectors.kafka.errors import CorruptRecordsError, TimestampOutOfRangeError
+from eospack.connectors.kafka.records import record_batches
+from eospack.connectors.kafka.records.record_batches import CODECS, MAX_TIMESTAMP_MILLIS
 
 _CHOSE_REFERENCE = os.environ.get("EOSPACK_NATIVE", "1").strip().lower() in (
     "0",

@@ -99,7 +99,7 @@ def test_partitions_unknown_to_the_savepoint_start_at_earliest(tmp_path: Path) -
         "later": {"0": 3},
     }
     from eospack.connectors.kafka.errors import KafkaSourceOptionError
-    from eospack.connectors.kafka.source_options import parse_options
+    from eospack.connectors.kafka.source.options import parse_options
 
     with pytest.raises(KafkaSourceOptionError, match='"@unlisted": .soon.: use "earliest"'):
         parse_options(

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from eospack.cli import duration_seconds
-from eospack.connectors.kafka.errors import KafkaSendError
-from eospack.connectors.kafka.ledger import LedgerFencedError
-from eospack.connectors.kafka.sink_options import KafkaSinkOptionError
+from eospack.connectors.kafka.errors import KafkaSendError, KafkaSinkOptionError, LedgerFencedError
 from eospack.supervisor import (
     ExponentialDelay,
     FailureRate,

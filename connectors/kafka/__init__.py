@@ -1,2 +1,4 @@
-"""Kafka: the replayable-kafka source and the 2pc-kafka sink, side by side with their shared
-client configuration (``client_config``) and errors (``errors``)."""
+"""Kafka: the replayable-kafka source (``source/``) and the 2pc-kafka sink (``sink/``), which
+import nothing from each other, beside what they share: the record schema and codec
+(``records/``), the kafka-python client (``client/``) and every error class (``errors``).
+README.md here maps the modules."""

@@ -1,10 +1,10 @@
-"""One exception class per way the Kafka source (replayable-kafka) and sink (2pc-kafka) can fail.
+"""Every exception class of the Kafka source (replayable-kafka), the sink (2pc-kafka), their
+shared client and record codec: one module, so that what a user may catch is in one place.
 
 Every message is one line that names the option (or topic-partition) at fault and the fix.
 None of them ever carries a secret: option values are only quoted for non-secret options.
-The sink's option errors are ``KafkaSinkOptionError`` (``sink_options``), its ledger errors
-``LedgerError`` (``ledger``), a decided transaction the broker aborted
-``DecidedPieceLostError`` (``eospack.commit_protocols.resource``).
+A decided transaction the broker aborted is ``DecidedPieceLostError``
+(``eospack.commit_protocols.resource``), shared by every two-phase-commit sink.
 """
 
 from __future__ import annotations
@@ -65,3 +65,55 @@ def report_data_loss(fail_on_data_loss: bool, message: str, skipped: int | None 
         raise KafkaDataLossError(f"{message}. {FAIL_ON_DATA_LOSS_HINT}")
     counted = f"; skipped {skipped} offsets" if skipped is not None else ""
     log.warning("%s%s; %s", message, counted, SKIP_HINT)
+
+
+class TlsRefusal(EospackError):
+    """The TLS handshake (or the first read after it) failed with the broker's or the
+    client's verdict on a certificate: the reason, never a secret. Returned by the probe,
+    never raised: ``authentication_error`` turns it into ``KafkaAuthenticationError``."""
+
+
+class TransactionTimeoutProbeError(EospackError, RuntimeError):
+    """The probe's InitProducerId was answered with neither yes nor a refused timeout."""
+
+
+class LedgerError(EospackError, RuntimeError):
+    """The ledger topic cannot be created, read or written."""
+
+
+class LedgerFencedError(LedgerError):
+    """Another process opened this sink's ledger after this one: this one may not write."""
+
+
+class LedgerReadTimeoutError(LedgerError):
+    """The ledger topic could not be read to its end in time (a writer's transaction held it
+    back, or its leader was gone): the next attempt may get through."""
+
+    transient = True
+    """Retried by the commit's ride-through (``ride_through.is_transient``)."""
+
+
+class CorruptRecordsError(EospackError, ValueError):
+    """Record data that fails its CRC or cannot be parsed or decompressed."""
+
+
+class TimestampOutOfRangeError(EospackError, OverflowError):
+    """A record whose timestamp Spark's TimestampType cannot hold: the task fails, as with
+    Spark's own Kafka source (its ``Math.multiplyExact`` overflows), rather than reading a
+    wrapped or clamped instant."""
+
+
+class RecordRefusedError(EospackError, ValueError):
+    """A row that cannot become a record (too large, a partition the topic lacks)."""
+
+
+class KafkaSinkOptionError(EospackError, ValueError):
+    """An option of 2pc-kafka is missing, malformed or inconsistent."""
+
+
+class TokenProviderNameError(EospackError, ValueError):
+    """The option's name cannot be imported or names no token provider."""
+
+
+class TransactionFencedError(EospackError, RuntimeError):
+    """The transaction can no longer be committed: its epoch moved on (fenced or timed out)."""

@@ -248,7 +248,7 @@ class KafkaOutput:
     def sink_id(self, name: str) -> str | None:
         """The sink id 2pc-kafka derived, as it derives it: from the query id in the
         checkpoint and the target; None before the query's first start wrote it."""
-        from eospack.connectors.kafka.sink import derived_sink_id
+        from eospack.connectors.kafka.sink.cluster_identity import derived_sink_id
         from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
 
         query_id = query_id_of(self.checkpoints[name] / KAFKA_QUERY)

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from eospack.connectors.kafka.transactions import begin
+from eospack.connectors.kafka.client.transactions import begin
 
 if __name__ == "__main__":
     bootstrap, topic, transactional_id, records, timeout_ms = sys.argv[1:6]

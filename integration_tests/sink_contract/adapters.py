@@ -664,7 +664,7 @@ class KafkaSink(BoundSink):
         }
 
     def parsed(self, options: Options) -> Any:
-        from eospack.connectors.kafka.sink_options import parse_options
+        from eospack.connectors.kafka.sink.options import parse_options
 
         return parse_options({key.lower(): value for key, value in options.items()})
 
@@ -684,7 +684,7 @@ class KafkaSink(BoundSink):
         )
 
     def leftovers(self, sink_ids: set[str], options: Options) -> list[str]:
-        from eospack.connectors.kafka.transactions import open_transactions
+        from eospack.connectors.kafka.client.transactions import open_transactions
 
         found = []
         for sink_id in sorted(sink_ids):
@@ -693,7 +693,7 @@ class KafkaSink(BoundSink):
         return found
 
     def decisions(self, sink_ids: set[str], options: Options) -> dict[tuple[str, int], str]:
-        from eospack.connectors.kafka.ledger import read_slots
+        from eospack.connectors.kafka.sink.ledger import read_slots
 
         found = {}
         ledgers = {self.ledger_topic, self.parsed(options).ledger_topic}
@@ -710,7 +710,7 @@ class KafkaSink(BoundSink):
         topic and neither committed nor aborted (a driver killed while writing its
         decision): it holds the ledger's last stable offset until the broker times it
         out."""
-        from eospack.connectors.kafka.ledger import ensure_ledger_topic
+        from eospack.connectors.kafka.sink.ledger import ensure_ledger_topic
         from eospack.services.kafka_tools import transactional_producer
 
         parsed = self.parsed(options)
@@ -760,7 +760,7 @@ def _other_ledger(sink: BoundSink, options: Options) -> Options:
 class Kafka(SinkAdapter):
     name = "kafka"
     sink_format = "2pc-kafka"
-    data_source = "eospack.connectors.kafka.sink:TwoPhaseKafkaDataSource"
+    data_source = "eospack.connectors.kafka.sink.data_source:TwoPhaseKafkaDataSource"
     schema = "key STRING, value STRING"
     fixtures = ("real_kafka",)
     as_kafka_records = True
@@ -832,7 +832,7 @@ class KafkaClusterSink(KafkaSink):
         place_topic(self.kafka, self.topic, OUTPUT_LEADERS)
 
     def ledger_transactional_id(self, sink_id: str) -> str:
-        from eospack.connectors.kafka.ledger import LEDGER_ID_PREFIX
+        from eospack.connectors.kafka.sink.ledger import LEDGER_ID_PREFIX
 
         return f"{LEDGER_ID_PREFIX}{sink_id}"
 

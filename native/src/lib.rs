@@ -1,6 +1,6 @@
 //! eospack's native Kafka data path: record batches (format v2) into Arrow and back.
 //!
-//! Python reaches it as `eospack._native`; `connectors/kafka/record_batches.py` is the
+//! Python reaches it as `eospack._native`; `connectors/kafka/records/record_batches.py` is the
 //! only caller and holds the pure-Python reference path it is tested against. Arrow data
 //! crosses the boundary through the Arrow C data interface (PyCapsules), without a copy.
 

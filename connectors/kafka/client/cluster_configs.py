@@ -26,7 +26,7 @@ from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource
 
-from eospack.errors import EospackError
+from eospack.connectors.kafka.errors import TransactionTimeoutProbeError
 
 PROBE_TRANSACTIONAL_ID = "eospack-transaction-timeout-probe"
 PROBE_DEADLINE_SECONDS = 30.0
@@ -82,10 +82,6 @@ def describe_configs(
     return described
 
 
-class _Refused(EospackError, RuntimeError):
-    """The probe's InitProducerId was answered with neither yes nor a refused timeout."""
-
-
 def fit_transaction_timeout(admin: KafkaAdminClient, wanted_ms: int) -> int | None:
     """The largest transaction timeout up to ``wanted_ms`` (whole seconds below it) that
     the brokers accept, found by InitProducerId on ``PROBE_TRANSACTIONAL_ID``; None when
@@ -108,7 +104,7 @@ def fit_transaction_timeout(admin: KafkaAdminClient, wanted_ms: int) -> int | No
             else:
                 high = middle - 1
         return low * 1000
-    except (kafka_errors.KafkaError, _Refused):
+    except (kafka_errors.KafkaError, TransactionTimeoutProbeError):
         return None
 
 
@@ -153,7 +149,7 @@ async def _init_producer_id(admin: KafkaAdminClient, timeout_ms: int, deadline: 
         if error is kafka_errors.InvalidTransactionTimeoutError:
             return False
         if not issubclass(error, retried):
-            raise _Refused(error.__name__)
+            raise TransactionTimeoutProbeError(error.__name__)
         manager.cluster._coordinators.pop(key, None)
         await admin._net.sleep(0.05)
-    raise _Refused("no answer")
+    raise TransactionTimeoutProbeError("no answer")

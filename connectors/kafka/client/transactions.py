@@ -36,8 +36,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.admin import TransactionState as BrokerTransactionState
 
-from eospack.connectors.kafka.ride_through import ATTEMPT_SECONDS, RIDE_THROUGH_SECONDS, Retry
-from eospack.errors import EospackError
+from eospack.connectors.kafka.client.ride_through import (
+    ATTEMPT_SECONDS,
+    RIDE_THROUGH_SECONDS,
+    Retry,
+)
+from eospack.connectors.kafka.errors import TransactionFencedError
 
 PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""
@@ -54,10 +58,6 @@ kafka-python's sender waits its retry backoff (100 ms) between the steps of one
 transactional call (find the coordinator, then InitProducerId or EndTxn), which made each
 begin or commit cost 0.22 s instead of 0.04 s. It also paces retried sends after a broker
 error; ``delivery.timeout.ms`` still bounds them. A ``kafka.retry.backoff.ms`` option wins."""
-
-
-class TransactionFencedError(EospackError, RuntimeError):
-    """The transaction can no longer be committed: its epoch moved on (fenced or timed out)."""
 
 
 @dataclass(frozen=True)

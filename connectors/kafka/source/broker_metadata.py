@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eospack.connectors.kafka.authentication import raise_if_refused
-from eospack.connectors.kafka.broker_calls import broker_call
+from eospack.connectors.kafka.client.authentication import raise_if_refused
+from eospack.connectors.kafka.client.broker_calls import broker_call
 from eospack.connectors.kafka.errors import KafkaBrokerUnreachableError, KafkaSourceOptionError
-from eospack.connectors.kafka.offset_format import topic_id_text
-from eospack.connectors.kafka.offset_ranges import PartitionOffsets
-from eospack.connectors.kafka.source_options import (
+from eospack.connectors.kafka.source.offset_format import topic_id_text
+from eospack.connectors.kafka.source.offset_ranges import PartitionOffsets
+from eospack.connectors.kafka.source.options import (
     KafkaSourceOptions,
     Subscription,
     TopicPartitionKey,

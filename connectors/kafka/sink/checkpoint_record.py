@@ -35,7 +35,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from eospack.checkpoint_files import LocalFiles
-from eospack.connectors.kafka.sink_options import KafkaSinkOptionError, KafkaSinkOptions
+from eospack.connectors.kafka.errors import KafkaSinkOptionError
+from eospack.connectors.kafka.sink.options import KafkaSinkOptions
 
 logger = logging.getLogger(__name__)
 

@@ -39,18 +39,13 @@ from typing import Any
 
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
-from eospack.connectors.kafka.errors import KafkaAuthenticationError
-from eospack.errors import EospackError
+from eospack.connectors.kafka.errors import KafkaAuthenticationError, TokenProviderNameError
 
 OPTION = "kafka.sasl.oauth.token.provider"
 KINDS = (
     "module:function or module:Class (a kafka-python AbstractTokenProvider, an object with"
     " a token() method, or a function returning the token)"
 )
-
-
-class TokenProviderNameError(EospackError, ValueError):
-    """The option's name cannot be imported or names no token provider."""
 
 
 class TokenProvider(AbstractTokenProvider):

@@ -55,21 +55,21 @@ from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from eospack.connectors.kafka.cluster_configs import describe_configs
-from eospack.connectors.kafka.ride_through import ATTEMPT_SECONDS
-from eospack.connectors.kafka.sink_options import (
-    DEFAULT_LEDGER_TOPIC,
-    KafkaSinkOptions,
-    client_config,
-)
-from eospack.connectors.kafka.transactions import (
+from eospack.connectors.kafka.client.cluster_configs import describe_configs
+from eospack.connectors.kafka.client.ride_through import ATTEMPT_SECONDS
+from eospack.connectors.kafka.client.transactions import (
     CONTROL_SETTINGS,
     admin_client,
     consumer_settings,
     end_transaction,
     fence,
 )
-from eospack.errors import EospackError
+from eospack.connectors.kafka.errors import LedgerError, LedgerFencedError, LedgerReadTimeoutError
+from eospack.connectors.kafka.sink.options import (
+    DEFAULT_LEDGER_TOPIC,
+    KafkaSinkOptions,
+    client_config,
+)
 
 LEDGER_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -103,22 +103,6 @@ aborted by the broker: longer than ``LEDGER_TRANSACTION_TIMEOUT_MS`` plus the br
 default abort check interval (10 s)."""
 _TOMBSTONE = None
 logger = logging.getLogger(__name__)
-
-
-class LedgerError(EospackError, RuntimeError):
-    """The ledger topic cannot be created, read or written."""
-
-
-class LedgerFencedError(LedgerError):
-    """Another process opened this sink's ledger after this one: this one may not write."""
-
-
-class LedgerReadTimeoutError(LedgerError):
-    """The ledger topic could not be read to its end in time (a writer's transaction held it
-    back, or its leader was gone): the next attempt may get through."""
-
-    transient = True
-    """Retried by the commit's ride-through (``ride_through.is_transient``)."""
 
 
 class Ledger:

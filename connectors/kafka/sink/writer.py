@@ -37,15 +37,21 @@ from kafka import errors as kafka_errors
 
 from eospack.commit_protocols import TaskIdentity, faults
 from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka import producer_pool, record_batches
-from eospack.connectors.kafka.authentication import naming_refused_logins
-from eospack.connectors.kafka.errors import KafkaSendError
-from eospack.connectors.kafka.ledger import is_ledger_topic
-from eospack.connectors.kafka.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
-from eospack.connectors.kafka.producer_pool import kept_producer
-from eospack.connectors.kafka.record_batches import EncodeSettings, RecordRefusedError
-from eospack.connectors.kafka.sink_options import KafkaSinkOptions
-from eospack.connectors.kafka.transactions import begin, begin_again, end_transaction, prepare
+from eospack.connectors.kafka.client.authentication import naming_refused_logins
+from eospack.connectors.kafka.client.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
+from eospack.connectors.kafka.client.transactions import (
+    begin,
+    begin_again,
+    end_transaction,
+    prepare,
+)
+from eospack.connectors.kafka.errors import KafkaSendError, RecordRefusedError
+from eospack.connectors.kafka.records import record_batches
+from eospack.connectors.kafka.records.record_batches import EncodeSettings
+from eospack.connectors.kafka.sink import producer_pool
+from eospack.connectors.kafka.sink.ledger import is_ledger_topic
+from eospack.connectors.kafka.sink.options import KafkaSinkOptions
+from eospack.connectors.kafka.sink.producer_pool import kept_producer
 
 ENCODED_COLUMNS = ("key", "value", "partition", "headers")
 logger = logging.getLogger(__name__)

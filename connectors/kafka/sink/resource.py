@@ -26,21 +26,9 @@ from eospack.commit_protocols import derive_sink_id, faults, parse_transaction_i
 from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
 from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from eospack.connectors.kafka.errors import PreparedTransactionLostError
-from eospack.connectors.kafka.ledger import (
-    LEDGER_ID_PREFIX,
-    Ledger,
-    LedgerFencedError,
-    forget_ledger,
-    read_slots_if_any,
-    shared_ledger,
-)
-from eospack.connectors.kafka.producer_pool import is_pooled
-from eospack.connectors.kafka.ride_through import Retry
-from eospack.connectors.kafka.sink_options import KafkaSinkOptions, parse_options
-from eospack.connectors.kafka.transactions import (
+from eospack.connectors.kafka.client.ride_through import Retry
+from eospack.connectors.kafka.client.transactions import (
     PreparedTransaction,
-    TransactionFencedError,
     admin_client,
     commit_prepared,
     commit_prepared_together,
@@ -49,6 +37,21 @@ from eospack.connectors.kafka.transactions import (
     open_epochs,
     open_transactions,
 )
+from eospack.connectors.kafka.errors import (
+    LedgerFencedError,
+    PreparedTransactionLostError,
+    TransactionFencedError,
+)
+from eospack.connectors.kafka.sink.cluster_identity import derived_sink_id
+from eospack.connectors.kafka.sink.ledger import (
+    LEDGER_ID_PREFIX,
+    Ledger,
+    forget_ledger,
+    read_slots_if_any,
+    shared_ledger,
+)
+from eospack.connectors.kafka.sink.options import KafkaSinkOptions, parse_options
+from eospack.connectors.kafka.sink.producer_pool import is_pooled
 
 Result = TypeVar("Result")
 logger = logging.getLogger(__name__)
@@ -470,8 +473,6 @@ def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:
     (``kafka.bootstrap.servers``, ``topic``, optional ``ledgerTopic``, ``sinkId``,
     ``kafka.*`` client settings), its id derived as the sink derives it (from the cluster's
     id: the cluster must be up). Read only (``TransactionalResource.inspect``)."""
-    from eospack.connectors.kafka.sink import derived_sink_id  # the sink imports this module
-
     sink_id = derived_sink_id(query_id, options)
     resource = KafkaResource(parse_options(options))
     try:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from eospack.connectors.kafka.client_config import kafka_client_params, kafka_value
+from eospack.connectors.kafka.client.config import kafka_client_params, kafka_value
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
 from eospack.options import OptionReader
 

@@ -6,7 +6,7 @@ task retries and broker restarts, provided the query restarts from its checkpoin
 ``transaction.timeout.ms`` of a crash. Tasks write their rows in Kafka transactions and
 leave them open; the driver records the decision in the ledger topic and commits every
 transaction by producer id and epoch; recovery rolls decided transactions forward and
-fences the rest (``eospack.connectors.kafka.resource``). A prepared transaction the broker
+fences the rest (``eospack.connectors.kafka.sink.resource``). A prepared transaction the broker
 aborted because the query stayed down too long is detected at the restart, which fails
 with ``DecidedPieceLostError``: never silently lost. ``read_uncommitted`` consumers see
 records of transactions that are later aborted (a retried task, a replayed batch).
@@ -15,15 +15,11 @@ records of transactions that are later aborted (a retried task, a replayed batch
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
-from kafka import errors as kafka_errors
-from kafka.admin import ConfigResource, ConfigResourceType
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import (
     ArrayType,
@@ -33,28 +29,26 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter, derive_sink_id
+from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
 from eospack.commit_protocols.logs import make_logs_visible
 from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka import native_path
-from eospack.connectors.kafka.authentication import raise_if_refused
-from eospack.connectors.kafka.checkpoint_record import check_against_record
-from eospack.connectors.kafka.cluster_configs import describe_configs, fit_transaction_timeout
-from eospack.connectors.kafka.ledger import ensure_ledger_topic, is_ledger_topic
-from eospack.connectors.kafka.resource import KafkaResource
-from eospack.connectors.kafka.ride_through import asked_again
-from eospack.connectors.kafka.sink_options import (
-    DEFAULT_TRANSACTION_TIMEOUT_MS,
-    KafkaSinkOptionError,
+from eospack.connectors.kafka.client.ride_through import asked_again
+from eospack.connectors.kafka.errors import KafkaSinkOptionError
+from eospack.connectors.kafka.records import native_path
+from eospack.connectors.kafka.sink.checkpoint_record import check_against_record
+from eospack.connectors.kafka.sink.cluster_identity import (
+    BROKER_TIMEOUT_SETTING,
+    cluster_facts,
+)
+from eospack.connectors.kafka.sink.ledger import ensure_ledger_topic, is_ledger_topic
+from eospack.connectors.kafka.sink.options import (
+    SINK_NAME,
     KafkaSinkOptions,
-    client_config,
     parse_options,
 )
-from eospack.connectors.kafka.transactions import admin_client
-from eospack.connectors.kafka.writer import prepare_task, write_directly
+from eospack.connectors.kafka.sink.resource import KafkaResource
+from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
 
-SINK_NAME = "2pc-kafka"
-BROKER_TIMEOUT_SETTING = "transaction.max.timeout.ms"
 logger = logging.getLogger(__name__)
 
 
@@ -173,87 +167,6 @@ def with_broker_timeout(options: KafkaSinkOptions, maximum: int | None) -> Kafka
         )
         return replace(options, transaction_timeout_ms=maximum)
     return options
-
-
-def derived_sink_id(query_id: str, options: Mapping[str, str]) -> str:
-    """The sink id that a query of ``query_id`` writing with ``options`` uses: ``sinkId``
-    if given, else derived from the query id and the target as the tasks derive it (the
-    cluster's id is asked, so the cluster must be up). For tools that inspect a sink."""
-    parsed = parse_options(options)
-    if parsed.sink_id is not None:
-        return parsed.sink_id
-    resolved = replace(parsed, cluster_id=cluster_facts(parsed).cluster_id)
-    return derive_sink_id(query_id, resolved.target)
-
-
-@dataclass(frozen=True)
-class ClusterFacts:
-    cluster_id: str | None
-    """None only for a broker that reports none (then the sorted bootstrap list stands in)."""
-    transaction_max_timeout_ms: int | None
-    """The brokers' ``transaction.max.timeout.ms`` (or, where it may not be read, the
-    largest timeout up to the wanted one that a broker accepts); None when unknown."""
-
-
-def cluster_facts(options: KafkaSinkOptions, fit_timeout: bool = False) -> ClusterFacts:
-    """What the driver asks the cluster once per process: its id and its transaction
-    timeout maximum (``fit_timeout``: probed where DescribeConfigs is denied, see
-    ``cluster_configs``)."""
-    wanted = options.transaction_timeout_ms if fit_timeout else None
-    return _cluster_facts(options.bootstrap_servers, options.producer_params, wanted)
-
-
-@functools.cache
-def _cluster_facts(
-    bootstrap_servers: str, producer_params: tuple[tuple[str, Any], ...], wanted_ms: int | None
-) -> ClusterFacts:
-    """Cached by the cluster, the client settings used to ask it and the timeout to fit; a
-    raised error is not cached. A broker that refused the login raises
-    ``KafkaAuthenticationError``."""
-    config = client_config(bootstrap_servers, producer_params)
-    raise_if_refused(config, SINK_NAME)  # first: kafka-python retries a refused login 30 s
-    try:
-        admin = admin_client(config)
-    except (kafka_errors.KafkaTimeoutError, kafka_errors.KafkaConnectionError):
-        raise_if_refused(config, SINK_NAME)
-        raise
-    maximum: int | None = None
-    try:
-        cluster = admin.describe_cluster()
-        broker = str(cluster["brokers"][0]["broker_id"])
-        resource = ConfigResource(ConfigResourceType.BROKER, broker, [BROKER_TIMEOUT_SETTING])
-        why = None
-        try:
-            described = describe_configs(admin, [resource]).get(("broker", broker))
-            if described is not None and described.error is not None:
-                why = f"DescribeConfigs refused: {described.error.__name__}"
-            elif described is not None and described.values.get(BROKER_TIMEOUT_SETTING):
-                maximum = int(str(described.values[BROKER_TIMEOUT_SETTING]))
-            else:
-                why = "not in the answer"
-        except kafka_errors.KafkaError as error:
-            why = type(error).__name__
-        if maximum is None and wanted_ms is not None:
-            maximum = fit_transaction_timeout(admin, wanted_ms)
-            logger.warning(
-                "2pc-kafka could not read the brokers' %s (%s; DESCRIBE_CONFIGS on the"
-                " cluster allows it): %s",
-                BROKER_TIMEOUT_SETTING,
-                why,
-                f"a broker accepts a transaction timeout of {maximum} ms"
-                if maximum is not None
-                else f"asking a broker failed too, using {wanted_ms} ms",
-            )
-        elif maximum is None:
-            logger.warning(
-                "2pc-kafka could not read the brokers' %s (%s): using %d ms",
-                BROKER_TIMEOUT_SETTING,
-                why,
-                DEFAULT_TRANSACTION_TIMEOUT_MS,
-            )
-    finally:
-        admin.close()
-    return ClusterFacts(cluster.get("cluster_id") or None, maximum)
 
 
 def check_topic_option(options: KafkaSinkOptions) -> None:

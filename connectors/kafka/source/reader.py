@@ -39,24 +39,23 @@ from kafka.errors import (
 )
 from kafka.protocol.consumer.offsets import IsolationLevel
 
-from eospack.connectors.kafka import native_path, record_batches, socket_reads
-from eospack.connectors.kafka.authentication import raise_if_refused
-from eospack.connectors.kafka.broker_calls import broker_call
+from eospack.connectors.kafka.client import socket_reads
+from eospack.connectors.kafka.client.authentication import raise_if_refused
+from eospack.connectors.kafka.client.broker_calls import broker_call
 from eospack.connectors.kafka.errors import (
     KafkaCodecMissingError,
     KafkaReadTimeoutError,
     report_data_loss,
 )
-from eospack.connectors.kafka.offset_ranges import OffsetRange
-from eospack.connectors.kafka.source import output_schema
-from eospack.connectors.kafka.source_options import KafkaSourceOptions
+from eospack.connectors.kafka.records import native_path, record_batches
+from eospack.connectors.kafka.source.offset_ranges import OffsetRange
+from eospack.connectors.kafka.source.options import KafkaSourceOptions
 
 __all__ = [
     "DecodedPartitionRecords",
     "close_idle_consumers",
     "codec_missing_error",
     "decoding_partition_records",
-    "output_schema",
     "read_range",
 ]
 

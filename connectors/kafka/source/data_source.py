@@ -26,41 +26,33 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
-from eospack.connectors.kafka import native_path
-from eospack.connectors.kafka.broker_metadata import ClusterSnapshot, KafkaMetadata
 from eospack.connectors.kafka.errors import KafkaSourceOptionError
-from eospack.connectors.kafka.offset_format import (
+from eospack.connectors.kafka.records import native_path
+from eospack.connectors.kafka.records.schema import spark_schema
+from eospack.connectors.kafka.source.broker_metadata import ClusterSnapshot, KafkaMetadata
+from eospack.connectors.kafka.source.offset_format import (
     STARTS_IF_INITIAL_KEY,
     STARTS_KEY,
     BatchOffsets,
     OffsetsJson,
     offsets_to_json,
 )
-from eospack.connectors.kafka.offset_ranges import (
+from eospack.connectors.kafka.source.offset_ranges import (
     OffsetRange,
     available_records,
     pack_ranges,
     rate_limit,
     split_ranges,
 )
-from eospack.connectors.kafka.planning import OffsetPlanner, TriggerPacer
-from eospack.connectors.kafka.source_options import (
+from eospack.connectors.kafka.source.options import (
     KafkaSourceOptions,
     OffsetBound,
     TopicPartitionKey,
     parse_options,
 )
+from eospack.connectors.kafka.source.planning import OffsetPlanner, TriggerPacer
 from eospack.spark_features import ADMISSION_CONTROL, require
 
 if TYPE_CHECKING or ADMISSION_CONTROL.available:
@@ -72,7 +64,7 @@ if TYPE_CHECKING or ADMISSION_CONTROL.available:
         SupportsTriggerAvailableNow,
     )
 else:  # Spark 4.0 and 4.1: Spark calls latestOffset() with nothing (no read limits)
-    from eospack.connectors.kafka.read_limits import (
+    from eospack.connectors.kafka.source.read_limits import (
         ReadAllAvailable,
         ReadLimit,
         ReadMaxRows,
@@ -85,31 +77,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-_FIELDS = (
-    StructField("key", BinaryType()),
-    StructField("value", BinaryType()),
-    StructField("topic", StringType()),
-    StructField("partition", IntegerType()),
-    StructField("offset", LongType()),
-    StructField("timestamp", TimestampType()),
-    StructField("timestampType", IntegerType()),
-)
-
-
-def output_schema(include_headers: bool) -> StructType:
-    """Spark's Kafka source schema (``headers`` last with includeHeaders), built here rather
-    than taken from the reader module: planner processes need the schema, and importing
-    the executor's reader (pyarrow, its decoders) would cost each of them ~0.1 s."""
-    headers = [StructField("headers", ArrayType(_HEADER))] if include_headers else []
-    return StructType([*_FIELDS, *headers])
-
 
 def read_ranges(
     options: KafkaSourceOptions, offset_ranges: Sequence[OffsetRange]
 ) -> Iterator[pa.RecordBatch]:
     """The executor's reader (imported where a task first reads), range after range."""
-    from eospack.connectors.kafka import reader
+    from eospack.connectors.kafka.source import reader
 
     for offset_range in offset_ranges:
         yield from reader.read_range(options, offset_range)
@@ -156,7 +129,7 @@ class ReplayableKafkaDataSource(DataSource):
         return "replayable-kafka"
 
     def schema(self) -> StructType:
-        return output_schema(self.kafka_options.include_headers)
+        return spark_schema(self.kafka_options.include_headers)
 
     def _check_schema(self, schema: StructType) -> None:
         if schema != self.schema():

@@ -30,19 +30,12 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from eospack.connectors.kafka.errors import KafkaAuthenticationError
-from eospack.errors import EospackError
+from eospack.connectors.kafka.errors import KafkaAuthenticationError, TlsRefusal
 
 PROBE_ATTEMPTS = 3
 _ERROR_PREFIX = re.compile(r"^(\[Error \d+\] )?\w+Error: ")
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*")
 PROBE_TIMEOUT_MS = 5_000
-
-
-class TlsRefusal(EospackError):
-    """The TLS handshake (or the first read after it) failed with the broker's or the
-    client's verdict on a certificate: the reason, never a secret. Returned by the probe,
-    never raised: ``authentication_error`` turns it into ``KafkaAuthenticationError``."""
 
 
 def uses_sasl(config: Mapping[str, Any]) -> bool:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eospack.commit_protocols.sink_options import parse_sink_common_options
-from eospack.connectors.kafka.client_config import kafka_client_params, kafka_value
-from eospack.errors import EospackError
+from eospack.connectors.kafka.client.config import kafka_client_params, kafka_value
+from eospack.connectors.kafka.errors import KafkaSinkOptionError
 from eospack.options import OptionReader
 
 DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"
@@ -34,9 +34,8 @@ REFUSED_PRODUCER_OPTIONS = {
     "interceptor.classes": "producer interceptors are not supported",
 }
 
-
-class KafkaSinkOptionError(EospackError, ValueError):
-    """An option of 2pc-kafka is missing, malformed or inconsistent."""
+SINK_NAME = "2pc-kafka"
+"""The format's name (``writeStream.format``), also the name in its log lines and errors."""
 
 
 @dataclass(frozen=True)

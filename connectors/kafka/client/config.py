@@ -271,7 +271,8 @@ def _mechanism_params(
             f"Option kafka.{TOKEN_PROVIDER} needs kafka.sasl.mechanism=OAUTHBEARER (the"
             f" mechanism is {mechanism}): set it"
         )
-    from eospack.connectors.kafka.token_provider import TokenProviderNameError, provider_for
+    from eospack.connectors.kafka.client.token_provider import provider_for
+    from eospack.connectors.kafka.errors import TokenProviderNameError
 
     try:
         return {**named, "sasl_oauth_token_provider": provider_for(provider_name.strip())}

@@ -29,11 +29,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eospack.connectors.kafka.native_path import (
+from eospack.connectors.kafka.errors import (
+    CorruptRecordsError,
+    RecordRefusedError,
+    TimestampOutOfRangeError,
+)
+from eospack.connectors.kafka.records import schema as record_schema
+from eospack.connectors.kafka.records.native_path import (
     NATIVE,
     active_path,
 )
-from eospack.errors import EospackError
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +48,10 @@ HEADER_BYTES = 61
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 """The attribute bits of each ``compression.type`` a record batch can carry."""
 
-HEADER_ITEM = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-HEADERS = pa.list_(pa.field("element", HEADER_ITEM))
-_FIELDS = [
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("timestampType", pa.int32()),
-]
-ARROW_SCHEMA = pa.schema(_FIELDS)
-ARROW_SCHEMA_WITH_HEADERS = pa.schema([*_FIELDS, pa.field("headers", HEADERS)])
+HEADER_ITEM = record_schema.arrow_header_item()
+HEADERS = record_schema.arrow_headers()
+ARROW_SCHEMA = record_schema.arrow_schema(include_headers=False)
+ARROW_SCHEMA_WITH_HEADERS = record_schema.arrow_schema(include_headers=True)
 """The source's rows, as Spark's own Kafka source has them (pyspark's Arrow types)."""
 
 AbortedTransaction = namedtuple("AbortedTransaction", ["producer_id", "first_offset"])
@@ -69,16 +65,6 @@ class DecodedRecords:
     """Where the next fetch starts: past the last batch read (markers, aborted and
     compacted offsets included)."""
     leader_epoch: int
-
-
-class CorruptRecordsError(EospackError, ValueError):
-    """Record data that fails its CRC or cannot be parsed or decompressed."""
-
-
-class TimestampOutOfRangeError(EospackError, OverflowError):
-    """A record whose timestamp Spark's TimestampType cannot hold: the task fails, as with
-    Spark's own Kafka source (its ``Math.multiplyExact`` overflows), rather than reading a
-    wrapped or clamped instant."""
 
 
 LONG_MAX = 2**63 - 1
@@ -394,10 +380,6 @@ class EncodeSettings:
     """A record whose batch alone is larger is refused (the producer's max.request.size)."""
     compression: str
     timestamp_ms: int
-
-
-class RecordRefusedError(EospackError, ValueError):
-    """A row that cannot become a record (too large, a partition the topic lacks)."""
 
 
 def encode(
