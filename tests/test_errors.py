@@ -5,30 +5,26 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import pkgutil
 
 import pytest
 
+from eospack.checkout_layout import every_module_name
 from eospack.errors import EospackError
-
-PACKAGES = ("eospack",)
 
 
 def error_classes() -> list[type[BaseException]]:
     found = []
-    for package_name in PACKAGES:
-        package = importlib.import_module(package_name)
-        for module_info in pkgutil.walk_packages(package.__path__, f"{package_name}."):
-            if module_info.name.endswith("__main__"):
-                continue
-            module = importlib.import_module(module_info.name)
-            found += [
-                value
-                for value in vars(module).values()
-                if inspect.isclass(value)
-                and issubclass(value, BaseException)
-                and value.__module__ == module.__name__
-            ]
+    for name in every_module_name():
+        if name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        found += [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value)
+            and issubclass(value, BaseException)
+            and value.__module__ == module.__name__
+        ]
     return found
 
 
