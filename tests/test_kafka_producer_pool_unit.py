@@ -76,30 +76,3 @@ def test_many_sinks_in_one_worker_never_reset_a_batch_in_progress() -> None:
     for number in range(20):
         producer_pool.pooled_transactional_id(task(7, 0, sink=f"other{number}"))
     assert producer_pool.pooled_transactional_id(task(3, 1)) != first
-
-
-def test_the_private_parts_begin_again_resets_still_exist_in_kafka_python() -> None:
-    """``transactions.begin_again`` resets kafka-python's transaction manager through
-    private names; a kafka-python that renamed one would make every kept producer fail
-    its restart (and fall back to a new producer: correct, but slow)."""
-    from kafka.producer.kafka import KafkaProducer
-    from kafka.producer.record_accumulator import RecordAccumulator
-    from kafka.producer.transaction_manager import TransactionManager, TransactionState
-
-    manager = TransactionManager(transactional_id="canary")
-    for name in (
-        "_lock",
-        "_pending_requests",
-        "_current_state",
-        "_last_error",
-        "_transaction_started",
-        "_new_partitions_in_transaction",
-        "_pending_partitions_in_transaction",
-        "_partitions_in_transaction",
-        "_pending_txn_offset_commits",
-    ):
-        assert hasattr(manager, name), name
-    assert manager._current_state == TransactionState.UNINITIALIZED
-    assert callable(manager.has_in_flight_transactional_request)
-    assert isinstance(RecordAccumulator.has_incomplete, property)
-    assert "_init_transactions_result" in KafkaProducer.__init__.__code__.co_names

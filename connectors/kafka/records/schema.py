@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 ColumnType = Literal["binary", "string", "int", "long", "timestamp"]
 
@@ -76,7 +76,7 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _spark_type(kind: ColumnType) -> object:
+def _spark_type(kind: ColumnType) -> DataType:
     from pyspark.sql import types
 
     return {

@@ -42,7 +42,6 @@ its start, so the topic stays small.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -56,6 +55,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
 from eospack.connectors.kafka.client.cluster_configs import describe_configs
+from eospack.connectors.kafka.client.producers import close_at_once, transaction_error
 from eospack.connectors.kafka.client.ride_through import ATTEMPT_SECONDS
 from eospack.connectors.kafka.client.transactions import (
     CONTROL_SETTINGS,
@@ -172,7 +172,7 @@ class Ledger:
             end_transaction(self.producer, commit=True, timeout_ms=int(ATTEMPT_SECONDS * 1000))
         except kafka_errors.KafkaError as error:
             if not _fenced(self.producer, error):
-                cause = self.producer._transaction_manager.last_error
+                cause = transaction_error(self.producer)
                 if cause is not None and error.__cause__ is None and cause is not error:
                     raise error from cause  # kafka-python's plain KafkaError names no cause
                 raise
@@ -187,30 +187,13 @@ class Ledger:
         close_at_once(self.producer)
 
 
-def close_at_once(producer: KafkaProducer) -> None:
-    """Close ``producer`` without waiting and without raising. kafka-python's
-    ``close(timeout=0)`` first flushes, and a flush that cannot finish (a broker gone with a
-    send in flight) raises ``Timeout waiting for future`` before the sender thread is
-    stopped: the caller's real failure was hidden behind it and the thread leaked. Here the
-    sender is stopped whatever the flush says."""
-    try:
-        producer.close(timeout=0)
-    except Exception as error:  # the flush's timeout: the records are abandoned anyway
-        logger.debug("2pc-kafka: closing a ledger producer at once: %r", error)
-        sender = producer._sender
-        if sender is not None and sender.is_alive():
-            with contextlib.suppress(Exception):
-                sender.force_close()
-        producer._closed = True
-
-
 def _fenced(producer: KafkaProducer, error: kafka_errors.KafkaError) -> bool:
     """Whether ``error`` means another producer of the id took over. kafka-python raises
     ``ProducerFencedError`` only when EndTxn itself was refused; when the sender saw it
     first (AddPartitionsToTxn, a produce), every later call raises a plain ``KafkaError``
     about the error state, and the cause is the transaction manager's last error."""
     fenced = (kafka_errors.ProducerFencedError, kafka_errors.InvalidProducerEpochError)
-    return isinstance(error, fenced) or isinstance(producer._transaction_manager.last_error, fenced)
+    return isinstance(error, fenced) or isinstance(transaction_error(producer), fenced)
 
 
 _shared: dict[tuple[str, str, str], Ledger] = {}

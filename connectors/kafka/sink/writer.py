@@ -39,6 +39,7 @@ from eospack.commit_protocols import TaskIdentity, faults
 from eospack.commit_protocols.pieces import PreparedPiece
 from eospack.connectors.kafka.client.authentication import naming_refused_logins
 from eospack.connectors.kafka.client.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
+from eospack.connectors.kafka.client.producers import failed_transaction
 from eospack.connectors.kafka.client.transactions import (
     begin,
     begin_again,
@@ -215,9 +216,8 @@ def send_rows(
         refused.raise_first()
     sender.flush()
     refused.raise_first()
-    manager = producer._transaction_manager
-    if manager is not None and manager.has_error():
-        failure = manager.last_error or kafka_errors.KafkaError("the transaction failed")
+    failure = failed_transaction(producer)
+    if failure is not None:
         raise send_error(options.topic or "(several)", failure)
     return sent
 

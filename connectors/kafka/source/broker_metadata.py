@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from eospack.connectors.kafka.client.authentication import raise_if_refused
 from eospack.connectors.kafka.client.broker_calls import broker_call
+from eospack.connectors.kafka.client.consumers import cluster_metadata
 from eospack.connectors.kafka.errors import KafkaBrokerUnreachableError, KafkaSourceOptionError
 from eospack.connectors.kafka.source.offset_format import topic_id_text
 from eospack.connectors.kafka.source.offset_ranges import PartitionOffsets
@@ -119,7 +120,7 @@ class KafkaMetadata:
 
         def discover(consumer: KafkaConsumer) -> ClusterView:
             topics = broker_call("kafka.metadata", consumer.topics)
-            cluster = consumer._client.cluster
+            cluster = cluster_metadata(consumer)
             if subscription.kind == "subscribe":
                 wanted = [t for t in subscription.topics if t in topics]
             elif subscription.kind == "subscribePattern":

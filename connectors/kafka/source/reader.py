@@ -42,6 +42,11 @@ from kafka.protocol.consumer.offsets import IsolationLevel
 from eospack.connectors.kafka.client import socket_reads
 from eospack.connectors.kafka.client.authentication import raise_if_refused
 from eospack.connectors.kafka.client.broker_calls import broker_call
+from eospack.connectors.kafka.client.consumers import (
+    decode_fetches_with,
+    fetched_bytes,
+    known_leader,
+)
 from eospack.connectors.kafka.errors import (
     KafkaCodecMissingError,
     KafkaReadTimeoutError,
@@ -89,7 +94,7 @@ def _acquire(
                 f" {options.bootstrap_servers} answered within {options.poll_timeout_ms} ms"
                 f" ({error}); check the brokers, or raise kafkaConsumer.pollTimeoutMs"
             ) from None
-    consumer._fetcher.PartitionRecords = decoding_partition_records(options.include_headers)
+    decode_fetches_with(consumer, decoding_partition_records(options.include_headers))
     return key, consumer
 
 
@@ -193,7 +198,7 @@ class _RangeReader:
         """What the consumer last learnt of the partition's leader, for a read that gives
         up: no leader (every replica down or out of sync), or the node it kept asking."""
         try:
-            leader = self.consumer._client.cluster.leader_for_partition(self.tp)
+            leader = known_leader(self.consumer, self.tp)
         except Exception:  # kafka-python internals: the message must not fail
             return "its leader is not known"
         if leader is None or leader < 0:
@@ -331,7 +336,7 @@ class DecodedPartitionRecords:
         self.aborted = [(t.producer_id, t.first_offset) for t in aborted_transactions or ()]
         self.metric_aggregator = metric_aggregator
         self.on_drain = on_drain
-        self.raw: bytes | None = records._buffer
+        self.raw: bytes | None = fetched_bytes(records)
         self.bytes_read = 0
         self.records_read = 0
 
