@@ -222,13 +222,13 @@ def test_the_sink_checks_the_login_before_kafka_python_retries_it_for_30_seconds
     retries a refused login like a lost connection) before the probe named it: the probe
     now runs first, so no admin client is built for a refused login."""
     from eospack.connectors.kafka.errors import KafkaAuthenticationError
-    from eospack.connectors.kafka.sink import data_source as sink
+    from eospack.connectors.kafka.sink import cluster_identity
     from eospack.connectors.kafka.sink.options import parse_options
 
     def no_admin_client(config: Any) -> Any:
         raise AssertionError("an admin client bootstrapped before the login was checked")
 
-    monkeypatch.setattr(sink, "admin_client", no_admin_client)
+    monkeypatch.setattr(cluster_identity, "admin_client", no_admin_client)
     options = parse_options(
         {
             **secured_kafka.client_options("app", password=WRONG_PASSWORD),
@@ -237,7 +237,7 @@ def test_the_sink_checks_the_login_before_kafka_python_retries_it_for_30_seconds
     )
     started = time.monotonic()
     with pytest.raises(KafkaAuthenticationError) as raised:
-        sink.cluster_facts(options)
+        cluster_identity.cluster_facts(options)
     print(f"refused after {time.monotonic() - started:.2f} s")
     assert "SASL SCRAM-SHA-512 as user 'app' over SASL_SSL failed" in str(raised.value)
     assert WRONG_PASSWORD not in str(raised.value)

@@ -54,7 +54,7 @@ class KafkaSinkOptions:
     """Spark's ``checkpointLocation`` when the query gives it as an option (where
     ``checkpoint_record`` keeps what a restart must find)."""
     cluster_id: str | None = None
-    """The cluster's own id, asked by the driver at query start (``sink.with_cluster_facts``)."""
+    """The cluster's own id, asked by the driver at query start (``sink/cluster_identity.py``)."""
 
     @property
     def target(self) -> str:

@@ -22,7 +22,7 @@ OffsetsJson = dict[str, Any]
 STARTS_KEY = "@starts"
 TOPIC_IDS_KEY = "@topicIds"
 # Spark 4.0 and 4.1 (no start given to latestOffset): the starts of the first batch a process
-# planned, valid only if Spark's start is that process's initial offset (see source.py).
+# planned, valid only if Spark's start is that process's initial offset (see data_source.py).
 STARTS_IF_INITIAL_KEY = "@startsIfInitial"
 
 
