@@ -1,7 +1,7 @@
 """A 2pc-kafka query that starts while a broker is down (a restart during a rolling restart,
 or after a crash that took a node with it) asks its start-up broker calls again instead of
 failing: the production lane's restart with the ledger coordinator's node down failed at
-DescribeCluster with ECONNREFUSED (``connectors/kafka/ride_through.asked_again``)."""
+DescribeCluster with ECONNREFUSED (``connectors/kafka/client/ride_through.asked_again``)."""
 
 from __future__ import annotations
 
