@@ -88,8 +88,8 @@ def main() -> int:
         s3_sink,
         stateful,
     )
-    from eospack.services import start_kafka, start_postgres, start_s3
-    from eospack.spark import local_session
+    from eospack.lab.services import start_kafka, start_postgres, start_s3
+    from eospack.tools.spark import local_session
 
     workdir = Path(tempfile.mkdtemp(prefix="eospack-bench-"))
     report = Report()
@@ -263,8 +263,8 @@ class _NothingShared(Exception):
 
 def peer_jars(name: str, report: Report) -> list[Path]:
     """The jars of a JVM peer's set, fetched with mvn on first use; [] with a note if not."""
-    from eospack.services import ServiceStartError
-    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+    from eospack.lab.services import ServiceStartError
+    from eospack.lab.services.maven import is_cached, mvn_executable, resolve_classpath
 
     if not is_cached(name) and mvn_executable() is None:
         report.notes.append(

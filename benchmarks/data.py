@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eospack.services.base import broker_kind
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.services.base import broker_kind
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
 
 VALUE_BYTES = 100
 ROWS_PER_FILE = 100_000

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from benchmarks.data import parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, say, scaling_note
 from eospack.connectors.jdbc.postgres import csv_ready
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 
 TIMEOUT = 1200.0
 MICRO_BATCHES = 10

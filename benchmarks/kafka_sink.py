@@ -23,8 +23,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from benchmarks.data import parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, say
 from eospack.connectors.kafka.records import native_path
-from eospack.services.kafka_tools import create_topic
-from eospack.testing import await_query
+from eospack.lab.services.kafka_tools import create_topic
+from eospack.lab.testing import await_query
 
 TIMEOUT = 900.0
 

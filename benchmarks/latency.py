@@ -26,9 +26,9 @@ from typing import Any
 
 from benchmarks.harness import Comparison, Figure, Report, say
 from benchmarks.pipeline import pipeline, spark_pipeline
-from eospack.processes import DriverProcess
-from eospack.services.kafka_tools import create_topic
-from eospack.testing import wait_until
+from eospack.core.processes import DriverProcess
+from eospack.lab.services.kafka_tools import create_topic
+from eospack.lab.testing import wait_until
 
 PARTITIONS = 4
 KEYS = 1_000

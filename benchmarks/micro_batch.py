@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Comparison, Figure, Report, say
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
-from eospack.testing import wait_until
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.testing import wait_until
 
 PARTITIONS = 4
 KEYS = 1_000

@@ -1,6 +1,6 @@
 """5. recovery time after SIGKILL and 7. the demo pipeline's events/s, EO versus ALO.
 
-Both run the demo's pipeline (``eospack.demo.pipeline``: replayable-kafka ->
+Both run the demo's pipeline (``eospack.lab.demo.pipeline``: replayable-kafka ->
 running_count -> 2pc-jdbc current + history tables) as a separate driver process.
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Comparison, Figure, Report, say
-from eospack.demo.pipeline import MILESTONE_PREFIX, PipelineCommand
-from eospack.demo.run import committed_batches
-from eospack.processes import DriverProcess
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
-from eospack.testing import wait_until
+from eospack.core.processes import DriverProcess
+from eospack.lab.demo.pipeline import MILESTONE_PREFIX, PipelineCommand
+from eospack.lab.demo.run import committed_batches
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.testing import wait_until
 
 TIMEOUT = 600.0
 RECOVERY_RATE = 2_000

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Figure, Report, say
-from eospack.processes import DriverProcess
-from eospack.testing import wait_until
+from eospack.core.processes import DriverProcess
+from eospack.lab.testing import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "integration_tests" / "drivers" / "kafka_to_kafka_driver.py"
@@ -120,7 +120,7 @@ def back_in_sync(cluster: Any) -> bool:
 
 
 def output_counts(bootstrap: str, topic: str) -> collections.Counter[bytes]:
-    from eospack.services.kafka_tools import read_all
+    from eospack.lab.services.kafka_tools import read_all
 
     rows = read_all(bootstrap, topic, timeout=300, isolation_level="read_committed")
     return collections.Counter(value or b"" for _, _, _, value in rows)
@@ -176,7 +176,7 @@ def run(report: Report, rate: int) -> None:
 
     from eospack.commit_protocols import sink_prefix
     from eospack.connectors.kafka.sink.ledger import LEDGER_ID_PREFIX
-    from eospack.services.kafka_cluster import ApacheKafkaCluster
+    from eospack.lab.services.kafka_cluster import ApacheKafkaCluster
 
     say(f"rolling restart: starting a 3-node cluster, then {rate:,} events/s")
     workdir = Path(tempfile.mkdtemp(prefix="eospack-bench-rolling-"))

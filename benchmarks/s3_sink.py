@@ -30,7 +30,7 @@ from eospack.connectors.s3.client import s3_client
 from eospack.connectors.s3.options import parse_sink_options
 from eospack.connectors.s3.resource import complete_file
 from eospack.connectors.s3.writer import TaskWriter
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 
 TIMEOUT = 900.0
 

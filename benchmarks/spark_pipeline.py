@@ -2,7 +2,7 @@
 
 Spark's own Kafka source (JVM), ``groupBy(key).count()`` (Spark's state store, no Python),
 and Spark's JDBC writer in ``foreachBatch``: two long-running queries over one DataFrame
-with a ``processingTime`` trigger, like ``eospack.demo.pipeline``. At-least-once (the
+with a ``processingTime`` trigger, like ``eospack.lab.demo.pipeline``. At-least-once (the
 writer appends; a replayed batch is written again), so it bounds what a fresh Spark driver
 costs before its first commit without any Python data source, planner or worker. Its rows
 carry the micro-batch id (``batch_id``), as the demo's history table does, so the latency
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eospack.demo.pipeline import TABLES, milestone
+from eospack.lab.demo.pipeline import TABLES, milestone
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     from pyspark.sql.functions import lit
 
-    from eospack.spark import local_session
+    from eospack.tools.spark import local_session
 
     milestone("imports")
     spark = local_session(app_name="spark-peer-pipeline", extra_jars=arguments.jars.split(","))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 
 TIMEOUT = 900.0
 # The options both Spark sources get (Spark's own defaults to read_uncommitted).

@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 
 from benchmarks.data import keyed_parquet_directory
 from benchmarks.harness import Comparison, Figure, Report, say
+from eospack.lab.testing import await_query, session_settings
 from eospack.stateful_ops.state_store import state_store_conf
-from eospack.testing import await_query, session_settings
 
 TIMEOUT = 900.0
 FILES = 5

@@ -3,34 +3,35 @@
 - ``PreparedPiece``: what a task prepared (its ``write()`` commit message).
 - ``TransactionalResource``: the storage side a sink implements.
 - ``TwoPhaseCommitCoordinator``: commit/abort/recover on the driver, in a fixed order
-  with named fault points (``eospack.commit_protocols.fault_points``) for crash tests.
+  with named fault points (``eospack.core.fault_points``) for crash tests.
 - ``current_task`` / ``derive_sink_id``: transaction ids derived from sink, batch,
   partition and attempt, so a restarted query finds its own prepared work.
 """
 
-from eospack.commit_protocols.coordinator import (
+from eospack.core.fault_points import AFTER_PREPARE, ALL_FAULT_POINTS, fault_point
+
+from .coordinator import (
     CommitProtocolError,
     TwoPhaseCommitCoordinator,
     prepared_pieces_of,
     stale_pieces,
 )
-from eospack.commit_protocols.fault_points import AFTER_PREPARE, ALL_FAULT_POINTS, fault_point
-from eospack.commit_protocols.identity import (
+from .identity import (
     SinkIdentityError,
     TaskIdentity,
     current_task,
     derive_sink_id,
     validate_sink_id,
 )
-from eospack.commit_protocols.pieces import (
+from .pieces import (
     BatchDecision,
     PreparedPiece,
     parse_transaction_id,
     sink_prefix,
     transaction_id,
 )
-from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from eospack.commit_protocols.stream_writer import TwoPhaseCommitStreamWriter
+from .resource import DecidedPieceLostError, TransactionalResource
+from .stream_writer import TwoPhaseCommitStreamWriter
 
 __all__ = [
     "AFTER_PREPARE",

@@ -58,7 +58,8 @@ import logging
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 
-from eospack.commit_protocols.fault_points import (
+from eospack.core.errors import EospackError
+from eospack.core.fault_points import (
     AFTER_COMMIT,
     AFTER_DECISION,
     BEFORE_DECISION,
@@ -66,10 +67,10 @@ from eospack.commit_protocols.fault_points import (
     fault_point,
     is_armed,
 )
-from eospack.commit_protocols.identity import SinkIdentityError, TaskIdentity, parse_attempt
-from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from eospack.commit_protocols.resource import TransactionalResource
-from eospack.errors import EospackError
+
+from .identity import SinkIdentityError, TaskIdentity, parse_attempt
+from .pieces import DONE, BatchDecision, PreparedPiece
+from .resource import TransactionalResource
 
 logger = logging.getLogger(__name__)
 

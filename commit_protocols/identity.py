@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
+
+from .pieces import PreparedPiece
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eospack.commit_protocols.pieces import ABORTED, DONE, BatchDecision
+from .pieces import ABORTED, DONE, BatchDecision
 
 DECIDED_STATUS = "decided"
 """A decision whose pieces are not all committed yet (a crash between decision and commit)."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
 
-from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState, cleanup_line
-from eospack.commit_protocols.pieces import BatchDecision, PreparedPiece
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
+
+from .inspection import DecisionState, Leftover, SinkState, cleanup_line
+from .pieces import BatchDecision, PreparedPiece
 
 
 class DecidedPieceLostError(EospackError, RuntimeError):

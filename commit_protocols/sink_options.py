@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eospack.commit_protocols.identity import SINK_ID_RULE, SinkIdentityError, validate_sink_id
-from eospack.options import OptionReader
+from eospack.core.options import OptionReader
+
+from .identity import SINK_ID_RULE, SinkIdentityError, validate_sink_id
 
 DELIVERY_GUARANTEES = ("exactly-once", "at-least-once")
 

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
-from eospack.commit_protocols.coordinator import TwoPhaseCommitCoordinator, prepared_pieces_of
-from eospack.commit_protocols.fault_points import AFTER_PREPARE, fault_point
-from eospack.commit_protocols.identity import TaskIdentity, current_task, parse_attempt
-from eospack.commit_protocols.pieces import DECIDED, BatchDecision, PreparedPiece
-from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from eospack.spark_features import STREAM_ARROW_WRITER
+from eospack.core.fault_points import AFTER_PREPARE, fault_point
+from eospack.core.spark_features import STREAM_ARROW_WRITER
+
+from .coordinator import TwoPhaseCommitCoordinator, prepared_pieces_of
+from .identity import TaskIdentity, current_task, parse_attempt
+from .pieces import DECIDED, BatchDecision, PreparedPiece
+from .resource import DecidedPieceLostError, TransactionalResource
 
 if TYPE_CHECKING or STREAM_ARROW_WRITER.available:
     from pyspark.sql.datasource import DataSourceStreamArrowWriter

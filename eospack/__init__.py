@@ -5,7 +5,7 @@ is installed as a wheel (or with ``editable_mode=compat``); ``register(spark)`` 
 same by hand, and is needed where Spark's lookup cannot see the modules: after a plain
 ``pip install -e .`` (pip serves editable packages through an import hook that Spark's
 lookup of ``pyspark_*`` modules does not see), or where automatic lookup is turned off.
-Every entry point of eospack (``eospack.spark.local_session``, the demo, the benchmarks)
+Every entry point of eospack (``eospack.tools.spark.local_session``, the demo, the benchmarks)
 calls it.
 
 ``register`` also closes a Spark race (``docs/spark-python-datasource-envvars-race.md``):
@@ -15,7 +15,7 @@ insert leaves the map one entry short of its size, and every later task that car
 source fails with "Task not serializable: Illegal size N of collection, expected N+1".
 Registering fills in those keys before any query runs, so later writers only overwrite.
 In local mode it also checks, once per process, that the Python Spark's workers start can
-import eospack (:func:`eospack.doctor.require_worker_python`).
+import eospack (:func:`eospack.tools.doctor.require_worker_python`).
 
 The public face is ``__all__``: what users import from ``eospack`` and what keeps its name
 and meaning between releases; everything else (the submodules' other names) is internal.
@@ -29,15 +29,15 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eospack.checkout_layout import serve_checkout_folders
-from eospack.errors import EospackError
-from eospack.formats import FORMATS, public_error_homes
+from eospack.core.checkout_layout import serve_checkout_folders
+from eospack.core.errors import EospackError
+from eospack.core.version import __version__ as __version__
+from eospack.tools.formats import public_error_homes
+from eospack.tools.registration import register
 
 serve_checkout_folders(Path(__file__).resolve().parent)
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from eospack.commit_protocols.identity import SinkIdentityError
     from eospack.commit_protocols.resource import DecidedPieceLostError
     from eospack.connectors.jdbc.errors import (
@@ -59,10 +59,8 @@ if TYPE_CHECKING:
         PreparedTransactionLostError,
     )
     from eospack.connectors.s3.errors import S3AccessError, S3OptionError, S3WriteError
-    from eospack.doctor import WorkerPythonError
-    from eospack.savepoint import RestoredCheckpoint
-    from eospack.services.base import ServiceStartError
-    from eospack.spark import JavaNotFoundError, local_session
+    from eospack.core.java import JavaNotFoundError
+    from eospack.lab.services.base import ServiceStartError
     from eospack.stateful_ops import (
         Clock,
         OperatorDefinitionError,
@@ -74,7 +72,10 @@ if TYPE_CHECKING:
         running_count,
         sessionize,
     )
-    from eospack.supervisor import (
+    from eospack.tools.doctor import WorkerPythonError
+    from eospack.tools.savepoint import RestoredCheckpoint
+    from eospack.tools.spark import local_session
+    from eospack.tools.supervisor import (
         ExponentialDelay,
         FailureRate,
         FixedDelay,
@@ -83,18 +84,17 @@ if TYPE_CHECKING:
         supervise,
     )
 
-__version__ = "0.1.0"
 
 # Each lazily resolved public name and the module that defines it.
 _HOMES: dict[str, str] = {
-    "local_session": "eospack.spark",
-    "JavaNotFoundError": "eospack.spark",
-    "supervise": "eospack.supervisor",
-    "ExponentialDelay": "eospack.supervisor",
-    "FailureRate": "eospack.supervisor",
-    "FixedDelay": "eospack.supervisor",
-    "PermanentQueryError": "eospack.supervisor",
-    "RestartsExhaustedError": "eospack.supervisor",
+    "local_session": "eospack.tools.spark",
+    "JavaNotFoundError": "eospack.core.java",
+    "supervise": "eospack.tools.supervisor",
+    "ExponentialDelay": "eospack.tools.supervisor",
+    "FailureRate": "eospack.tools.supervisor",
+    "FixedDelay": "eospack.tools.supervisor",
+    "PermanentQueryError": "eospack.tools.supervisor",
+    "RestartsExhaustedError": "eospack.tools.supervisor",
     "running_count": "eospack.stateful_ops",
     "running_aggregate": "eospack.stateful_ops",
     "deduplicate": "eospack.stateful_ops",
@@ -104,12 +104,12 @@ _HOMES: dict[str, str] = {
     "StatefulOpsError": "eospack.stateful_ops",
     "OperatorDefinitionError": "eospack.stateful_ops",
     "StateSchemaMismatchError": "eospack.stateful_ops",
-    "RestoredCheckpoint": "eospack.savepoint",
-    "WorkerPythonError": "eospack.doctor",
-    "ServiceStartError": "eospack.services.base",
+    "RestoredCheckpoint": "eospack.tools.savepoint",
+    "WorkerPythonError": "eospack.tools.doctor",
+    "ServiceStartError": "eospack.lab.services.base",
     "DecidedPieceLostError": "eospack.commit_protocols.resource",
     "SinkIdentityError": "eospack.commit_protocols.identity",
-    # each format's errors users catch: its entry in eospack.formats
+    # each format's errors users catch: its entry in eospack.tools.formats
     **public_error_homes(),
 }
 
@@ -170,91 +170,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-def register(spark: SparkSession) -> None:
-    """Make replayable-kafka, 2pc-jdbc, 2pc-s3 and 2pc-kafka usable in ``spark``: each is registered
-    unless Spark's automatic lookup found it (registering it again would only make Spark
-    warn that it "replaced a statically registered data source").
-
-    In a classic session each format's environment map is then primed against Spark's race
-    of queries started together (see the module's docstring). A Spark Connect session is
-    served as well, without the priming: its client has no JVM, so the maps live in the
-    server, out of reach (``spark._jsparkSession`` raises there). It asks the server
-    whether it resolves each format and registers the missing ones with
-    ``spark.dataSource.register``, which sends the class to the server; the server must
-    import eospack to load it. Connect registrations last as long as the Connect session.
-
-    A classic session in local mode is first checked once per process for a worker Python
-    that cannot import eospack: :class:`WorkerPythonError`, one line naming that Python and
-    the fix, instead of a ``ModuleNotFoundError`` trace from the first query's workers.
-    """
-    sources = [entry.data_source.load() for entry in FORMATS.values()]
-    if is_spark_connect(spark):
-        for source in sources:
-            if not connect_server_resolves(spark, source.name()):
-                spark.dataSource.register(source)
-        return
-    from eospack.doctor import require_worker_python
-
-    require_worker_python(spark)
-    manager = spark._jsparkSession.sessionState().dataSourceManager()  # type: ignore[attr-defined]
-    for source in sources:
-        if not manager.dataSourceExists(source.name()):
-            spark.dataSource.register(source)
-        _prime_environment(spark, source.name())
-
-
-def is_spark_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def connect_server_resolves(spark: SparkSession, format_name: str) -> bool:
-    """Whether the server of Connect session ``spark`` finds ``format_name`` (by its
-    automatic lookup or a registration in this session). Analysing a read with a given
-    schema looks the format up without starting the data source: milliseconds, no Python
-    process. Errors other than "not found" are raised."""
-    try:
-        spark.read.schema("probe INT").format(format_name).load().schema  # noqa: B018
-    except Exception as error:
-        condition = getattr(error, "getCondition", None)
-        if callable(condition) and condition() == "DATA_SOURCE_NOT_FOUND":
-            return False
-        raise
-    return True
-
-
-# The keys Spark 4.3's PythonStreamingSourceRunner.init() puts into the environment map of
-# the data source it starts (``PythonFunction.envVars``, shared by every query of the
-# session that uses the format); planner and executor runners write to copies.
-SOURCE_RUNNER_KEYS = (
-    "SPARK_LOCAL_DIRS",
-    "SPARK_AUTH_SOCKET_TIMEOUT",
-    "SPARK_BUFFER_SIZE",
-    "SPARK_PYTHON_RUNTIME",
-)
-
-
-def _prime_environment(spark: SparkSession, format_name: str) -> None:
-    """Insert SOURCE_RUNNER_KEYS into ``format_name``'s shared environment map now, so that
-    concurrent query starts never change the map's structure (a put of a present key only
-    replaces its value). The values are Spark's settings; the runner overwrites them with
-    its own (the block manager's directories under the local dirs) before it starts a
-    worker, and every other runner copies the map first."""
-    jvm_session = spark._jsparkSession  # type: ignore[attr-defined]
-    conf = jvm_session.sparkContext().conf()
-    local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)  # type: ignore[attr-defined,union-attr]
-    values = {
-        "SPARK_LOCAL_DIRS": ",".join(local_dirs),
-        "SPARK_AUTH_SOCKET_TIMEOUT": str(
-            conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s")
-        ),
-        "SPARK_BUFFER_SIZE": str(conf.getSizeAsBytes("spark.buffer.size", "65536")),
-        "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER",
-    }
-    manager = jvm_session.sessionState().dataSourceManager()
-    environment = manager.lookupDataSource(format_name).dataSourceCls().envVars()
-    for key in SOURCE_RUNNER_KEYS:
-        if not environment.containsKey(key):
-            environment.put(key, values[key])

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from eospack.formats import entry_of, inspectable_sinks
+from eospack.tools.formats import entry_of, inspectable_sinks
 
 WELL_KNOWN_PORTS = {"kafka": 9092, "postgresql": 5432, "s3": 9000}
 """What docker-compose.yml publishes, so that examples written for it run as written."""
@@ -28,7 +28,7 @@ def well_known_or_free_port(preferred: int, host: str = "127.0.0.1") -> tuple[in
     The port is checked by binding it, then released for the service: another process
     may take it in between, and the service's start then fails naming the port.
     """
-    from eospack.services.base import free_port
+    from eospack.lab.services.base import free_port
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
@@ -45,9 +45,9 @@ def start_services(
     """Start Kafka, PostgreSQL and S3 on ``ports`` (default ``WELL_KNOWN_PORTS``, each one
     taken falling back to a free port), returning the services and their settings' lines.
     ``kafka_brokers`` > 1 or ``kafka_security="sasl_ssl"``: Apache Kafka as production runs
-    it, on free ports (``eospack.services.kafka_cluster``).
+    it, on free ports (``eospack.lab.services.kafka_cluster``).
     A failure stops what was started and raises ``ServiceStartError``."""
-    from eospack.services import services_mode, start_kafka, start_postgres, start_s3
+    from eospack.lab.services import services_mode, start_kafka, start_postgres, start_s3
 
     preferred = ports or WELL_KNOWN_PORTS
     chosen: dict[str, int | None] = {}
@@ -64,7 +64,7 @@ def start_services(
         print("starting kafka broker ...", flush=True)
         production = kafka_brokers != 1 or kafka_security != "none"
         if production:
-            from eospack.services.kafka_cluster import start_production_kafka
+            from eospack.lab.services.kafka_cluster import start_production_kafka
 
             started.append(kafka := start_production_kafka(kafka_brokers, kafka_security))
         else:
@@ -95,7 +95,7 @@ def start_services(
         "  (local test credentials, as docker-compose.yml's)",
     ]
     if production:
-        from eospack.services.kafka_cluster import settings_lines
+        from eospack.lab.services.kafka_cluster import settings_lines
 
         lines[:1] = settings_lines(kafka)
     return started, lines
@@ -125,8 +125,8 @@ def services_up(arguments: argparse.Namespace) -> int:
 def services_fetch(_: argparse.Namespace) -> int:
     """Fetch the jar sets (Apache Kafka, Spark's Kafka connector) with mvn, output shown;
     once, then cached."""
-    from eospack.services import ServiceStartError
-    from eospack.services.maven import ARTIFACT_SETS, resolve_classpath
+    from eospack.lab.services import ServiceStartError
+    from eospack.lab.services.maven import ARTIFACT_SETS, resolve_classpath
 
     try:
         for name in ARTIFACT_SETS:
@@ -143,19 +143,19 @@ def services(arguments: argparse.Namespace) -> int:
 
 
 def demo(arguments: argparse.Namespace) -> int:
-    from eospack.demo import run_demo
+    from eospack.lab.demo import run_demo
 
     return run_demo(arguments)
 
 
 def doctor(arguments: argparse.Namespace) -> int:
-    from eospack.doctor import java_check, run_doctor
+    from eospack.tools.doctor import java_check, run_doctor
 
     if not arguments.session or not java_check().passed:
         return run_doctor()
     from pyspark import SparkContext
 
-    from eospack.spark import local_session
+    from eospack.tools.spark import local_session
 
     started_here = SparkContext._active_spark_context is None
     spark = local_session(app_name="eospack-doctor")
@@ -187,7 +187,7 @@ def supervise(arguments: argparse.Namespace) -> int:
     import importlib
     import logging
 
-    from eospack.supervisor import (
+    from eospack.tools.supervisor import (
         ExponentialDelay,
         FailureRate,
         FixedDelay,
@@ -195,7 +195,7 @@ def supervise(arguments: argparse.Namespace) -> int:
         RestartsExhaustedError,
         RestartStrategy,
     )
-    from eospack.supervisor import supervise as run_supervised
+    from eospack.tools.supervisor import supervise as run_supervised
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -240,10 +240,10 @@ def supervise(arguments: argparse.Namespace) -> int:
 def checkpoint(arguments: argparse.Namespace) -> int:
     """Print what a checkpoint holds (and a 2pc sink's decisions and leftovers).
 
-    Each sink's options are parsed by the sink's own parser (``eospack.formats``) before
+    Each sink's options are parsed by the sink's own parser (``eospack.tools.formats``) before
     anything is read, so a bad option is the sink's one line naming it and its fix."""
-    from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
-    from eospack.checkpoint_files import is_local
+    from eospack.core.checkpoint_files import is_local
+    from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
 
     try:
         sinks = inspected_sinks(arguments)
@@ -259,7 +259,7 @@ def checkpoint(arguments: argparse.Namespace) -> int:
         print(f"eospack checkpoint inspect: {error}", file=sys.stderr)
         return 2
     if arguments.state or not is_local(arguments.path):
-        from eospack.spark import local_session
+        from eospack.tools.spark import local_session
 
         why = "operator state" if arguments.state else arguments.path
         print(f"eospack checkpoint inspect: reading {why} with Spark", file=sys.stderr)
@@ -387,8 +387,13 @@ def deprecated_flag_options(arguments: argparse.Namespace) -> dict[str, dict[str
 
 def savepoint(arguments: argparse.Namespace) -> int:
     """Create a savepoint of a stopped query, or prepare a new checkpoint from one."""
-    from eospack.checkpoint_files import is_local
-    from eospack.savepoint import SavepointError, create_savepoint, describe, restore_savepoint
+    from eospack.core.checkpoint_files import is_local
+    from eospack.tools.savepoint import (
+        SavepointError,
+        create_savepoint,
+        describe,
+        restore_savepoint,
+    )
 
     command = f"eospack savepoint {arguments.action}"
     try:
@@ -397,7 +402,7 @@ def savepoint(arguments: argparse.Namespace) -> int:
         print(f"{command}: {error}", file=sys.stderr)
         return 2
     try:
-        from eospack.spark import local_session
+        from eospack.tools.spark import local_session
 
         if arguments.action == "create":
             print(f"{command}: reading the state of {arguments.source} with Spark", flush=True)
@@ -415,7 +420,7 @@ def savepoint(arguments: argparse.Namespace) -> int:
                 f"{describe(manifest)}\n"
                 "Start the query with checkpointLocation set to it, taking its starting"
                 " offsets and initial state from\n"
-                f"  restored = eospack.savepoint.RestoredCheckpoint({str(arguments.target)!r})\n"
+                f"  restored = eospack.RestoredCheckpoint({str(arguments.target)!r})\n"
                 '  .option("startingOffsets", restored.starting_offsets())\n'
                 "  running_count(..., initial_state=restored.initial_state())",
                 flush=True,
@@ -651,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     services_parser.set_defaults(handler=services)
 
-    from eospack.demo import add_demo_arguments
+    from eospack.lab.demo import add_demo_arguments
 
     demo_parser = commands.add_parser(
         "demo", help="crash-and-recover demonstration of exactly-once counting"
@@ -667,9 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_parser.add_argument(
         "--session",
         action="store_true",
-        help="also start the session eospack.spark.local_session makes and check its"
+        help="also start the session eospack.tools.spark.local_session makes and check its"
         " settings (worker reuse, Python daemon, Spark home); in your own job call"
-        " eospack.doctor.run_doctor(spark=spark)",
+        " eospack.tools.doctor.run_doctor(spark=spark)",
     )
     doctor_parser.set_defaults(handler=doctor)
 

@@ -15,7 +15,7 @@ worker's idle connections, for example). Nothing is imported before the fork: pa
 pyarrow start threads on import, which is why pyspark imports worker modules after it.
 
 Used through ``spark.python.daemon.module=eospack.python_daemon`` (set by
-:func:`eospack.spark.local_session`); Spark starts it as ``python -m
+:func:`eospack.tools.spark.local_session`); Spark starts it as ``python -m
 eospack.python_daemon <worker module>``, on the driver for planners and on executors.
 """
 

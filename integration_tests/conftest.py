@@ -2,7 +2,7 @@
 
 The directory is put into the environment at import, before the session's JVM starts, so
 that Spark's Python workers (executor tasks and the driver-side commit worker) inherit it
-(see ``eospack.commit_protocols.faults``). The test process itself imported ``faults`` before, so
+(see ``eospack.core.faults``). The test process itself imported ``faults`` before, so
 its own calls are never faulted. It is empty unless a test arms faults through
 ``call_faults``, which also makes sure that no armed fault outlives its test.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eospack.commit_protocols import faults
+from eospack.core import faults
 
 # Under pytest-xdist each worker is its own session with its own services and Spark, so
 # each gets its own directory (a worker must never fire a fault another one armed).

@@ -1,7 +1,7 @@
 """Run a streaming driver script in its own process and crash it on purpose.
 
 A fault point (``fault_point``) or ``kill_when`` SIGKILLs the driver, its JVM and its
-Python workers together (see ``eospack.processes``). The next run of the same script
+Python workers together (see ``eospack.core.processes``). The next run of the same script
 with the same checkpoint is the restart.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eospack.processes import DriverProcess
+from eospack.core.processes import DriverProcess
 
 
 @dataclass(frozen=True)

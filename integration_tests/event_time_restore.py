@@ -14,8 +14,8 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from eospack.cli import main
-from eospack.savepoint import RestoredCheckpoint
-from eospack.testing import await_query, session_settings
+from eospack.lab.testing import await_query, session_settings
+from eospack.tools.savepoint import RestoredCheckpoint
 
 QUERY_SECONDS = 180
 EVENT_T0 = 1_700_000_000

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eospack.connectors.jdbc.dialect import TableName, stage_table
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 
 INPUT_SCHEMA_DDL = "id BIGINT, name STRING, version BIGINT"
 ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("version", pa.int64())])

@@ -16,8 +16,8 @@ def spark_jdbc_writer(spark: Any) -> dict[str, str]:
     """The PostgreSQL JDBC driver (the ``postgresql-jdbc`` jar set, fetched with mvn once)
     added to the shared session with ``ADD JAR``; skips when the jars are neither cached
     nor fetchable. Returns the writer's extra properties."""
-    from eospack.services import ServiceStartError
-    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+    from eospack.lab.services import ServiceStartError
+    from eospack.lab.services.maven import is_cached, mvn_executable, resolve_classpath
 
     if not is_cached("postgresql-jdbc") and mvn_executable() is None:
         pytest.skip("needs the PostgreSQL JDBC driver: not cached and mvn was not found")

@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from eospack.commit_protocols import faults
-from eospack.testing import await_query
+from eospack.core import faults
+from eospack.lab.testing import await_query
 from integration_tests.crash_harness import DriverRun, run_driver
 from integration_tests.drivers import jdbc_sink_driver
 from integration_tests.jdbc_fixtures import (

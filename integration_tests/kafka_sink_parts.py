@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from eospack.connectors.kafka.sink.options import KafkaSinkOptions, parse_options
-from eospack.services.kafka_tools import read_all
+from eospack.lab.services.kafka_tools import read_all
 
 
 def sink_options(kafka: Any, topic: str, **extra: str) -> KafkaSinkOptions:

@@ -10,10 +10,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
-from eospack.services.kafka_tools import (
+from eospack.lab.services.kafka_tools import (
     Record,
 )
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 
 FORMAT = "replayable-kafka"
 

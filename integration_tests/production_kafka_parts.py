@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 
 LEADER_CHANGE_SECONDS = 60.0
 """How long a test waits for the cluster to elect a new leader or readmit a restarted node

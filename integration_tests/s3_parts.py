@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 
 QUERY_TIMEOUT = 120.0
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eospack.commit_protocols import (
-    faults,
-)
 from eospack.commit_protocols.pieces import DECIDED
-from eospack.testing import await_query
+from eospack.core import faults
+from eospack.lab.testing import await_query
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.s3_sink_driver import start_query
 from integration_tests.s3_parts import (

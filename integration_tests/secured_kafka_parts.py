@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from eospack.services.kafka_cluster import ADMIN_USER, APP_TOPIC_PREFIX
-from eospack.services.kafka_tools import Record, produce_sealed, read_all
+from eospack.lab.services.kafka_cluster import ADMIN_USER, APP_TOPIC_PREFIX
+from eospack.lab.services.kafka_tools import Record, produce_sealed, read_all
 
 WRONG_PASSWORD = "not-the-password-" + uuid.uuid4().hex[:6]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyspark
 
-from eospack.services.base import free_port, wait_until_ready
+from eospack.lab.services.base import free_port, wait_until_ready
 
 WORKER_HOSTS = ("127.0.0.2", "127.0.0.3")
 MASTER_HOST = "127.0.0.1"

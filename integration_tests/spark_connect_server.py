@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyspark
 
-from eospack.services.base import free_port, port_accepts_connections, wait_until_ready
+from eospack.lab.services.base import free_port, port_accepts_connections, wait_until_ready
 
 HOST = "127.0.0.1"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

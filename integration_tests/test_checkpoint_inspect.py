@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from eospack.checkpoint import inspect_checkpoint
 from eospack.cli import main
+from eospack.tools.checkpoint import inspect_checkpoint
 from integration_tests.jdbc_pipeline import Pipeline
 from integration_tests.s3_pipeline import Pipeline as S3Pipeline
 

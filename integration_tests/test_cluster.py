@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from eospack.commit_protocols import faults
+from eospack.core import faults
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.jdbc_sink_driver import EXECUTORS_LINE
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers, pg_rows, write_input_files

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
 
 STARTS = int(os.environ.get("EOSPACK_CONCURRENT_STARTS", "50"))
 

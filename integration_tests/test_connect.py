@@ -30,9 +30,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 import eospack
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
-from eospack.supervisor import first_line, is_permanent
-from eospack.testing import wait_until
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.testing import wait_until
+from eospack.tools import registration
+from eospack.tools.supervisor import first_line, is_permanent
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.connect_pipeline_driver import DONE_LINE
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
@@ -129,8 +130,8 @@ def test_register_adds_nothing_when_the_servers_lookup_finds_the_formats(
     """The server imports eospack, so its lookup of ``pyspark_*`` modules finds the formats:
     ``register`` must not replace them (Spark would warn). Registering one by hand shows
     that the warning would reach the log, so its absence before means something."""
-    assert all(eospack.connect_server_resolves(connect_session, name) for name in FORMATS)
-    assert not eospack.connect_server_resolves(connect_session, "eospack-no-such-format")
+    assert all(registration.connect_server_resolves(connect_session, name) for name in FORMATS)
+    assert not registration.connect_server_resolves(connect_session, "eospack-no-such-format")
 
     eospack.register(connect_session)
     assert REPLACED_WARNING not in connect_server.log_file.read_text(errors="replace")

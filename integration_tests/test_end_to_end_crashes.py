@@ -1,6 +1,6 @@
 """The pack's promise under crashes: Kafka -> running_count -> 2pc-jdbc, killed and restarted.
 
-One pipeline (the demo's, ``eospack.demo.pipeline``) counts a fixed, pre-produced set of
+One pipeline (the demo's, ``eospack.lab.demo.pipeline``) counts a fixed, pre-produced set of
 events. It is SIGKILLed at every named fault point of commit_protocols and at random
 instants, restarted from the same checkpoint each time, and finally run to the end.
 Then its tables must hold each event's effect exactly once, with monotonic histories
@@ -19,12 +19,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from eospack.commit_protocols.fault_points import ALL_FAULT_POINTS
-from eospack.demo.outputs import JdbcOutput
-from eospack.demo.pipeline import PipelineCommand
-from eospack.demo.run import committed_batches
-from eospack.demo.verify import check_pipeline
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.core.fault_points import ALL_FAULT_POINTS
+from eospack.lab.demo.outputs import JdbcOutput
+from eospack.lab.demo.pipeline import PipelineCommand
+from eospack.lab.demo.run import committed_batches
+from eospack.lab.demo.verify import check_pipeline
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
 from integration_tests.crash_harness import run_driver
 
 pytestmark = pytest.mark.integration
@@ -136,7 +136,7 @@ def test_every_fault_point_and_random_kills_leave_counts_exactly_once(
 def test_postgres_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
     kafka, tmp_path, unique_name
 ):
-    from eospack.services import start_postgres
+    from eospack.lab.services import start_postgres
 
     postgres = start_postgres()
     try:
@@ -177,7 +177,7 @@ def test_postgres_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
 def test_broker_unreachable_for_a_while_fails_clearly_and_recovers_exactly_once(
     postgres, tmp_path, unique_name
 ):
-    from eospack.services import services_mode, start_kafka
+    from eospack.lab.services import services_mode, start_kafka
 
     if services_mode() != "embedded":
         pytest.skip("pauses the embedded broker process")

@@ -21,13 +21,13 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from eospack.commit_protocols import faults
 from eospack.connectors.kafka.errors import KafkaDataLossError, KafkaReadTimeoutError
 from eospack.connectors.kafka.source import reader as kafka_reader
 from eospack.connectors.kafka.source.data_source import read_ranges
 from eospack.connectors.kafka.source.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source.options import parse_options
-from eospack.services.kafka_tools import (
+from eospack.core import faults
+from eospack.lab.services.kafka_tools import (
     Record,
     create_topic,
     delete_records,
@@ -36,7 +36,7 @@ from eospack.services.kafka_tools import (
     produce_sealed,
     transactional_producer,
 )
-from eospack.testing import await_query, wait_until
+from eospack.lab.testing import await_query, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -174,7 +174,7 @@ class _KafkaSink(_ReplaySink):
         }
 
     def rows(self, spark: Any) -> list[tuple[int, int, str]]:
-        from eospack.services.kafka_tools import read_all
+        from eospack.lab.services.kafka_tools import read_all
 
         found = read_all(
             servers_of(self.service), f"{self.name}_out", isolation_level="read_committed"

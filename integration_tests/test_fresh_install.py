@@ -7,7 +7,7 @@ workers and would hide the difference):
 - plain ``pip install -e`` (pip's default editable mode, an import hook): Spark's
   automatic lookup misses the formats, ``eospack doctor`` says so, a session that calls
   ``eospack.register`` writes with 2pc-jdbc, and ``eospack demo`` (whose sessions come
-  from ``eospack.spark.local_session``, which registers) runs to VERIFIED;
+  from ``eospack.tools.spark.local_session``, which registers) runs to VERIFIED;
 - the binary wheel of ``make wheel`` (``scripts/build_wheel.py``: ``pip wheel``, then
   ``auditwheel repair``; linked against the host's glibc here), a manylinux abi3 wheel
   installed with ``pip install --only-binary :all:`` on a PATH without cargo: the lookup
@@ -49,8 +49,8 @@ from typing import Any
 import pytest
 
 import eospack
-from eospack.checkout_layout import MAPPED_FOLDERS, every_module_name
-from eospack.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
+from eospack.core.checkout_layout import MAPPED_FOLDERS, every_module_name
+from eospack.tools.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
 from integration_tests.native_probe import EXPECTED_VALUES, NATIVE_PROBE
 
 # A test's time includes its fixtures': the first install compiles the crate in release mode
@@ -106,7 +106,7 @@ print("RESULT " + json.dumps({"native": rb.NATIVE is not None, "rows": decoded.b
 
 # A Spark job as a user writes it: ``plain`` is SparkSession.builder without
 # eospack.register, ``plain-then-register`` calls eospack.register after the first check
-# (as eospack.spark.local_session does, which the demo test runs). It reports the error
+# (as eospack.tools.spark.local_session does, which the demo test runs). It reports the error
 # condition ``spark.read.format(name).load()`` raises for each format (an unknown format
 # raises DATA_SOURCE_NOT_FOUND before any option is checked, from the JVM as a
 # Py4JJavaError) and, given an input directory, a database and a checkpoint, streams the
@@ -145,7 +145,7 @@ if session_kind == "plain-then-register":
     eospack.register(spark)
     result["load_registered"] = load_each_format()
 if len(sys.argv) > 2:
-    from eospack.testing import await_query
+    from eospack.lab.testing import await_query
 
     input_directory, database, checkpoint = sys.argv[2:5]
     query = (

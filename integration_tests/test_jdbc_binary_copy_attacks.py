@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eospack.testing import await_query, wait_until
+from eospack.lab.testing import await_query, wait_until
 from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query, start_file_query
 from integration_tests.jdbc_type_columns import COLUMNS, NAMES, comparable, expected_rows
 

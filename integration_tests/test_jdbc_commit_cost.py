@@ -19,7 +19,7 @@ from eospack.commit_protocols import BatchDecision, PreparedPiece
 from eospack.connectors.jdbc.options import parse_options
 from eospack.connectors.jdbc.planning import plan_sink
 from eospack.connectors.jdbc.resource import JdbcResource, open_resource
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
 

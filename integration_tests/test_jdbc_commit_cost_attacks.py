@@ -32,7 +32,7 @@ from eospack.commit_protocols import (
 from eospack.connectors.jdbc.options import parse_options
 from eospack.connectors.jdbc.planning import plan_sink
 from eospack.connectors.jdbc.resource import JdbcResource, open_resource
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
 
@@ -274,7 +274,7 @@ def test_a_decision_applied_with_its_answer_lost_is_rolled_forward_by_the_abort(
     """The autocommitted INSERT took the slot, then the connection dropped before its
     answer: the commit raises, Spark's abort (same messages) must find the decision its
     own and commit it, and the replay of the batch by a restarted run must add nothing."""
-    from eospack.commit_protocols import faults
+    from eospack.core import faults
 
     monkeypatch.setattr(faults, "_DIRECTORY", str(call_faults))
     faults.arm(call_faults, "jdbc.decide", "after", batch_id=3)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eospack.testing import await_query, wait_until
+from eospack.lab.testing import await_query, wait_until
 from integration_tests.sink_contract.adapters import JdbcPrepared
 from integration_tests.sink_contract.harness import ContractRun
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 def test_database_restart_mid_stream_fails_clearly_and_recovers_exactly_once(
     request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
 ) -> None:
-    from eospack.services import start_postgres
+    from eospack.lab.services import start_postgres
 
     server = start_postgres(max_prepared_transactions=16)
     try:

@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from eospack.commit_protocols import faults
 from eospack.connectors.jdbc.dialect import TableName, stage_table
-from eospack.testing import await_query
+from eospack.core import faults
+from eospack.lab.testing import await_query
 from integration_tests.jdbc_fixtures import (
     pg_leftovers,
     pg_rows,

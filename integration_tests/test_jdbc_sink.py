@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
 from integration_tests.jdbc_fixtures import (
     pg_ledger,
     pg_leftovers,

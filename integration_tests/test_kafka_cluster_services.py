@@ -11,8 +11,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
-from eospack.services.kafka_tools import read_all
-from eospack.testing import wait_until
+from eospack.lab.services.kafka_tools import read_all
+from eospack.lab.testing import wait_until
 
 pytestmark = pytest.mark.production_kafka
 

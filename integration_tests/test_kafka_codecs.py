@@ -24,9 +24,9 @@ from kafka import KafkaProducer
 from kafka.record import MemoryRecords
 from pyspark.sql import DataFrame, SparkSession
 
-from eospack.services.kafka_tools import create_topic, end_offsets
-from eospack.services.maven import resolve_classpath
-from eospack.testing import await_query
+from eospack.lab.services.kafka_tools import create_topic, end_offsets
+from eospack.lab.services.maven import resolve_classpath
+from eospack.lab.testing import await_query
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -33,9 +33,9 @@ from eospack.connectors.kafka.client.transactions import (
     prepare,
 )
 from eospack.connectors.kafka.errors import TransactionFencedError
-from eospack.services.apache_kafka import ApacheKafka
-from eospack.services.kafka_tools import create_topic, read_all
-from eospack.testing import wait_until
+from eospack.lab.services.apache_kafka import ApacheKafka
+from eospack.lab.services.kafka_tools import create_topic, read_all
+from eospack.lab.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from eospack.commit_protocols.resource import DecidedPieceLostError
 from eospack.connectors.kafka.client import transactions
 from eospack.connectors.kafka.client.transactions import begin, fence, open_transactions, prepare
 from eospack.connectors.kafka.sink.resource import KafkaResource, kafka_name
-from eospack.services.kafka_tools import create_topic
+from eospack.lab.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from eospack.connectors.kafka.client.transactions import open_transactions
-from eospack.services.kafka_tools import create_topic, read_all
-from eospack.testing import await_query
+from eospack.lab.services.kafka_tools import create_topic, read_all
+from eospack.lab.testing import await_query
 
 pytestmark = [pytest.mark.integration]
 

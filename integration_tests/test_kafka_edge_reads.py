@@ -23,8 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from eospack.connectors.kafka.records.record_batches import MAX_TIMESTAMP_MILLIS
-from eospack.services.kafka_tools import create_topic, end_offsets
-from eospack.testing import await_query
+from eospack.lab.services.kafka_tools import create_topic, end_offsets
+from eospack.lab.testing import await_query
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from eospack.commit_protocols import faults
-from eospack.services.kafka_tools import create_topic, produce_sealed
-from eospack.testing import wait_until
+from eospack.core import faults
+from eospack.lab.services.kafka_tools import create_topic, produce_sealed
+from eospack.lab.testing import wait_until
 from integration_tests.crash_harness import run_driver
 from integration_tests.kafka_source_parts import (
     BatchRecorder,
@@ -228,7 +228,7 @@ def test_a_broker_killed_mid_query_and_restarted_on_its_log_directory_loses_noth
     """SIGKILL of the broker JVM while a query reads (acks=all records survive it), then the
     broker restarts on the same log directory and port. The query fails or carries on; run
     from its checkpoint to the end it delivers every record once, replayed batches identical."""
-    from eospack.services.apache_kafka import ApacheKafka
+    from eospack.lab.services.apache_kafka import ApacheKafka
 
     if not isinstance(real_kafka, ApacheKafka):
         pytest.skip("kills the embedded Apache Kafka process")

@@ -44,13 +44,13 @@ from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
 from eospack.connectors.kafka.source import reader
 from eospack.connectors.kafka.source.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source.options import parse_options as parse_source_options
-from eospack.services.kafka_tools import (
+from eospack.lab.services.kafka_tools import (
     create_topic,
     end_offsets,
     read_all,
     transactional_producer,
 )
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 from integration_tests.kafka_sink_parts import sink_options
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from eospack.services.kafka_cluster import unsecured_jwt
-from eospack.services.kafka_tools import Record
-from eospack.testing import await_query
+from eospack.lab.services.kafka_cluster import unsecured_jwt
+from eospack.lab.services.kafka_tools import Record
+from eospack.lab.testing import await_query
 from integration_tests.secured_kafka_parts import (
     WRONG_PASSWORD,
     app_topic,

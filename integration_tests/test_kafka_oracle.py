@@ -26,7 +26,7 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from pyspark.sql import DataFrame, SparkSession
 
-from eospack.services.kafka_tools import (
+from eospack.lab.services.kafka_tools import (
     Record,
     create_compacted_topic,
     end_offsets,
@@ -34,7 +34,7 @@ from eospack.services.kafka_tools import (
     read_all,
     transactional_producer,
 )
-from eospack.testing import await_query, wait_until
+from eospack.lab.testing import await_query, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -18,12 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from eospack.commit_protocols import (
-    TaskIdentity,
-    TwoPhaseCommitCoordinator,
-    faults,
-    transaction_id,
-)
+from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitCoordinator, transaction_id
 from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece, sink_prefix
 from eospack.commit_protocols.stream_writer import recover_at_least_once
 from eospack.connectors.kafka.client.transactions import (
@@ -36,7 +31,8 @@ from eospack.connectors.kafka.client.transactions import (
 from eospack.connectors.kafka.sink import producer_pool, writer
 from eospack.connectors.kafka.sink.ledger import read_slots_if_any
 from eospack.connectors.kafka.sink.resource import KafkaResource
-from eospack.services.kafka_tools import create_topic
+from eospack.core import faults
+from eospack.lab.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
 pytestmark = pytest.mark.integration
@@ -239,7 +235,7 @@ def test_inspection_of_a_running_and_of_a_crashed_sink_fences_no_pooled_transact
     crash that left a decided batch on ids that served earlier batches too (other epochs):
     every pooled transaction keeps its producer id and epoch, the decided ones are reported
     as the decided batch's pieces, and the restart then commits exactly the decided rows."""
-    from eospack.checkpoint import inspect_sink
+    from eospack.tools.checkpoint import inspect_sink
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 2)
     options = sink_options(real_kafka, unique_name)
@@ -451,7 +447,7 @@ def run_many_partitions(run: Any, partitions: int) -> None:
     """The contract's query, with ``partitions`` tasks per batch instead of 2: on the
     session's ``local[2]`` each Python worker runs about ``partitions / 2`` tasks of every
     batch (more than it keeps producers), and with 20 rows per batch some tasks get none."""
-    from eospack.testing import await_query
+    from eospack.lab.testing import await_query
     from integration_tests.sink_contract.inputs import SCHEMA
 
     query = (

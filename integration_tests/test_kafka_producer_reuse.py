@@ -21,7 +21,7 @@ from eospack.commit_protocols import TaskIdentity
 from eospack.connectors.kafka.client import transactions
 from eospack.connectors.kafka.client.transactions import PreparedTransaction, commit_prepared
 from eospack.connectors.kafka.sink import producer_pool, writer
-from eospack.services.kafka_tools import create_topic
+from eospack.lab.services.kafka_tools import create_topic
 from integration_tests.kafka_sink_parts import (
     committed_keys,
     known_transactional_ids,

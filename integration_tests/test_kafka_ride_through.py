@@ -44,11 +44,12 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 
-from eospack.commit_protocols import faults, sink_prefix
+from eospack.commit_protocols import sink_prefix
 from eospack.connectors.kafka.sink.ledger import LEDGER_ID_PREFIX
-from eospack.processes import DriverProcess
-from eospack.services.kafka_tools import read_all
-from eospack.testing import wait_until
+from eospack.core import faults
+from eospack.core.processes import DriverProcess
+from eospack.lab.services.kafka_tools import read_all
+from eospack.lab.testing import wait_until
 
 pytestmark = [pytest.mark.production_kafka, pytest.mark.integration]
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient
 
-from eospack.services.kafka_cluster import ADMIN_USER, SECURED_TRANSACTION_MAX_TIMEOUT_MS
-from eospack.services.kafka_tools import Record, read_all
-from eospack.testing import await_query
+from eospack.lab.services.kafka_cluster import ADMIN_USER, SECURED_TRANSACTION_MAX_TIMEOUT_MS
+from eospack.lab.services.kafka_tools import Record, read_all
+from eospack.lab.testing import await_query
 from integration_tests.secured_kafka_parts import (
     WRONG_PASSWORD,
     app_topic,
@@ -216,7 +216,7 @@ def test_services_up_prints_where_the_users_settings_are_and_never_a_password(
     """``eospack services up --kafka-security sasl_ssl`` prints these lines; each user's
     settings are a properties file (mode 600) that inspect's --kafka-command-config reads."""
     from eospack.cli import kafka_command_config
-    from eospack.services.kafka_cluster import settings_lines
+    from eospack.lab.services.kafka_cluster import settings_lines
 
     lines = settings_lines(secured_kafka)
     for password in secured_kafka.passwords.values():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 from integration_tests.sink_contract.adapters import AT_LEAST_ONCE, Kafka, KafkaSink
 from integration_tests.sink_contract.harness import ContractRun
 

@@ -34,8 +34,8 @@ from eospack.connectors.kafka.sink.ledger import Ledger, forget_ledger, shared_l
 from eospack.connectors.kafka.sink.options import parse_options
 from eospack.connectors.kafka.sink.resource import KafkaResource, kafka_name
 from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
-from eospack.errors import EospackError
-from eospack.services.kafka_tools import create_topic, transactional_producer
+from eospack.core.errors import EospackError
+from eospack.lab.services.kafka_tools import create_topic, transactional_producer
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
 pytestmark = pytest.mark.integration
@@ -492,7 +492,7 @@ def test_a_lost_answer_of_the_prepared_check_replays_the_batch_once(
     """Held: kafka_sink.check_prepared (DescribeTransactions before the decision) failing,
     or losing its answer: the commit raises undecided, Spark's abort fences the slot and
     rolls the pieces back, and the replay commits the batch once."""
-    from eospack.commit_protocols import faults
+    from eospack.core import faults
 
     monkeypatch.setattr(faults, "_DIRECTORY", str(call_faults))
     faults.arm(call_faults, "kafka_sink.check_prepared", mode, batch_id=2)  # type: ignore[arg-type]
@@ -628,7 +628,7 @@ def test_the_prepared_check_refuses_a_transaction_past_its_timeout(
     from kafka.admin import TransactionState
 
     from eospack.connectors.kafka.errors import PreparedTransactionLostError
-    from eospack.testing import wait_until
+    from eospack.lab.testing import wait_until
 
     create_topic(real_kafka.endpoint.bootstrap_servers, unique_name, 1)
     options = sink_options(real_kafka, unique_name, **{"kafka.transaction.timeout.ms": "1000"})

@@ -31,8 +31,8 @@ from eospack.connectors.kafka.sink.data_source import TwoPhaseKafkaDataSource
 from eospack.connectors.kafka.sink.ledger import LEDGER_TRANSACTION_TIMEOUT_MS, Ledger
 from eospack.connectors.kafka.sink.resource import KafkaResource
 from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
-from eospack.services.kafka_tools import create_topic, transactional_producer
-from eospack.testing import wait_until
+from eospack.lab.services.kafka_tools import create_topic, transactional_producer
+from eospack.lab.testing import wait_until
 from integration_tests.kafka_sink_parts import committed_keys, sink_options
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ from eospack.connectors.kafka.source import reader as kafka_reader
 from eospack.connectors.kafka.source.offset_format import topic_id_text
 from eospack.connectors.kafka.source.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source.options import parse_options
-from eospack.services.kafka_tools import (
+from eospack.core.spark_features import ADMISSION_CONTROL
+from eospack.lab.services.kafka_tools import (
     Record,
     add_partitions,
     create_topic,
@@ -38,8 +39,7 @@ from eospack.services.kafka_tools import (
     produce_transaction,
     transactional_producer,
 )
-from eospack.spark_features import ADMISSION_CONTROL
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 from integration_tests.kafka_source_parts import (
     FAST_FAIL,
     FORMAT,

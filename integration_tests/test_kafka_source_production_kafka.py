@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from eospack.services.kafka_cluster import ADMIN_USER, APP_TOPIC_PREFIX
-from eospack.services.kafka_tools import Record, produce_sealed
-from eospack.testing import wait_until
+from eospack.lab.services.kafka_cluster import ADMIN_USER, APP_TOPIC_PREFIX
+from eospack.lab.services.kafka_tools import Record, produce_sealed
+from eospack.lab.testing import wait_until
 from integration_tests.crash_harness import run_driver
 from integration_tests.kafka_source_parts import (
     BatchRecorder,

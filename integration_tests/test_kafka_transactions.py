@@ -25,7 +25,7 @@ from eospack.connectors.kafka.client.transactions import (
     prepare,
 )
 from eospack.connectors.kafka.errors import TransactionFencedError
-from eospack.services.kafka_tools import create_topic, read_all
+from eospack.lab.services.kafka_tools import create_topic, read_all
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed, read_all
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed, read_all
 from integration_tests.manual_examples import (
     DBTABLE,
     ROOT,

@@ -2,7 +2,7 @@
 
 Spark writes the checkpoint through Hadoop's S3A; eospack reads it (query id, offset and
 commit logs, state) through the same Hadoop file system of the session's JVM
-(``eospack.checkpoint_files``). Proven here:
+(``eospack.core.checkpoint_files``). Proven here:
 
 - a replayable-kafka -> running_count -> 2pc-jdbc query and a replayable-kafka -> 2pc-kafka
   query, each with its checkpoint on s3a://, SIGKILLed after a batch's decision and
@@ -30,15 +30,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from eospack.checkpoint import inspect_checkpoint
-from eospack.checkpoint_files import CheckpointFilesError
 from eospack.cli import main as eospack
-from eospack.commit_protocols.fault_points import ALL_FAULT_POINTS
-from eospack.savepoint import RestoredCheckpoint
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed, read_all
+from eospack.core.checkpoint_files import CheckpointFilesError
+from eospack.core.fault_points import ALL_FAULT_POINTS
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed, read_all
+from eospack.lab.testing import await_query
 from eospack.stateful_ops import running_count
 from eospack.stateful_ops.initial_state import bootstrap_needed
-from eospack.testing import await_query
+from eospack.tools.checkpoint import inspect_checkpoint
+from eospack.tools.savepoint import RestoredCheckpoint
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers import object_store_driver
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers

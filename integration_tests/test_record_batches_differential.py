@@ -47,8 +47,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from eospack.connectors.kafka.records import record_batches
 from eospack.connectors.kafka.records.record_batches import DecodedRecords
-from eospack.services.kafka_tools import create_compacted_topic, create_topic, end_offsets
-from eospack.testing import wait_until
+from eospack.lab.services.kafka_tools import create_compacted_topic, create_topic, end_offsets
+from eospack.lab.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -242,8 +242,8 @@ class JavaScript:
         )
 
     def run(self, servers: str, directory: Path) -> None:
-        from eospack.services.apache_kafka import java_executable
-        from eospack.services.maven import resolve_classpath
+        from eospack.lab.services.apache_kafka import java_executable
+        from eospack.lab.services.maven import resolve_classpath
 
         script = directory / "script.tsv"
         script.write_text("\n".join(self.lines) + "\n", encoding="utf-8")
@@ -870,7 +870,7 @@ def test_what_the_native_encoder_writes_every_client_reads_identically(
     librdkafka and Spark's JVM source read the same records (partition, offset, key, value,
     headers, timestamp), which are exactly the rows, each in the partition it asked for or
     its key's murmur2 partition; and both decode paths agree on the raw data."""
-    from eospack.testing import await_query
+    from eospack.lab.testing import await_query
 
     if kafka.endpoint.kind != "kafka":
         pytest.skip("needs Apache Kafka (read_committed), but the broker is tansu")

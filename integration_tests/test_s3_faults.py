@@ -41,9 +41,7 @@ from eospack.commit_protocols import (
     PreparedPiece,
     TaskIdentity,
     TwoPhaseCommitCoordinator,
-    faults,
 )
-from eospack.commit_protocols.faults import CallFault
 from eospack.commit_protocols.pieces import ABORTED, DECIDED
 from eospack.connectors.s3 import sink as sink_module
 from eospack.connectors.s3.client import error_code, new_client
@@ -53,6 +51,8 @@ from eospack.connectors.s3.reader import plan_read
 from eospack.connectors.s3.resource import S3Resource, complete_file, write_task_manifest
 from eospack.connectors.s3.sink import S3StreamWriter
 from eospack.connectors.s3.writer import TaskWriter
+from eospack.core import faults
+from eospack.core.faults import CallFault
 from integration_tests.fault_proxy import FaultProxy, HttpRule
 from integration_tests.s3_parts import (
     arrow_batches,

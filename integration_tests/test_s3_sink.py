@@ -33,9 +33,9 @@ from eospack.connectors.s3.options import S3Connection, parse_sink_options
 from eospack.connectors.s3.resource import S3Resource
 from eospack.connectors.s3.sink import TwoPhaseS3DataSource
 from eospack.connectors.s3.writer import TaskWriter
-from eospack.services.base import free_port, port_accepts_connections, wait_until_ready
-from eospack.services.embedded import _ChildProcess, moto_server_binary
-from eospack.testing import await_query
+from eospack.lab.services.base import free_port, port_accepts_connections, wait_until_ready
+from eospack.lab.services.embedded import _ChildProcess, moto_server_binary
+from eospack.lab.testing import await_query
 from integration_tests.s3_parts import (
     QUERY_TIMEOUT,
     SCHEMA_DDL,

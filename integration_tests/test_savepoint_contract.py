@@ -49,10 +49,10 @@ from pyspark.sql import functions as F
 
 from eospack import stateful_ops
 from eospack.cli import main
-from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
-from eospack.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
+from eospack.lab.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
+from eospack.lab.testing import await_query, session_settings, wait_until
 from eospack.stateful_ops import StatefulOperator, deduplicate, running_count, sessionize
-from eospack.testing import await_query, session_settings, wait_until
+from eospack.tools.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
 
 pytestmark = pytest.mark.integration
 

@@ -21,11 +21,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from eospack.checkpoint import inspect_checkpoint
-from eospack.checkpoint_files import CheckpointFilesError
 from eospack.cli import main
-from eospack.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.core.checkpoint_files import CheckpointFilesError
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.testing import await_query, session_settings
 from eospack.stateful_ops import (
     OperatorDefinitionError,
     read_state,
@@ -33,7 +32,8 @@ from eospack.stateful_ops import (
     running_count,
 )
 from eospack.stateful_ops.state_store import state_store_conf
-from eospack.testing import await_query, session_settings
+from eospack.tools.checkpoint import inspect_checkpoint
+from eospack.tools.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
 
 pytestmark = pytest.mark.integration

@@ -21,9 +21,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from eospack.services import ServiceStartError, apache_kafka_missing, embedded_broker_kind
-from eospack.services.base import broker_kind
-from eospack.services.kafka_tools import (
+from eospack.lab.services import ServiceStartError, apache_kafka_missing, embedded_broker_kind
+from eospack.lab.services.base import broker_kind
+from eospack.lab.services.kafka_tools import (
     Record,
     add_partitions,
     create_compacted_topic,
@@ -35,7 +35,7 @@ from eospack.services.kafka_tools import (
     produce_transaction,
     read_all,
 )
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -107,14 +107,14 @@ def occupied_port():
     [("EmbeddedKafka", "kafka broker"), ("EmbeddedPostgres", "postgresql"), ("EmbeddedS3", "s3")],
 )
 def test_service_on_a_taken_port_fails_naming_service_and_port(service_class, name, occupied_port):
-    from eospack.services import embedded
+    from eospack.lab.services import embedded
 
     with pytest.raises(ServiceStartError, match=f"^{name}.*port {occupied_port} .*already in use"):
         getattr(embedded, service_class)(port=occupied_port)
 
 
 def test_missing_broker_binary_is_named(monkeypatch, tmp_path):
-    from eospack.services.embedded import EmbeddedKafka
+    from eospack.lab.services.embedded import EmbeddedKafka
 
     monkeypatch.setenv("EOSPACK_TANSU_BIN", str(tmp_path / "no-tansu"))
     with pytest.raises(ServiceStartError, match="kafka broker .*no executable binary at"):
@@ -122,7 +122,7 @@ def test_missing_broker_binary_is_named(monkeypatch, tmp_path):
 
 
 def test_broker_that_exits_while_starting_reports_its_exit(monkeypatch, tmp_path):
-    from eospack.services.embedded import EmbeddedKafka
+    from eospack.lab.services.embedded import EmbeddedKafka
 
     fake = tmp_path / "tansu"
     fake.write_text("#!/bin/sh\necho 'bind failed: permission denied' >&2\nexit 3\n")
@@ -133,7 +133,7 @@ def test_broker_that_exits_while_starting_reports_its_exit(monkeypatch, tmp_path
 
 
 def test_unknown_services_mode_is_refused(monkeypatch):
-    from eospack.services import start_kafka
+    from eospack.lab.services import start_kafka
 
     monkeypatch.setenv("EOSPACK_SERVICES", "podman")
     with pytest.raises(ServiceStartError, match="EOSPACK_SERVICES='podman' is not known"):
@@ -160,7 +160,7 @@ def test_unknown_broker_choice_is_refused(monkeypatch):
 def test_without_java_the_default_broker_is_tansu_with_one_log_line(monkeypatch, tmp_path, caplog):
     monkeypatch.delenv("EOSPACK_BROKER", raising=False)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
-    with caplog.at_level(logging.WARNING, logger="eospack.services"):
+    with caplog.at_level(logging.WARNING, logger="eospack.lab.services"):
         assert embedded_broker_kind() == "tansu"
     assert [record.getMessage() for record in caplog.records] == [
         "eospack: the embedded broker is tansu, not Apache Kafka: java was not found"
@@ -219,7 +219,7 @@ class RecordingProducer:
     [("tansu", None, True), ("kafka", None, False), (None, None, True), ("kafka", True, True)],
 )
 def test_produce_sealed_seals_unless_the_broker_is_apache_kafka(monkeypatch, kind, seal, sealed):
-    from eospack.services import base, kafka_tools
+    from eospack.lab.services import base, kafka_tools
 
     monkeypatch.setattr(kafka_tools, "KafkaProducer", RecordingProducer)
     address = "127.0.0.1:1"
@@ -313,7 +313,7 @@ def test_compacted_topic_keeps_the_latest_value_per_key(real_kafka, unique_name)
 
 
 def test_killed_broker_restarts_on_its_log_directory_with_its_data(real_kafka, unique_name):
-    from eospack.services.apache_kafka import ApacheKafka
+    from eospack.lab.services.apache_kafka import ApacheKafka
 
     if not isinstance(real_kafka, ApacheKafka):
         pytest.skip("kills the embedded Apache Kafka process")
@@ -357,7 +357,7 @@ def test_paused_broker_answers_nothing_until_resumed(kafka, unique_name):
 
 def test_apache_kafka_on_a_taken_port_fails_in_one_line(occupied_port):
     needs_apache_kafka_here()
-    from eospack.services.apache_kafka import ApacheKafka
+    from eospack.lab.services.apache_kafka import ApacheKafka
 
     with pytest.raises(ServiceStartError) as raised:
         ApacheKafka(port=occupied_port)
@@ -369,7 +369,7 @@ def test_apache_kafka_on_a_taken_port_fails_in_one_line(occupied_port):
 
 
 def test_apache_kafka_without_java_fails_in_one_line(monkeypatch, tmp_path):
-    from eospack.services.apache_kafka import ApacheKafka
+    from eospack.lab.services.apache_kafka import ApacheKafka
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
     with pytest.raises(ServiceStartError) as raised:
@@ -384,7 +384,7 @@ def test_apache_kafka_without_mvn_and_jars_fails_in_one_line(monkeypatch, tmp_pa
     java = shutil.which("java")
     if java is None:
         pytest.skip("needs java")
-    from eospack.services.apache_kafka import ApacheKafka
+    from eospack.lab.services.apache_kafka import ApacheKafka
 
     monkeypatch.setenv("JAVA_HOME", str(Path(java).resolve().parents[1]))
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -399,7 +399,7 @@ def test_apache_kafka_without_mvn_and_jars_fails_in_one_line(monkeypatch, tmp_pa
 
 def test_apache_kafka_that_exits_while_starting_reports_why_in_one_line():
     needs_apache_kafka_here()
-    from eospack.services.apache_kafka import ApacheKafka
+    from eospack.lab.services.apache_kafka import ApacheKafka
 
     with pytest.raises(ServiceStartError) as raised:
         ApacheKafka(heap="lots")
@@ -412,7 +412,7 @@ def test_apache_kafka_that_exits_while_starting_reports_why_in_one_line():
 
 
 def test_start_errors_quote_the_java_exception_not_its_stack_frames(tmp_path):
-    from eospack.services.base import _log_tail
+    from eospack.lab.services.base import _log_tail
 
     log = tmp_path / "service.log"
     log.write_text(
@@ -430,7 +430,7 @@ def test_start_errors_quote_the_java_exception_not_its_stack_frames(tmp_path):
 
 SPARK_KAFKA_READER = """
 import json, sys
-from eospack.spark import local_session
+from eospack.tools.spark import local_session
 
 servers, topic, jars = sys.argv[1], sys.argv[2], sys.argv[3]
 spark = local_session(app_name="eospack-spark-kafka-test", conf={"spark.jars": jars})
@@ -453,7 +453,7 @@ spark.stop()
 def test_spark_reads_a_topic_with_its_own_kafka_connector(real_kafka, unique_name, tmp_path):
     """Spark's own format("kafka") from the spark-kafka jar set, in a separate Spark
     session (its jars must be on the classpath before the JVM starts)."""
-    from eospack.services.maven import resolve_classpath
+    from eospack.lab.services.maven import resolve_classpath
 
     servers = real_kafka.endpoint.bootstrap_servers
     create_topic(servers, unique_name, partitions=2)

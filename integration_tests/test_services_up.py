@@ -13,7 +13,7 @@ from kafka import KafkaAdminClient
 
 from eospack.cli import COMPOSE_CREDENTIALS, start_services, well_known_or_free_port
 from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
-from eospack.services.base import free_port
+from eospack.lab.services.base import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from eospack.commit_protocols import faults
+from eospack.core import faults
 from integration_tests.sink_contract.adapters import (
     ADAPTERS,
     AT_LEAST_ONCE,
@@ -440,9 +440,9 @@ def test_every_adapter_declares_what_the_cases_rely_on() -> None:
 
 
 def test_every_registered_sink_has_a_contract_adapter() -> None:
-    """Pure check (no service): a sink in ``eospack.formats`` without an adapter would never
+    """Pure check (no service): a sink in ``eospack.tools.formats`` without an adapter would never
     meet the contract's cases."""
-    from eospack.formats import sinks
+    from eospack.tools.formats import sinks
 
     adapted = {adapter.sink_format for adapter in ADAPTERS.values()}
     assert adapted == {entry.name for entry in sinks()}

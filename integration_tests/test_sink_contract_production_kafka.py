@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from eospack.commit_protocols import faults
-from eospack.testing import await_query, wait_until
+from eospack.core import faults
+from eospack.lab.testing import await_query, wait_until
 from integration_tests.production_kafka_parts import (
     LEADER_CHANGE_SECONDS,
     ongoing_transactions,

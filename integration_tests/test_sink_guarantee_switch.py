@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eospack.checkpoint import inspect_sink
-from eospack.commit_protocols import faults
 from eospack.commit_protocols.inspection import SinkState
 from eospack.connectors.kafka.client.transactions import fence
 from eospack.connectors.kafka.sink.options import DEFAULT_LEDGER_TOPIC
-from eospack.services.kafka_tools import create_topic, read_all
-from eospack.testing import await_query
+from eospack.core import faults
+from eospack.lab.services.kafka_tools import create_topic, read_all
+from eospack.lab.testing import await_query
+from eospack.tools.checkpoint import inspect_sink
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.kafka_sink_driver import start_query
 from integration_tests.jdbc_fixtures import (

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from eospack.checkpoint import inspect_sink
 from eospack.cli import main
 from eospack.commit_protocols import sink_prefix
 from eospack.commit_protocols.inspection import (
@@ -30,6 +29,7 @@ from eospack.commit_protocols.inspection import (
     NOTHING_TO_CLEAN,
     SinkState,
 )
+from eospack.tools.checkpoint import inspect_sink
 from integration_tests.sink_contract.adapters import ADAPTERS, BoundSink
 from integration_tests.sink_contract.harness import ContractRun
 
@@ -143,9 +143,9 @@ def test_inspecting_a_kafka_sink_never_fences_another_sinks_stuck_ledger_transac
     """A ledger reader of the commit path fences an eospack ledger transaction that holds
     it back for ``LEDGER_STALL_SECONDS``; inspection only waits (here 6 s, past the stall)
     and then says in one line why it could not read, leaving the transaction open."""
-    from eospack.checkpoint import CheckpointInspectError
     from eospack.connectors.kafka.client.transactions import open_transactions
     from eospack.connectors.kafka.sink import ledger
+    from eospack.tools.checkpoint import CheckpointInspectError
 
     monkeypatch.setattr(ledger, "INSPECTION_READ_TIMEOUT_SECONDS", ledger.LEDGER_STALL_SECONDS + 3)
     sink = ADAPTERS["kafka"].open(request, tmp_path, unique_name)

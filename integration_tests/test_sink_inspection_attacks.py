@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from eospack.checkpoint import CheckpointInspectError, inspect_sink
 from eospack.cli import main
 from eospack.commit_protocols.inspection import DECIDED_STATUS, NOTHING_TO_CLEAN
+from eospack.tools.checkpoint import CheckpointInspectError, inspect_sink
 from integration_tests.sink_contract.adapters import ADAPTERS, BoundSink
 from integration_tests.sink_contract.harness import ContractRun
 

@@ -22,9 +22,9 @@ import pyspark
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed
-from eospack.spark_features import ADMISSION_CONTROL
-from eospack.testing import await_query
+from eospack.core.spark_features import ADMISSION_CONTROL
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.testing import await_query
 from integration_tests.jdbc_fixtures import pg_leftovers
 from integration_tests.kafka_sink_parts import committed_keys
 from integration_tests.kafka_source_parts import read_stream, servers_of
@@ -39,8 +39,8 @@ DRIVER_TIMEOUT = 420
 DRIVER = """
 import json, sys
 import eospack, pyspark
-from eospack.spark import local_session
-from eospack.testing import await_query
+from eospack.tools.spark import local_session
+from eospack.lab.testing import await_query
 
 servers, jdbc_url, user, password, topic, table, output, work = sys.argv[1:]
 spark = local_session("eospack-compat")

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from eospack.lab.testing import await_query, session_settings, wait_until
 from eospack.stateful_ops import (
     Deduplicate,
     OperatorDefinitionError,
@@ -35,7 +36,6 @@ from eospack.stateful_ops import (
     sessionize,
 )
 from eospack.stateful_ops.state_store import state_store_conf
-from eospack.testing import await_query, session_settings, wait_until
 
 SCHEMA = "k string, n int, v double, t long"
 T0 = 1_700_000_000

@@ -49,15 +49,15 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from eospack.checkpoint import inspect_sink
-from eospack.commit_protocols import faults
 from eospack.commit_protocols.inspection import DONE_STATUS, SinkState
 from eospack.connectors.jdbc.options import APPLICATION_NAME
 from eospack.connectors.s3.options import parse_reader_options
 from eospack.connectors.s3.reader import CommittedDataReader, FilesPartition, plan_read
-from eospack.processes import DriverProcess
-from eospack.services.kafka_tools import Record, create_topic, produce_sealed, read_all
-from eospack.testing import wait_until
+from eospack.core import faults
+from eospack.core.processes import DriverProcess
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed, read_all
+from eospack.lab.testing import wait_until
+from eospack.tools.checkpoint import inspect_sink
 from integration_tests.jdbc_fixtures import pg_leftovers
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pyspark import TaskContext
 
-from eospack.services.kafka_cluster import unsecured_jwt
+from eospack.lab.services.kafka_cluster import unsecured_jwt
 
 
 def app_token() -> str:

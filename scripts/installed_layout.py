@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eospack.checkout_layout import write_installed_layout
+from eospack.core.checkout_layout import write_installed_layout
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

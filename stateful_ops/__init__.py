@@ -6,19 +6,19 @@ the replayed batch produces the same output. See docs/stateful-operators.md for 
 contracts.
 """
 
-from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
-from eospack.stateful_ops.errors import (
+from .base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from .errors import (
     OperatorDefinitionError,
     StatefulOpsError,
     StateSchemaMismatchError,
 )
-from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.operators.deduplicate import Deduplicate, deduplicate
-from eospack.stateful_ops.operators.running_aggregate import RunningAggregate, running_aggregate
-from eospack.stateful_ops.operators.running_count import RunningCount, running_count
-from eospack.stateful_ops.operators.sessionize import Sessionize, sessionize
-from eospack.stateful_ops.state_reader import read_state
-from eospack.stateful_ops.state_store import configure_state_store
+from .initial_state import InitialState
+from .operators.deduplicate import Deduplicate, deduplicate
+from .operators.running_aggregate import RunningAggregate, running_aggregate
+from .operators.running_count import RunningCount, running_count
+from .operators.sessionize import Sessionize, sessionize
+from .state_reader import read_state
+from .state_store import configure_state_store
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",

@@ -56,16 +56,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eospack.spark_features import ARROW_UDF, arrow_type_utc
-from eospack.stateful_ops import state_codec
-from eospack.stateful_ops.errors import OperatorDefinitionError
-from eospack.stateful_ops.initial_state import (
+from eospack.core.spark_features import ARROW_UDF, arrow_type_utc
+
+from . import state_codec
+from .errors import OperatorDefinitionError
+from .initial_state import (
     InitialState,
     bootstrap_needed,
     load_key_group,
     split_by_key_group,
 )
-from eospack.stateful_ops.validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
+from .validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
 
 # Spark's applyInPandasWithState worker pads its output with an all-NA frame before a
 # pd.concat, and pandas 2.x warns about that on every call: harmless noise from Spark's own

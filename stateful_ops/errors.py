@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 
 class StatefulOpsError(EospackError):

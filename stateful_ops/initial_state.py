@@ -64,11 +64,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eospack.checkpoint_files import checkpoint_files
-from eospack.stateful_ops.errors import OperatorDefinitionError
+from eospack.core.checkpoint_files import checkpoint_files
+
+from .errors import OperatorDefinitionError
 
 if TYPE_CHECKING:
-    from eospack.stateful_ops.base import StatefulOperator
+    from .base import StatefulOperator
 
 SPLIT_COMPLETE = "_complete"
 BOOTSTRAP_COMPLETE = "_bootstrapped"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from eospack.stateful_ops.errors import StateSchemaMismatchError
+from .errors import StateSchemaMismatchError
 
 STATE_FORMAT_VERSION = 1
 GROUP_STATE_DDL = "format_version int, operator string, table binary"

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from eospack.stateful_ops.errors import StateSchemaMismatchError
+from .errors import StateSchemaMismatchError
 
 
 def read_state(

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from pyspark.sql import SparkSession
 
-from eospack.stateful_ops.errors import OperatorDefinitionError
+from .errors import OperatorDefinitionError
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"

@@ -18,7 +18,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eospack.stateful_ops.errors import OperatorDefinitionError
+from .errors import OperatorDefinitionError
 
 INTEGRAL_TYPES = (ByteType, ShortType, IntegerType, LongType)
 NUMERIC_TYPES = (*INTEGRAL_TYPES, FloatType, DoubleType)

@@ -1,4 +1,4 @@
-"""``eospack.checkpoint_files`` without Spark: which locations are local, and the local
+"""``eospack.core.checkpoint_files`` without Spark: which locations are local, and the local
 backend every local checkpoint is read with (no JVM round trip)."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from eospack.checkpoint_files import (
+from eospack.cli import spark_settings
+from eospack.core.checkpoint_files import (
     CheckpointFilesError,
     LocalFiles,
     checkpoint_files,
     is_local,
     join,
 )
-from eospack.cli import spark_settings
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 
 @pytest.mark.parametrize(

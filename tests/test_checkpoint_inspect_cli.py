@@ -1,6 +1,6 @@
 """``eospack checkpoint inspect --format F --option k=v --option-file FILE``.
 
-The sink's options are parsed by the sink's own parser (``eospack.formats``) before the
+The sink's options are parsed by the sink's own parser (``eospack.tools.formats``) before the
 checkpoint or the sink is read; the deprecated sink flags are aliases onto the same path;
 a later ``--option`` wins over the file, as in Spark's options; secrets never reach output
 or errors.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from eospack import checkpoint
-from eospack.checkpoint import CheckpointInspectError
 from eospack.cli import build_parser, inspected_sinks, main, option_file
 from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
+from eospack.tools import checkpoint
+from eospack.tools.checkpoint import CheckpointInspectError
 
 SECRET = "S3cretValue"
 

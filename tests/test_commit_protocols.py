@@ -16,7 +16,6 @@ from eospack.commit_protocols import (
     transaction_id,
     validate_sink_id,
 )
-from eospack.commit_protocols.fault_points import _parse
 from eospack.commit_protocols.identity import (
     Attempt,
     SinkIdentityError,
@@ -25,6 +24,7 @@ from eospack.commit_protocols.identity import (
     parse_attempt,
 )
 from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
+from eospack.core.fault_points import _parse
 from tests.in_memory_resource import InMemoryResource
 
 
@@ -142,7 +142,7 @@ def test_sink_id_changes_with_the_query_and_the_target():
 
 def test_the_sinks_common_options_parse_alike_and_fail_in_the_sinks_error():
     from eospack.commit_protocols.sink_options import parse_sink_common_options
-    from eospack.options import OptionReader
+    from eospack.core.options import OptionReader
 
     class SinkOptionError(ValueError):
         pass

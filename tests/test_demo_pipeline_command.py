@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eospack.demo.pipeline import PipelineCommand, parse_arguments
+from eospack.lab.demo.pipeline import PipelineCommand, parse_arguments
 
 
 def test_every_option_written_is_read_back_by_the_pipeline(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_every_option_written_is_read_back_by_the_pipeline(tmp_path: Path) -> No
         more=("--tables", "history", "--source-option", "kafkaConsumer.pollTimeoutMs=10000"),
     )
     arguments = command.arguments()
-    assert arguments[:2] == ["-m", "eospack.demo.pipeline"]
+    assert arguments[:2] == ["-m", "eospack.lab.demo.pipeline"]
 
     parsed = parse_arguments(arguments[2:])
 

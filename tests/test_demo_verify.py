@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eospack.demo.verify import (
+from eospack.lab.demo.verify import (
     PrintedCounts,
     check_pipeline,
     count_decreases,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import eospack
-from eospack import doctor
 from eospack.cli import main
-from eospack.doctor import (
+from eospack.tools import doctor
+from eospack.tools.doctor import (
     FORMAT_MODULES,
     FORMATS_NOT_FOUND,
     data_path_check,
@@ -234,7 +234,7 @@ def test_each_costly_setting_gets_one_line_naming_the_fix(tmp_path: Path) -> Non
     fixes = (
         "set spark.python.worker.reuse=true",
         "set spark.python.daemon.module=eospack.python_daemon",
-        "eospack.spark.local_session",
+        "eospack.tools.spark.local_session",
     )
     for result, fix in zip(results, fixes, strict=True):
         assert fix in result.line and "\n" not in result.line

@@ -8,8 +8,8 @@ import inspect
 
 import pytest
 
-from eospack.checkout_layout import every_module_name
-from eospack.errors import EospackError
+from eospack.core.checkout_layout import every_module_name
+from eospack.core.errors import EospackError
 
 
 def error_classes() -> list[type[BaseException]]:

@@ -1,4 +1,4 @@
-"""``eospack.formats``: the one registry of formats, and everything that must agree with it.
+"""``eospack.tools.formats``: the one registry of formats, and everything that must agree with it.
 
 A format forgotten in one list used to fail only when a user met that list (``register``
 missing a format, ``doctor`` not checking its module, a page that says "three formats").
@@ -17,8 +17,8 @@ import pytest
 import tomllib
 
 import eospack
-from eospack import checkpoint, doctor
-from eospack.formats import FORMATS, FormatEntry, UnknownFormatError, entry_of, sinks
+from eospack.tools import checkpoint, doctor
+from eospack.tools.formats import FORMATS, FormatEntry, UnknownFormatError, entry_of, sinks
 
 ROOT = Path(__file__).resolve().parent.parent
 SINK_NAMES = {entry.name for entry in sinks()}
@@ -113,7 +113,7 @@ def test_a_bad_option_raises_the_connectors_own_error_naming_it() -> None:
 
 def test_importing_the_registry_loads_no_connector_pyspark_or_client() -> None:
     code = (
-        "import sys, eospack.formats\n"
+        "import sys, eospack.tools.formats\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('pandas', 'pyarrow', 'pyspark',"
         " 'kafka', 'psycopg', 'boto3') or m.startswith('eospack.connectors')]\n"
         "print(heavy)\n"

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from eospack import checkpoint
-from eospack.checkpoint import CheckpointInspectError, inspect_sink
 from eospack.cli import main
 from eospack.commit_protocols import BatchDecision
 from eospack.commit_protocols.inspection import (
@@ -21,6 +19,8 @@ from eospack.commit_protocols.inspection import (
     SinkState,
 )
 from eospack.commit_protocols.pieces import ABORTED, DONE
+from eospack.tools import checkpoint
+from eospack.tools.checkpoint import CheckpointInspectError, inspect_sink
 
 FAKE_FORMAT = "2pc-fake"
 

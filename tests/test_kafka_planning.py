@@ -15,7 +15,6 @@ import uuid
 import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-from eospack.commit_protocols import faults
 from eospack.connectors.kafka.client import broker_calls
 from eospack.connectors.kafka.errors import KafkaDataLossError
 from eospack.connectors.kafka.source.broker_metadata import ClusterView
@@ -33,6 +32,7 @@ from eospack.connectors.kafka.source.offset_format import (
 from eospack.connectors.kafka.source.offset_ranges import OffsetRange
 from eospack.connectors.kafka.source.options import parse_options
 from eospack.connectors.kafka.source.planning import plan_next_batch
+from eospack.core import faults
 from tests.fake_kafka_cluster import FakeCluster, TopicPartitionKey, options, stream_reader
 
 ID_A = "AAAAAAAAAAAAAAAAAAAAAQ"

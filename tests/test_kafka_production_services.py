@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from eospack.cli import build_parser
-from eospack.services import ServiceStartError
-from eospack.services.kafka_cluster import start_production_kafka
+from eospack.lab.services import ServiceStartError
+from eospack.lab.services.kafka_cluster import start_production_kafka
 
 
 def test_services_up_takes_the_number_of_brokers_and_the_security() -> None:

@@ -4,10 +4,13 @@ packages), so two test files with one name make the second fail to collect."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import tomllib
@@ -62,7 +65,7 @@ def test_pyproject_installs_every_package_folder_under_eospack() -> None:
 
 
 def test_checkout_layout_serves_the_same_mapping_as_pyproject() -> None:
-    from eospack.checkout_layout import MAPPED_FOLDERS as SERVED
+    from eospack.core.checkout_layout import MAPPED_FOLDERS as SERVED
 
     assert SERVED == MAPPED_FOLDERS
 
@@ -136,21 +139,43 @@ def test_each_external_system_has_one_connector_package() -> None:
 def test_the_kafka_source_and_sink_do_not_import_each_other() -> None:
     """replayable-kafka and 2pc-kafka share only ``records/``, ``client/`` and
     ``errors.py``: a change to one side cannot break the other through an import (any
-    import counts, a function-local one too)."""
+    import counts, a function-local or relative one too)."""
+    graph = import_graph()
     kafka = ROOT / "connectors" / "kafka"
     offenders = {
-        f"{path.relative_to(ROOT)}: {name}"
+        f"{found.importer.relative_to(ROOT)}:{found.line}: {found.module}"
+        for found in graph.imports(ROOT)
         for side, other in (("source", "sink"), ("sink", "source"))
-        for path in sorted((kafka / side).rglob("*.py"))
-        for name in imported_modules(path)
-        if name == f"eospack.connectors.kafka.{other}"
-        or name.startswith(f"eospack.connectors.kafka.{other}.")
+        if found.importer.is_relative_to(kafka / side)
+        and found.imported.is_relative_to(kafka / other)
     }
     assert sorted(offenders) == []
-    relative = {
-        f"{path.relative_to(ROOT)}: line {node.lineno}"
-        for path in sorted(kafka.rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
-        if isinstance(node, ast.ImportFrom) and node.level > 0
-    }
-    assert sorted(relative) == [], "relative imports would escape the check above"
+
+
+def import_graph() -> ModuleType:
+    """scripts/import_graph.py, the one definition of the floors (CONTRIBUTING's drawing)."""
+    spec = importlib.util.spec_from_file_location(
+        "import_graph", ROOT / "scripts" / "import_graph.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("import_graph", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_product_file_stands_on_a_floor() -> None:
+    """core, protocols and operators, connectors, the operator's tools, the lab, the
+    command line and face: a new file has to say which it is."""
+    assert import_graph().unplaced(ROOT) == []
+
+
+def test_no_import_runs_back_up_a_floor() -> None:
+    """A floor imports its own and the ones below it (function-local imports count):
+    the core knows no connector, a connector no tool, a tool no lab."""
+    assert import_graph().imports_back_up(ROOT) == []
+
+
+def test_no_files_import_each_other_in_a_loop() -> None:
+    """No circle of imports that run (a TYPE_CHECKING import never runs and is left out)."""
+    assert import_graph().circles(ROOT) == []

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.datasource import CaseInsensitiveDict
 
-from eospack.errors import EospackError
-from eospack.options import OptionReader, option_error
+from eospack.core.errors import EospackError
+from eospack.core.options import OptionReader, option_error
 
 FAST = settings(max_examples=200, deadline=None)
 

@@ -120,5 +120,10 @@ def test_the_manual_s_examples_import_only_public_names() -> None:
 
 
 def test_an_internal_import_in_an_example_is_found() -> None:
-    block = "from eospack.supervisor import (\n    supervise,\n)\nimport eospack.spark\n"
-    assert eospack_imports(block) == [("eospack.supervisor", "supervise"), ("eospack.spark", None)]
+    block = (
+        "from eospack.tools.supervisor import (\n    supervise,\n)\nimport eospack.tools.spark\n"
+    )
+    assert eospack_imports(block) == [
+        ("eospack.tools.supervisor", "supervise"),
+        ("eospack.tools.spark", None),
+    ]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from eospack.testing import wait_until
+from eospack.lab.testing import wait_until
 
 
 @pytest.mark.timeout(120)

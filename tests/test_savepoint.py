@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eospack.savepoint import (
+from eospack.tools.savepoint import (
     RESTORED_DIRECTORY,
     Manifest,
     OperatorSnapshot,
@@ -114,7 +114,7 @@ def test_partitions_unknown_to_the_savepoint_start_at_earliest(tmp_path: Path) -
 def test_restored_checkpoint_hands_its_operators_the_old_watermarks(tmp_path: Path) -> None:
     """The watermarks Spark logged for the savepoint's batch (offset log) and for the next
     one (commit log) reach each operator's initial state; a format 1 savepoint has none."""
-    from eospack.savepoint import logged_watermark
+    from eospack.tools.savepoint import logged_watermark
 
     checkpoint = tmp_path / "old"
     (checkpoint / "offsets").mkdir(parents=True)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from eospack.services.embedded import _ChildProcess, thread_states
-from eospack.testing import wait_until
+from eospack.lab.services.embedded import _ChildProcess, thread_states
+from eospack.lab.testing import wait_until
 
 BUSY_THREADS = """
 import threading

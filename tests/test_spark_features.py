@@ -1,4 +1,4 @@
-"""eospack.spark_features: what each Spark line offers, found by looking, as the table says."""
+"""eospack.core.spark_features: what each Spark line offers, found by looking, as the table says."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import pyspark
 import pytest
 
-from eospack import spark_features
-from eospack.spark_features import (
+from eospack.core import spark_features
+from eospack.core.spark_features import (
     ADMISSION_CONTROL,
     ARROW_UDF,
     STREAM_ARROW_WRITER,
@@ -79,7 +79,7 @@ def test_versions_are_read_by_line() -> None:
 
 @pytest.mark.compat
 def test_doctor_names_the_spark_and_python_found_and_whether_each_is_supported() -> None:
-    from eospack.doctor import platform_checks
+    from eospack.tools.doctor import platform_checks
 
     spark, python = platform_checks()
     assert spark.passed and python.passed

@@ -8,7 +8,9 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from eospack.spark import JavaNotFoundError, check_java, worker_spark_home
+from eospack.core.java import JavaNotFoundError, check_java
+from eospack.tools import registration
+from eospack.tools.spark import worker_spark_home
 
 
 def test_session_runs_python_workers_with_this_interpreter(spark):
@@ -95,12 +97,11 @@ def test_registration_fills_the_keys_concurrent_query_starts_would_insert(spark)
     """Spark's source runner puts these keys into the format's shared environment map at
     every query start; present beforehand, concurrent starts only overwrite values and the
     map never loses an entry (docs/spark-python-datasource-envvars-race.md)."""
-    import eospack
 
     manager = spark._jsparkSession.sessionState().dataSourceManager()
     for name in ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka"):
         environment = manager.lookupDataSource(name).dataSourceCls().envVars()
         present = set(environment.keySet().toArray())
-        assert present >= set(eospack.SOURCE_RUNNER_KEYS), name
+        assert present >= set(registration.SOURCE_RUNNER_KEYS), name
         assert environment.get("SPARK_PYTHON_RUNTIME") == "PYTHON_WORKER"
-        assert all(environment.get(key) for key in eospack.SOURCE_RUNNER_KEYS), name
+        assert all(environment.get(key) for key in registration.SOURCE_RUNNER_KEYS), name

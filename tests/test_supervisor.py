@@ -10,7 +10,7 @@ import pytest
 
 from eospack.cli import duration_seconds
 from eospack.connectors.kafka.errors import KafkaSendError, KafkaSinkOptionError, LedgerFencedError
-from eospack.supervisor import (
+from eospack.tools.supervisor import (
     ExponentialDelay,
     FailureRate,
     FixedDelay,
@@ -227,7 +227,7 @@ def test_2pc_kafka_option_fenced_ledger_and_oversized_record_errors_stop_at_once
 def test_the_supervisor_module_does_not_import_kafka_python() -> None:
     """It names connector errors as text, so a job without Kafka never loads kafka-python."""
     code = (
-        "import sys, eospack.supervisor;"
+        "import sys, eospack.tools.supervisor;"
         " print(sorted(m for m in sys.modules if m.split('.')[0] == 'kafka'))"
     )
     loaded = subprocess.run(

@@ -1,10 +1,10 @@
-"""``eospack.testing.session_settings``: what a block sets is undone, also on failure."""
+"""``eospack.lab.testing.session_settings``: what a block sets is undone, also on failure."""
 
 from __future__ import annotations
 
 import pytest
 
-from eospack.testing import session_settings
+from eospack.lab.testing import session_settings
 
 
 class Conf:

@@ -67,7 +67,7 @@ import pyarrow.compute as pc
 from pgpq import ArrowToPostgresBinaryEncoder, encoders
 from pgpq import schema as pg_schema
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 EncoderFactory = Callable[[pa.Field], Any]
 

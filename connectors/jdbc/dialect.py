@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from eospack.connectors.jdbc.errors import JdbcIdentifierError, JdbcSchemaError, JdbcWriteError
+from .errors import JdbcIdentifierError, JdbcSchemaError, JdbcWriteError
 
 if TYPE_CHECKING:
-    from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
-    from eospack.connectors.jdbc.planning import SinkPlan
+    from .options import DatabaseUrl, JdbcSinkOptions
+    from .planning import SinkPlan
 
 DialectName = Literal["postgresql", "sqlite"]
 Connection = Any

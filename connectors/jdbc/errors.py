@@ -6,7 +6,7 @@ carries a secret: the password and any URL credentials are never formatted into 
 
 from __future__ import annotations
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 
 class JdbcSinkOptionError(EospackError, ValueError):

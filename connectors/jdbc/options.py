@@ -1,7 +1,7 @@
 """Options of ``format("2pc-jdbc")``, parsed once into a frozen, typed object.
 
 Names follow Spark's JDBC data source where one exists (``url``, ``dbtable``, ``user``,
-``password``, ``batchsize``); they are read through ``eospack.options.OptionReader``
+``password``, ``batchsize``); they are read through ``eospack.core.options.OptionReader``
 (case-insensitive names, one grammar per kind of value). The password is kept out of reprs
 and errors, and a password inside ``url`` is refused: the URL is shown in query plans,
 options named ``password`` are not.
@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from eospack.commit_protocols.sink_options import parse_sink_common_options
-from eospack.connectors.jdbc.dialect import Dialect, DialectName, TableName, check_identifier
-from eospack.connectors.jdbc.errors import JdbcSinkOptionError
-from eospack.connectors.jdbc.postgres import PostgresDialect
-from eospack.connectors.jdbc.sqlite import SqliteDialect
-from eospack.options import OptionReader
+from eospack.core.options import OptionReader
+
+from ...commit_protocols.sink_options import parse_sink_common_options
+from .dialect import Dialect, DialectName, TableName, check_identifier
+from .errors import JdbcSinkOptionError
+from .postgres import PostgresDialect
+from .sqlite import SqliteDialect
 
 WriteMode = Literal["append", "upsert"]
 Protocol = Literal["auto", "prepared", "staging"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import LongType, StructField, StructType
 
-from eospack.connectors.jdbc.dialect import (
+from .dialect import (
     PIECE_COLUMN,
     Connection,
     Dialect,
@@ -24,8 +24,8 @@ from eospack.connectors.jdbc.dialect import (
     quote,
     stage_table,
 )
-from eospack.connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
-from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
+from .errors import JdbcSchemaError, JdbcSinkOptionError
+from .options import JdbcSinkOptions, dialect_for
 
 logger = logging.getLogger(__name__)
 

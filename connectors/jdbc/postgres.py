@@ -32,17 +32,17 @@ import pyarrow.csv as pa_csv
 from psycopg import sql
 from pyspark.sql import types as T
 
-from eospack.connectors.jdbc.binary_copy import (
+from .binary_copy import (
     BinaryEncoding,
     ValueOutOfRangeError,
     column_types,
     server_float_texts,
 )
-from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
-from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcWriteError
+from .dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
+from .errors import JdbcConnectionError, JdbcWriteError
 
 if TYPE_CHECKING:
-    from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+    from .options import DatabaseUrl, JdbcSinkOptions
 
 logger = logging.getLogger(__name__)
 

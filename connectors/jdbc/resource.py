@@ -50,22 +50,23 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from eospack.commit_protocols import (
+from eospack.core import faults
+
+from ...commit_protocols import (
     BatchDecision,
     PreparedPiece,
     TransactionalResource,
     derive_sink_id,
-    faults,
     parse_transaction_id,
     sink_prefix,
 )
-from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
-from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
-from eospack.commit_protocols.resource import DecidedPieceLostError
-from eospack.connectors.jdbc.dialect import PIECE_COLUMN, TableName, quote, stage_table
-from eospack.connectors.jdbc.errors import JdbcSinkOptionError, JdbcWriteError
-from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for, parse_options
-from eospack.connectors.jdbc.planning import SinkPlan
+from ...commit_protocols.inspection import DecisionState, Leftover, SinkState
+from ...commit_protocols.pieces import ABORTED, DECIDED, DONE
+from ...commit_protocols.resource import DecidedPieceLostError
+from .dialect import PIECE_COLUMN, TableName, quote, stage_table
+from .errors import JdbcSinkOptionError, JdbcWriteError
+from .options import JdbcSinkOptions, dialect_for, parse_options
+from .planning import SinkPlan
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class JdbcResource(TransactionalResource):
     # Calls, through the fault rig ------------------------------------------------------
 
     def _call(self, name: str, action: Callable[[], Result], batch_id: int | None) -> Result:
-        """Run one database call as ``jdbc.<name>`` (see ``eospack.commit_protocols.faults``)."""
+        """Run one database call as ``jdbc.<name>`` (see ``eospack.core.faults``)."""
         return faults.run_call(
             f"jdbc.{name}",
             action,

@@ -21,14 +21,15 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from eospack.commit_protocols import TaskIdentity, TransactionalResource, TwoPhaseCommitStreamWriter
-from eospack.commit_protocols.logs import make_logs_visible
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.jdbc.errors import JdbcSinkOptionError, JdbcWriteError
-from eospack.connectors.jdbc.options import JdbcSinkOptions, parse_options
-from eospack.connectors.jdbc.planning import SinkPlan, plan_sink
-from eospack.connectors.jdbc.resource import DATABASE_CONNECTION_ERRORS, open_resource
-from eospack.connectors.jdbc.writer import TaskWriter
+from eospack.core.logs import make_logs_visible
+
+from ...commit_protocols import TaskIdentity, TransactionalResource, TwoPhaseCommitStreamWriter
+from ...commit_protocols.pieces import PreparedPiece
+from .errors import JdbcSinkOptionError, JdbcWriteError
+from .options import JdbcSinkOptions, parse_options
+from .planning import SinkPlan, plan_sink
+from .resource import DATABASE_CONNECTION_ERRORS, open_resource
+from .writer import TaskWriter
 
 logger = logging.getLogger(__name__)
 SINK_NAME = "2pc-jdbc"

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from eospack.connectors.jdbc.dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
-from eospack.connectors.jdbc.errors import JdbcConnectionError, JdbcSchemaError, JdbcSinkOptionError
+from .dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
+from .errors import JdbcConnectionError, JdbcSchemaError, JdbcSinkOptionError
 
 if TYPE_CHECKING:
-    from eospack.connectors.jdbc.options import DatabaseUrl, JdbcSinkOptions
+    from .options import DatabaseUrl, JdbcSinkOptions
 
 BUSY_TIMEOUT_SECONDS = 60.0
 

@@ -21,22 +21,23 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from eospack.commit_protocols import (
+from eospack.core import faults
+
+from ...commit_protocols import (
     PreparedPiece,
     TaskIdentity,
     TwoPhaseCommitCoordinator,
-    faults,
     parse_transaction_id,
     sink_prefix,
     transaction_id,
 )
-from eospack.commit_protocols.coordinator import stale_pieces
-from eospack.commit_protocols.pieces import DECIDED, DONE
-from eospack.commit_protocols.stream_writer import recover_at_least_once
-from eospack.connectors.jdbc.dialect import Connection
-from eospack.connectors.jdbc.options import JdbcSinkOptions, dialect_for
-from eospack.connectors.jdbc.planning import SinkPlan
-from eospack.connectors.jdbc.resource import open_resource
+from ...commit_protocols.coordinator import stale_pieces
+from ...commit_protocols.pieces import DECIDED, DONE
+from ...commit_protocols.stream_writer import recover_at_least_once
+from .dialect import Connection
+from .options import JdbcSinkOptions, dialect_for
+from .planning import SinkPlan
+from .resource import open_resource
 
 logger = logging.getLogger(__name__)
 

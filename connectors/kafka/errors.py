@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 log = logging.getLogger(__name__)
 

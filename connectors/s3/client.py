@@ -4,7 +4,7 @@ Errors are classified by botocore error code (and HTTP status for HEAD requests,
 carry no body), never by message text. Messages built here name the bucket, key and
 error code; credentials never reach them.
 
-Fault layer (tests only): when ``eospack.commit_protocols.faults`` is enabled (``EOSPACK_FAULT_DIR``
+Fault layer (tests only): when ``eospack.core.faults`` is enabled (``EOSPACK_FAULT_DIR``
 set when the process started), every client created here gets a botocore ``before-send``
 handler that claims faults named ``s3.<OperationName>`` (``s3.PutObject``,
 ``s3.CompleteMultipartUpload``, ``s3.UploadPart``, ...), for the batch its key belongs to,
@@ -36,9 +36,11 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from eospack.commit_protocols import faults, parse_transaction_id
-from eospack.connectors.s3.errors import S3AccessError
-from eospack.connectors.s3.options import EOSPACK_DIRECTORY, S3Connection, S3Location
+from eospack.core import faults
+
+from ...commit_protocols import parse_transaction_id
+from .errors import S3AccessError
+from .options import EOSPACK_DIRECTORY, S3Connection, S3Location
 
 MISSING_CODES = frozenset({"NoSuchBucket", "NoSuchKey", "NotFound", "404"})
 DENIED_CODES = frozenset(

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eospack.connectors.s3.multipart import MultipartObject
+from .multipart import MultipartObject
 
 
 class FileEncoder(Protocol):

@@ -7,7 +7,7 @@ described by their error code only (``client.describe_error``).
 
 from __future__ import annotations
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 
 class S3OptionError(EospackError, ValueError):

@@ -16,8 +16,8 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from eospack.commit_protocols import parse_transaction_id
-from eospack.connectors.s3.options import EOSPACK_DIRECTORY
+from ...commit_protocols import parse_transaction_id
+from .options import EOSPACK_DIRECTORY
 
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from eospack.connectors.s3.client import describe_error, is_no_such_upload
-from eospack.connectors.s3.errors import S3WriteError
+from .client import describe_error, is_no_such_upload
+from .errors import S3WriteError
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Options of ``format("2pc-s3")`` (sink and reader), parsed once into frozen, typed objects.
 
-Options are read through ``eospack.options.OptionReader`` (case-insensitive names, one
+Options are read through ``eospack.core.options.OptionReader`` (case-insensitive names, one
 grammar per kind of value). Credentials
 (``accessKeyId``, ``secretAccessKey``, ``sessionToken``) are kept out of reprs, errors and
 logs; without them the client uses boto3's default chain (environment, profile, role).
@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from eospack.commit_protocols.sink_options import parse_sink_common_options
-from eospack.connectors.s3.errors import S3OptionError
-from eospack.options import OptionReader
+from eospack.core.options import OptionReader
+
+from ...commit_protocols.sink_options import parse_sink_common_options
+from .errors import S3OptionError
 
 FileFormat = Literal["parquet", "jsonl"]
 

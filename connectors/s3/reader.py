@@ -41,12 +41,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from eospack.commit_protocols.pieces import DECIDED
-from eospack.connectors.s3.client import describe_error, s3_client
-from eospack.connectors.s3.errors import S3ReadError
-from eospack.connectors.s3.keys import partition_values_of_key
-from eospack.connectors.s3.options import S3ReaderOptions
-from eospack.spark_features import arrow_schema_utc
+from eospack.core.spark_features import arrow_schema_utc
+
+from ...commit_protocols.pieces import DECIDED
+from .client import describe_error, s3_client
+from .errors import S3ReadError
+from .keys import partition_values_of_key
+from .options import S3ReaderOptions
 
 logger = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from eospack.commit_protocols import (
+from ...commit_protocols import (
     BatchDecision,
     DecidedPieceLostError,
     PreparedPiece,
@@ -82,9 +82,9 @@ from eospack.commit_protocols import (
     parse_transaction_id,
     sink_prefix,
 )
-from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
-from eospack.commit_protocols.pieces import ABORTED, DECIDED, DONE
-from eospack.connectors.s3.client import (
+from ...commit_protocols.inspection import DecisionState, Leftover, SinkState
+from ...commit_protocols.pieces import ABORTED, DECIDED, DONE
+from .client import (
     describe_error,
     is_conflict,
     is_missing,
@@ -92,10 +92,10 @@ from eospack.connectors.s3.client import (
     is_precondition_failed,
     s3_client,
 )
-from eospack.connectors.s3.errors import S3WriteError
-from eospack.connectors.s3.keys import transaction_id_of_key
-from eospack.connectors.s3.options import S3Location, S3SinkOptions, parse_sink_options
-from eospack.connectors.s3.reader import manifest_status
+from .errors import S3WriteError
+from .keys import transaction_id_of_key
+from .options import S3Location, S3SinkOptions, parse_sink_options
+from .reader import manifest_status
 
 logger = logging.getLogger(__name__)
 

@@ -27,26 +27,27 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from eospack.commit_protocols import (
+from eospack.core.logs import make_logs_visible
+
+from ...commit_protocols import (
     TaskIdentity,
     TwoPhaseCommitCoordinator,
     TwoPhaseCommitStreamWriter,
     prepared_pieces_of,
 )
-from eospack.commit_protocols.logs import make_logs_visible
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.s3.client import CREDENTIALS_HINT, check_access, s3_client
-from eospack.connectors.s3.errors import S3OptionError, S3ReadError, S3WriteError
-from eospack.connectors.s3.options import (
+from ...commit_protocols.pieces import PreparedPiece
+from .client import CREDENTIALS_HINT, check_access, s3_client
+from .errors import S3OptionError, S3ReadError, S3WriteError
+from .options import (
     S3Connection,
     S3Location,
     S3SinkOptions,
     parse_reader_options,
     parse_sink_options,
 )
-from eospack.connectors.s3.reader import PARTITION_COLUMN_TYPES, CommittedDataReader, plan_read
-from eospack.connectors.s3.resource import S3Resource, complete_file, write_task_manifest
-from eospack.connectors.s3.writer import TaskWriter
+from .reader import PARTITION_COLUMN_TYPES, CommittedDataReader, plan_read
+from .resource import S3Resource, complete_file, write_task_manifest
+from .writer import TaskWriter
 
 SINK_NAME = "2pc-s3"
 

@@ -22,12 +22,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eospack.commit_protocols import TaskIdentity
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.s3.encoders import FileEncoder, JsonLinesEncoder, ParquetEncoder
-from eospack.connectors.s3.keys import object_key, partition_directory
-from eospack.connectors.s3.multipart import PART_SIZE, MultipartObject, PartUploader
-from eospack.connectors.s3.options import S3SinkOptions
+from ...commit_protocols import TaskIdentity
+from ...commit_protocols.pieces import PreparedPiece
+from .encoders import FileEncoder, JsonLinesEncoder, ParquetEncoder
+from .keys import object_key, partition_directory
+from .multipart import PART_SIZE, MultipartObject, PartUploader
+from .options import S3SinkOptions
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 MAX_BUFFERED_BYTES = 256 * 1024 * 1024

@@ -13,7 +13,7 @@ import argparse
 import threading
 import time
 
-from eospack.spark import local_session
+from eospack.tools.spark import local_session
 
 TIMEOUT_SECONDS = 120.0
 

@@ -14,8 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import eospack
+from eospack.lab.testing import await_query
 from eospack.stateful_ops import running_count
-from eospack.testing import await_query
 
 DONE_LINE = "connect pipeline: batch run finished"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from eospack.spark import local_session
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
+from eospack.tools.spark import local_session
 from integration_tests.sink_contract.adapters import ADAPTERS, PRODUCTION_ADAPTERS
 from integration_tests.sink_contract.inputs import start_query
 

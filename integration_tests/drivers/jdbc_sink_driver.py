@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from eospack.spark import local_session
+from eospack.tools.spark import local_session
 from integration_tests.jdbc_fixtures import stream_input
 
 CHECKPOINT_CONF = "spark.sql.streaming.checkpointLocation"

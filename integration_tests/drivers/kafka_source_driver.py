@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eospack.spark import local_session
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
+from eospack.tools.spark import local_session
 
 
 def write_batch(output: Path, batch_id: int, rows: list[list[Any]]) -> None:

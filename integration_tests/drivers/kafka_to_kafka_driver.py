@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eospack.spark import local_session
+from eospack.tools.spark import local_session
 
 
 def start_query(spark: Any, arguments: argparse.Namespace) -> Any:

@@ -82,8 +82,8 @@ def start_query(spark: Any, arguments: argparse.Namespace) -> Any:
 
 
 def main() -> int:
-    from eospack.spark import local_session
-    from eospack.testing import await_query
+    from eospack.lab.testing import await_query
+    from eospack.tools.spark import local_session
 
     arguments = parse_arguments()
     conf = {

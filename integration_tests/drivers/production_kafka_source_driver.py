@@ -18,8 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from eospack.spark import local_session
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
+from eospack.tools.spark import local_session
 
 
 def write_batch(output: Path, batch_id: int, rows: list[list[Any]]) -> None:

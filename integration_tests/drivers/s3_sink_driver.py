@@ -14,8 +14,8 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from eospack.spark import local_session
-from eospack.testing import await_query
+from eospack.lab.testing import await_query
+from eospack.tools.spark import local_session
 
 SCHEMA = "id BIGINT, grp STRING"
 

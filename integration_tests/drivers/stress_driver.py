@@ -154,8 +154,8 @@ class Pipelines:
         return writer.trigger(processingTime=f"{int(settings['trigger_ms'])} milliseconds").start()
 
     def writer(self, name: str, settings: dict[str, Any]) -> Any:
-        from eospack.savepoint import RestoredCheckpoint
         from eospack.stateful_ops import running_count
+        from eospack.tools.savepoint import RestoredCheckpoint
 
         arguments = self.arguments
         if name == "counts":
@@ -246,7 +246,7 @@ class Pipelines:
         committed (a savepoint refuses a batch that was started but not committed): a run
         that fails (an armed fault, a killed worker) is started again. Large batches: the
         run reads everything the topic holds when it starts."""
-        from eospack.checkpoint import inspect_checkpoint
+        from eospack.tools.checkpoint import inspect_checkpoint
 
         checkpoint = self.checkpoint("counts")
         catch_up = {**settings, "max_offsets_per_trigger": FINISH_MAX_OFFSETS}
@@ -271,7 +271,7 @@ class Pipelines:
 
 def main() -> int:
     arguments = parse_arguments()
-    from eospack.spark import local_session
+    from eospack.tools.spark import local_session
 
     spark = local_session(app_name="eospack-stress", master=arguments.master)
     pipelines = Pipelines(spark, arguments)

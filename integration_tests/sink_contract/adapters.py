@@ -91,7 +91,7 @@ class DocumentedOption:
 
 @dataclass(frozen=True)
 class CallFaults:
-    """The sink's resource call names (``commit_protocols.faults``)."""
+    """The sink's resource call names (``eospack.core.faults``)."""
 
     decide: str
     """The decision's write (for an atomic protocol, the commit itself)."""
@@ -645,7 +645,7 @@ class KafkaSink(BoundSink):
         return name
 
     def create_output_topic(self) -> None:
-        from eospack.services.kafka_tools import create_topic
+        from eospack.lab.services.kafka_tools import create_topic
 
         create_topic(self.bootstrap, self.topic, 2)
 
@@ -672,7 +672,7 @@ class KafkaSink(BoundSink):
         return {"bootstrap_servers": self.bootstrap, **self.client()}
 
     def rows(self, options: Options) -> Rows:
-        from eospack.services.kafka_tools import read_all
+        from eospack.lab.services.kafka_tools import read_all
 
         records = read_all(
             self.bootstrap, self.topic, isolation_level="read_committed", client=self.client()
@@ -711,7 +711,7 @@ class KafkaSink(BoundSink):
         decision): it holds the ledger's last stable offset until the broker times it
         out."""
         from eospack.connectors.kafka.sink.ledger import ensure_ledger_topic
-        from eospack.services.kafka_tools import transactional_producer
+        from eospack.lab.services.kafka_tools import transactional_producer
 
         parsed = self.parsed(options)
         ensure_ledger_topic(parsed)
@@ -850,7 +850,7 @@ class SecuredKafkaSink(KafkaSink):
     broker_fixture = "secured_kafka"
 
     def topic_name(self, name: str) -> str:
-        from eospack.services.kafka_cluster import APP_TOPIC_PREFIX
+        from eospack.lab.services.kafka_cluster import APP_TOPIC_PREFIX
 
         return f"{APP_TOPIC_PREFIX}{name}"
 
@@ -858,8 +858,8 @@ class SecuredKafkaSink(KafkaSink):
         from kafka import KafkaConsumer
         from kafka.admin import NewTopic
 
-        from eospack.services.kafka_cluster import ADMIN_USER
-        from eospack.testing import wait_until
+        from eospack.lab.services.kafka_cluster import ADMIN_USER
+        from eospack.lab.testing import wait_until
 
         admin = self.kafka.admin_client(ADMIN_USER)
         try:
@@ -877,7 +877,7 @@ class SecuredKafkaSink(KafkaSink):
             consumer.close()
 
     def client(self) -> dict[str, Any]:
-        from eospack.services.kafka_cluster import ADMIN_USER
+        from eospack.lab.services.kafka_cluster import ADMIN_USER
 
         return dict(self.kafka.client_config(ADMIN_USER))
 

@@ -28,10 +28,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from eospack.checkpoint import inspect_sink
-from eospack.commit_protocols import PreparedPiece, TaskIdentity, faults
+from eospack.commit_protocols import PreparedPiece, TaskIdentity
 from eospack.commit_protocols.identity import attempt_string
-from eospack.testing import await_query
+from eospack.core import faults
+from eospack.lab.testing import await_query
+from eospack.tools.checkpoint import inspect_sink
 from integration_tests.crash_harness import DriverRun, run_driver
 from integration_tests.sink_contract.adapters import BoundSink, Options, Rows
 from integration_tests.sink_contract.inputs import start_query, write_source

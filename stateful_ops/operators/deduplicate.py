@@ -15,10 +15,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
-from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.operators.shared import EVENT_US, key_codes, long_field
-from eospack.stateful_ops.validation import duration_ms, require_event_time
+from ..base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from ..initial_state import InitialState
+from ..validation import duration_ms, require_event_time
+from .shared import EVENT_US, key_codes, long_field
 
 _KEY_CODE = "__so_key_code"
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import ArrayType, MapType, StructType
 
-from eospack.stateful_ops.base import MARKER_COLUMN
+from ..base import MARKER_COLUMN
 
 PARTIAL_COUNT = "__so_partial_count"
 NESTED_TYPES = (ArrayType, MapType, StructType)

@@ -14,12 +14,12 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql.types import BooleanType, DataType, DoubleType, LongType, StructField, StructType
 
-from eospack.stateful_ops.base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
-from eospack.stateful_ops.errors import OperatorDefinitionError
-from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.operators.partial_aggregation import NESTED_TYPES, partial_aggregates
-from eospack.stateful_ops.operators.shared import NEW_ROWS, long_field, refuse_name_clash
-from eospack.stateful_ops.validation import INTEGRAL_TYPES, NUMERIC_TYPES, require_column
+from ..base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
+from ..errors import OperatorDefinitionError
+from ..initial_state import InitialState
+from ..validation import INTEGRAL_TYPES, NUMERIC_TYPES, require_column
+from .partial_aggregation import NESTED_TYPES, partial_aggregates
+from .shared import NEW_ROWS, long_field, refuse_name_clash
 
 SUPPORTED_AGGREGATES = ("sum", "count", "min", "max", "mean")
 

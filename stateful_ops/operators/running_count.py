@@ -16,20 +16,20 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from eospack.stateful_ops.base import (
+from ..base import (
     DEFAULT_KEY_GROUPS,
     MARKER_COLUMN,
     Clock,
     StatefulOperator,
     canonical,
 )
-from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.operators.partial_aggregation import (
+from ..initial_state import InitialState
+from .partial_aggregation import (
     NESTED_TYPES,
     PARTIAL_COUNT,
     partial_counts,
 )
-from eospack.stateful_ops.operators.shared import NEW_ROWS, key_codes, long_field, refuse_name_clash
+from .shared import NEW_ROWS, key_codes, long_field, refuse_name_clash
 
 
 class RunningCount(StatefulOperator):

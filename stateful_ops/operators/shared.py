@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql.types import LongType, StructField
 
-from eospack.stateful_ops.errors import OperatorDefinitionError
+from ..errors import OperatorDefinitionError
 
 EVENT_US = "__so_event_us"
 NEW_ROWS = "__so_new_rows"

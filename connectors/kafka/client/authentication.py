@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from eospack.connectors.kafka.errors import KafkaAuthenticationError, TlsRefusal
+from ..errors import KafkaAuthenticationError, TlsRefusal
 
 PROBE_ATTEMPTS = 3
 _ERROR_PREFIX = re.compile(r"^(\[Error \d+\] )?\w+Error: ")

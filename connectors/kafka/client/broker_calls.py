@@ -1,4 +1,4 @@
-"""Calls to the broker through the call-fault rig (``eospack.commit_protocols.faults``).
+"""Calls to the broker through the call-fault rig (``eospack.core.faults``).
 
 Names: ``kafka.metadata``, ``kafka.end_offsets``, ``kafka.beginning_offsets`` and
 ``kafka.offsets_for_times`` (driver planning), ``kafka.poll`` (executor reads). An armed
@@ -23,7 +23,7 @@ def broker_call(call: str, action: Callable[[], Result]) -> Result:
     """Run ``action`` as the broker call ``call``, through any armed fault."""
     # Imported where a call is made: the package of ``faults`` loads the commit protocols
     # (pyarrow among them), which a Spark planner process that never calls Kafka skips.
-    from eospack.commit_protocols import faults
+    from eospack.core import faults
 
     if not faults.enabled():
         return action()

@@ -26,7 +26,7 @@ from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource
 
-from eospack.connectors.kafka.errors import TransactionTimeoutProbeError
+from ..errors import TransactionTimeoutProbeError
 
 PROBE_TRANSACTIONAL_ID = "eospack-transaction-timeout-probe"
 PROBE_DEADLINE_SECONDS = 30.0

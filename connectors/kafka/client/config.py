@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from eospack.options import option_error
+from eospack.core.options import option_error
 
 SECRET_KAFKA_OPTIONS = frozenset(
     {
@@ -271,8 +271,8 @@ def _mechanism_params(
             f"Option kafka.{TOKEN_PROVIDER} needs kafka.sasl.mechanism=OAUTHBEARER (the"
             f" mechanism is {mechanism}): set it"
         )
-    from eospack.connectors.kafka.client.token_provider import provider_for
-    from eospack.connectors.kafka.errors import TokenProviderNameError
+    from ..errors import TokenProviderNameError
+    from .token_provider import provider_for
 
     try:
         return {**named, "sasl_oauth_token_provider": provider_for(provider_name.strip())}

@@ -28,8 +28,8 @@ from kafka.producer.future import FutureRecordMetadata
 from kafka.producer.producer_batch import ProducerBatch
 from kafka.record import MemoryRecords
 
-from eospack.connectors.kafka.records import record_batches
-from eospack.connectors.kafka.records.record_batches import EncodedBatch
+from ..records import record_batches
+from ..records.record_batches import EncodedBatch
 
 OnError = Callable[[str, BaseException], None]
 """Called with the topic and the error of a batch (or a piece of it) that failed."""

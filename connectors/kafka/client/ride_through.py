@@ -33,7 +33,7 @@ from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
-from eospack.connectors.kafka.errors import KafkaAuthenticationError
+from ..errors import KafkaAuthenticationError
 
 Result = TypeVar("Result")
 logger = logging.getLogger(__name__)

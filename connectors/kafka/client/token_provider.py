@@ -39,7 +39,7 @@ from typing import Any
 
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
-from eospack.connectors.kafka.errors import KafkaAuthenticationError, TokenProviderNameError
+from ..errors import KafkaAuthenticationError, TokenProviderNameError
 
 OPTION = "kafka.sasl.oauth.token.provider"
 KINDS = (

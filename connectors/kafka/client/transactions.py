@@ -36,12 +36,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.admin import TransactionState as BrokerTransactionState
 
-from eospack.connectors.kafka.client.ride_through import (
+from ..errors import TransactionFencedError
+from .ride_through import (
     ATTEMPT_SECONDS,
     RIDE_THROUGH_SECONDS,
     Retry,
 )
-from eospack.connectors.kafka.errors import TransactionFencedError
 
 PREPARE_CLOSE_SECONDS = 30.0
 """How long ``prepare`` waits for the producer's last acknowledgements before closing."""

@@ -28,14 +28,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eospack.connectors.kafka.client.strict_records import strict_kafka_records
-from eospack.connectors.kafka.errors import (
+from ..client.strict_records import strict_kafka_records
+from ..errors import (
     CorruptRecordsError,
     RecordRefusedError,
     TimestampOutOfRangeError,
 )
-from eospack.connectors.kafka.records import schema as record_schema
-from eospack.connectors.kafka.records.native_path import (
+from . import schema as record_schema
+from .native_path import (
     NATIVE,
     active_path,
 )

@@ -16,7 +16,7 @@ both (an at-least-once run recovers what an exactly-once one left, from the same
 Limits: the record is kept only when the query gives ``checkpointLocation`` as an option
 (Spark hands it to the sink lower-cased; one set through
 ``spark.sql.streaming.checkpointLocation`` does not reach the sink) and it is an absolute
-local path or a ``file:`` URI (read and written through ``eospack.checkpoint_files``). A
+local path or a ``file:`` URI (read and written through ``eospack.core.checkpoint_files``). A
 checkpoint on a Hadoop file system (``s3a:``, ``abfss:``, ``gs:``, ``hdfs:``, ``dbfs:``) or
 a relative path is skipped with one info log per process: Spark calls the sink's
 ``streamWriter`` in a Python planner process, which has no JVM to reach Hadoop's file
@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from eospack.checkpoint_files import LocalFiles
-from eospack.connectors.kafka.errors import KafkaSinkOptionError
-from eospack.connectors.kafka.sink.options import KafkaSinkOptions
+from eospack.core.checkpoint_files import LocalFiles
+
+from ..errors import KafkaSinkOptionError
+from .options import KafkaSinkOptions
 
 logger = logging.getLogger(__name__)
 

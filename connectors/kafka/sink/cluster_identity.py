@@ -17,14 +17,14 @@ from typing import Any
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from eospack.commit_protocols import derive_sink_id
-from eospack.connectors.kafka.client.authentication import raise_if_refused
-from eospack.connectors.kafka.client.cluster_configs import (
+from ....commit_protocols import derive_sink_id
+from ..client.authentication import raise_if_refused
+from ..client.cluster_configs import (
     describe_configs,
     fit_transaction_timeout,
 )
-from eospack.connectors.kafka.client.transactions import admin_client
-from eospack.connectors.kafka.sink.options import (
+from ..client.transactions import admin_client
+from .options import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     SINK_NAME,
     KafkaSinkOptions,

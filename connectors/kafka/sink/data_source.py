@@ -29,25 +29,26 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from eospack.commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
-from eospack.commit_protocols.logs import make_logs_visible
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka.client.ride_through import asked_again
-from eospack.connectors.kafka.errors import KafkaSinkOptionError
-from eospack.connectors.kafka.records import native_path
-from eospack.connectors.kafka.sink.checkpoint_record import check_against_record
-from eospack.connectors.kafka.sink.cluster_identity import (
+from eospack.core.logs import make_logs_visible
+
+from ....commit_protocols import TaskIdentity, TwoPhaseCommitStreamWriter
+from ....commit_protocols.pieces import PreparedPiece
+from ..client.ride_through import asked_again
+from ..errors import KafkaSinkOptionError
+from ..records import native_path
+from .checkpoint_record import check_against_record
+from .cluster_identity import (
     BROKER_TIMEOUT_SETTING,
     cluster_facts,
 )
-from eospack.connectors.kafka.sink.ledger import ensure_ledger_topic, is_ledger_topic
-from eospack.connectors.kafka.sink.options import (
+from .ledger import ensure_ledger_topic, is_ledger_topic
+from .options import (
     SINK_NAME,
     KafkaSinkOptions,
     parse_options,
 )
-from eospack.connectors.kafka.sink.resource import KafkaResource
-from eospack.connectors.kafka.sink.writer import prepare_task, write_directly
+from .resource import KafkaResource
+from .writer import prepare_task, write_directly
 
 logger = logging.getLogger(__name__)
 

@@ -53,19 +53,19 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from eospack.commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
-from eospack.connectors.kafka.client.cluster_configs import describe_configs
-from eospack.connectors.kafka.client.producers import close_at_once, transaction_error
-from eospack.connectors.kafka.client.ride_through import ATTEMPT_SECONDS
-from eospack.connectors.kafka.client.transactions import (
+from ....commit_protocols.pieces import DONE, BatchDecision, PreparedPiece
+from ..client.cluster_configs import describe_configs
+from ..client.producers import close_at_once, transaction_error
+from ..client.ride_through import ATTEMPT_SECONDS
+from ..client.transactions import (
     CONTROL_SETTINGS,
     admin_client,
     consumer_settings,
     end_transaction,
     fence,
 )
-from eospack.connectors.kafka.errors import LedgerError, LedgerFencedError, LedgerReadTimeoutError
-from eospack.connectors.kafka.sink.options import (
+from ..errors import LedgerError, LedgerFencedError, LedgerReadTimeoutError
+from .options import (
     DEFAULT_LEDGER_TOPIC,
     KafkaSinkOptions,
     client_config,

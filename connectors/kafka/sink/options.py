@@ -3,7 +3,7 @@
 The names are those of Spark's built-in Kafka sink (``kafka.bootstrap.servers``, ``topic``,
 ``kafka.*`` for the producer), plus eospack's sink options (``deliveryGuarantee``,
 ``sinkId``) and ``ledgerTopic``, where the driver keeps its decisions. Options are read
-through ``eospack.options.OptionReader`` (case-insensitive names). Every error is one line
+through ``eospack.core.options.OptionReader`` (case-insensitive names). Every error is one line
 naming the option and the fix, raised before any data moves; secret values never appear in
 errors or reprs.
 """
@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eospack.commit_protocols.sink_options import parse_sink_common_options
-from eospack.connectors.kafka.client.config import kafka_client_params, kafka_value
-from eospack.connectors.kafka.errors import KafkaSinkOptionError
-from eospack.options import OptionReader
+from eospack.core.options import OptionReader
+
+from ....commit_protocols.sink_options import parse_sink_common_options
+from ..client.config import kafka_client_params, kafka_value
+from ..errors import KafkaSinkOptionError
 
 DEFAULT_LEDGER_TOPIC = "eospack-2pc-kafka-ledger"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000

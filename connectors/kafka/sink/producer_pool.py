@@ -67,7 +67,7 @@ from typing import Any
 
 from kafka import KafkaProducer
 
-from eospack.commit_protocols import TaskIdentity, sink_prefix, transaction_id
+from ....commit_protocols import TaskIdentity, sink_prefix, transaction_id
 
 MAX_KEPT = 4
 """How many producers (one per distinct client configuration) a worker process keeps."""

@@ -22,12 +22,14 @@ from typing import TypeVar
 from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 
-from eospack.commit_protocols import derive_sink_id, faults, parse_transaction_id, sink_prefix
-from eospack.commit_protocols.inspection import DecisionState, Leftover, SinkState
-from eospack.commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
-from eospack.commit_protocols.resource import DecidedPieceLostError, TransactionalResource
-from eospack.connectors.kafka.client.ride_through import Retry
-from eospack.connectors.kafka.client.transactions import (
+from eospack.core import faults
+
+from ....commit_protocols import derive_sink_id, parse_transaction_id, sink_prefix
+from ....commit_protocols.inspection import DecisionState, Leftover, SinkState
+from ....commit_protocols.pieces import ABORTED, DECIDED, BatchDecision, PreparedPiece
+from ....commit_protocols.resource import DecidedPieceLostError, TransactionalResource
+from ..client.ride_through import Retry
+from ..client.transactions import (
     PreparedTransaction,
     admin_client,
     commit_prepared,
@@ -37,21 +39,21 @@ from eospack.connectors.kafka.client.transactions import (
     open_epochs,
     open_transactions,
 )
-from eospack.connectors.kafka.errors import (
+from ..errors import (
     LedgerFencedError,
     PreparedTransactionLostError,
     TransactionFencedError,
 )
-from eospack.connectors.kafka.sink.cluster_identity import derived_sink_id
-from eospack.connectors.kafka.sink.ledger import (
+from .cluster_identity import derived_sink_id
+from .ledger import (
     LEDGER_ID_PREFIX,
     Ledger,
     forget_ledger,
     read_slots_if_any,
     shared_ledger,
 )
-from eospack.connectors.kafka.sink.options import KafkaSinkOptions, parse_options
-from eospack.connectors.kafka.sink.producer_pool import is_pooled
+from .options import KafkaSinkOptions, parse_options
+from .producer_pool import is_pooled
 
 Result = TypeVar("Result")
 logger = logging.getLogger(__name__)
@@ -171,7 +173,7 @@ class KafkaResource(TransactionalResource):
 
     def _call(self, name: str, action: Callable[[], Result], batch_id: int) -> Result:
         """Run one broker call as ``kafka_sink.<name>`` (see
-        ``eospack.commit_protocols.faults``); an injected fault raises a connection error."""
+        ``eospack.core.faults``); an injected fault raises a connection error."""
         return faults.run_call(
             f"kafka_sink.{name}", action, error=kafka_errors.KafkaConnectionError, batch_id=batch_id
         )

@@ -35,24 +35,26 @@ import pyarrow.compute as pc
 from kafka import KafkaProducer
 from kafka import errors as kafka_errors
 
-from eospack.commit_protocols import TaskIdentity, faults
-from eospack.commit_protocols.pieces import PreparedPiece
-from eospack.connectors.kafka.client.authentication import naming_refused_logins
-from eospack.connectors.kafka.client.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
-from eospack.connectors.kafka.client.producers import failed_transaction
-from eospack.connectors.kafka.client.transactions import (
+from eospack.core import faults
+
+from ....commit_protocols import TaskIdentity
+from ....commit_protocols.pieces import PreparedPiece
+from ..client.authentication import naming_refused_logins
+from ..client.producer_batches import DEFAULT_BATCH_BYTES, BatchSender
+from ..client.producers import failed_transaction
+from ..client.transactions import (
     begin,
     begin_again,
     end_transaction,
     prepare,
 )
-from eospack.connectors.kafka.errors import KafkaSendError, RecordRefusedError
-from eospack.connectors.kafka.records import record_batches
-from eospack.connectors.kafka.records.record_batches import EncodeSettings
-from eospack.connectors.kafka.sink import producer_pool
-from eospack.connectors.kafka.sink.ledger import is_ledger_topic
-from eospack.connectors.kafka.sink.options import KafkaSinkOptions
-from eospack.connectors.kafka.sink.producer_pool import kept_producer
+from ..errors import KafkaSendError, RecordRefusedError
+from ..records import record_batches
+from ..records.record_batches import EncodeSettings
+from . import producer_pool
+from .ledger import is_ledger_topic
+from .options import KafkaSinkOptions
+from .producer_pool import kept_producer
 
 ENCODED_COLUMNS = ("key", "value", "partition", "headers")
 logger = logging.getLogger(__name__)

@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eospack.connectors.kafka.client.authentication import raise_if_refused
-from eospack.connectors.kafka.client.broker_calls import broker_call
-from eospack.connectors.kafka.client.consumers import cluster_metadata
-from eospack.connectors.kafka.errors import KafkaBrokerUnreachableError, KafkaSourceOptionError
-from eospack.connectors.kafka.source.offset_format import topic_id_text
-from eospack.connectors.kafka.source.offset_ranges import PartitionOffsets
-from eospack.connectors.kafka.source.options import (
+from ..client.authentication import raise_if_refused
+from ..client.broker_calls import broker_call
+from ..client.consumers import cluster_metadata
+from ..errors import KafkaBrokerUnreachableError, KafkaSourceOptionError
+from .offset_format import topic_id_text
+from .offset_ranges import PartitionOffsets
+from .options import (
     KafkaSourceOptions,
     Subscription,
     TopicPartitionKey,

@@ -28,32 +28,33 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eospack.connectors.kafka.errors import KafkaSourceOptionError
-from eospack.connectors.kafka.records import native_path
-from eospack.connectors.kafka.records.schema import spark_schema
-from eospack.connectors.kafka.source.broker_metadata import ClusterSnapshot, KafkaMetadata
-from eospack.connectors.kafka.source.offset_format import (
+from eospack.core.spark_features import ADMISSION_CONTROL, require
+
+from ..errors import KafkaSourceOptionError
+from ..records import native_path
+from ..records.schema import spark_schema
+from .broker_metadata import ClusterSnapshot, KafkaMetadata
+from .offset_format import (
     STARTS_IF_INITIAL_KEY,
     STARTS_KEY,
     BatchOffsets,
     OffsetsJson,
     offsets_to_json,
 )
-from eospack.connectors.kafka.source.offset_ranges import (
+from .offset_ranges import (
     OffsetRange,
     available_records,
     pack_ranges,
     rate_limit,
     split_ranges,
 )
-from eospack.connectors.kafka.source.options import (
+from .options import (
     KafkaSourceOptions,
     OffsetBound,
     TopicPartitionKey,
     parse_options,
 )
-from eospack.connectors.kafka.source.planning import OffsetPlanner, TriggerPacer
-from eospack.spark_features import ADMISSION_CONTROL, require
+from .planning import OffsetPlanner, TriggerPacer
 
 if TYPE_CHECKING or ADMISSION_CONTROL.available:
     from pyspark.sql.streaming.datasource import (
@@ -64,7 +65,7 @@ if TYPE_CHECKING or ADMISSION_CONTROL.available:
         SupportsTriggerAvailableNow,
     )
 else:  # Spark 4.0 and 4.1: Spark calls latestOffset() with nothing (no read limits)
-    from eospack.connectors.kafka.source.read_limits import (
+    from .read_limits import (
         ReadAllAvailable,
         ReadLimit,
         ReadMaxRows,
@@ -82,7 +83,7 @@ def read_ranges(
     options: KafkaSourceOptions, offset_ranges: Sequence[OffsetRange]
 ) -> Iterator[pa.RecordBatch]:
     """The executor's reader (imported where a task first reads), range after range."""
-    from eospack.connectors.kafka.source import reader
+    from . import reader
 
     for offset_range in offset_ranges:
         yield from reader.read_range(options, offset_range)

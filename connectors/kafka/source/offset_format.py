@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eospack.connectors.kafka.source.offset_ranges import OffsetRange, PartitionOffsets
-from eospack.connectors.kafka.source.options import TopicPartitionKey
+from .offset_ranges import OffsetRange, PartitionOffsets
+from .options import TopicPartitionKey
 
 OffsetsJson = dict[str, Any]
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from eospack.connectors.kafka.source.options import TopicPartitionKey
+from .options import TopicPartitionKey
 
 PartitionOffsets = dict[TopicPartitionKey, int]
 

@@ -1,7 +1,7 @@
 """Options of ``format("replayable-kafka")``, parsed once into a frozen, typed object.
 
 The option names and meanings are those of Spark's built-in Kafka source, so a query moves
-over by changing the format name. Options are read through ``eospack.options.OptionReader``
+over by changing the format name. Options are read through ``eospack.core.options.OptionReader``
 (case-insensitive names, one grammar per kind of value). ``kafka.*`` options go to
 kafka-python with Kafka's dotted names mapped to its keyword names; consumer settings that
 would let kafka-python own offsets (group commits, offset reset, deserializers) are refused,
@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from eospack.connectors.kafka.client.config import kafka_client_params, kafka_value
-from eospack.connectors.kafka.errors import KafkaSourceOptionError
-from eospack.options import OptionReader
+from eospack.core.options import OptionReader
+
+from ..client.config import kafka_client_params, kafka_value
+from ..errors import KafkaSourceOptionError
 
 EARLIEST = -2
 LATEST = -1

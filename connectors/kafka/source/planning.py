@@ -27,19 +27,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eospack.connectors.kafka.errors import KafkaSourceOptionError, report_data_loss
-from eospack.connectors.kafka.source.broker_metadata import (
+from ..errors import KafkaSourceOptionError, report_data_loss
+from .broker_metadata import (
     ClusterSnapshot,
     ClusterView,
     KafkaMetadata,
 )
-from eospack.connectors.kafka.source.offset_format import BatchOffsets, offsets_from_json
-from eospack.connectors.kafka.source.offset_ranges import (
+from .offset_format import BatchOffsets, offsets_from_json
+from .offset_ranges import (
     OffsetRange,
     PartitionOffsets,
     split_ranges,
 )
-from eospack.connectors.kafka.source.options import (
+from .options import (
     EARLIEST,
     LATEST,
     KafkaSourceOptions,

@@ -2,7 +2,7 @@
 
 There Spark calls a Python stream reader's ``latestOffset()`` with no start and no limit,
 and never calls ``getDefaultReadLimit`` or ``prepareForTriggerAvailableNow``: these classes
-only let ``source/data_source.py`` be written once (see ``eospack.spark_features``).
+only let ``source/data_source.py`` be written once (see ``eospack.core.spark_features``).
 """
 
 from __future__ import annotations

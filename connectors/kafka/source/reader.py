@@ -39,22 +39,22 @@ from kafka.errors import (
 )
 from kafka.protocol.consumer.offsets import IsolationLevel
 
-from eospack.connectors.kafka.client import socket_reads
-from eospack.connectors.kafka.client.authentication import raise_if_refused
-from eospack.connectors.kafka.client.broker_calls import broker_call
-from eospack.connectors.kafka.client.consumers import (
+from ..client import socket_reads
+from ..client.authentication import raise_if_refused
+from ..client.broker_calls import broker_call
+from ..client.consumers import (
     decode_fetches_with,
     fetched_bytes,
     known_leader,
 )
-from eospack.connectors.kafka.errors import (
+from ..errors import (
     KafkaCodecMissingError,
     KafkaReadTimeoutError,
     report_data_loss,
 )
-from eospack.connectors.kafka.records import native_path, record_batches
-from eospack.connectors.kafka.source.offset_ranges import OffsetRange
-from eospack.connectors.kafka.source.options import KafkaSourceOptions
+from ..records import native_path, record_batches
+from .offset_ranges import OffsetRange
+from .options import KafkaSourceOptions
 
 __all__ = [
     "DecodedPartitionRecords",

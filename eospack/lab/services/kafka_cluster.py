@@ -38,14 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eospack.services.apache_kafka import (
+from eospack.lab.services.apache_kafka import (
     LOG4J2_PROPERTIES,
     START_TIMEOUT_SECONDS,
     ApacheKafka,
     java_executable,
     new_cluster_id,
 )
-from eospack.services.base import (
+from eospack.lab.services.base import (
     KafkaEndpoint,
     ServiceStartError,
     ensure_port_free,
@@ -54,8 +54,8 @@ from eospack.services.base import (
     remember_broker,
     wait_until_ready,
 )
-from eospack.services.embedded import LOOPBACK, _ChildProcess
-from eospack.services.maven import resolve_classpath
+from eospack.lab.services.embedded import LOOPBACK, _ChildProcess
+from eospack.lab.services.maven import resolve_classpath
 
 CLUSTER_HEAP = "450m"
 SECURED_TRANSACTION_MAX_TIMEOUT_MS = 300_000

@@ -18,7 +18,7 @@ import sys
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 if TYPE_CHECKING:
     import pyarrow as pa

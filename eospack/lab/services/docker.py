@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eospack.services.base import (
+from eospack.lab.services.base import (
     KafkaEndpoint,
     PostgresEndpoint,
     S3Endpoint,

@@ -2,7 +2,7 @@
 
 Why: tansu, the pip-only stand-in, ignores read_committed, misreports end offsets and
 lacks CreatePartitions and DeleteRecords. This is the real broker, from the jars of
-``eospack/services/poms/kafka-broker.xml`` (fetched once with mvn into the cache, see
+``eospack/lab/services/poms/kafka-broker.xml`` (fetched once with mvn into the cache, see
 ``maven.py``), started with ``java``; no Docker, no Kafka download outside Maven.
 
 Guarantees: after the constructor returns, the broker answers metadata requests with
@@ -22,7 +22,7 @@ import signal
 import subprocess
 import uuid
 
-from eospack.services.base import (
+from eospack.lab.services.base import (
     KafkaEndpoint,
     ServiceStartError,
     ensure_port_free,
@@ -31,8 +31,8 @@ from eospack.services.base import (
     remember_broker,
     wait_until_ready,
 )
-from eospack.services.embedded import LOOPBACK, _ChildProcess
-from eospack.services.maven import resolve_classpath
+from eospack.lab.services.embedded import LOOPBACK, _ChildProcess
+from eospack.lab.services.maven import resolve_classpath
 
 START_TIMEOUT_SECONDS = 90.0
 NODE_ID = 1
@@ -56,7 +56,7 @@ logger.markers.level = info
 
 def java_executable() -> str:
     """``$JAVA_HOME/bin/java`` or ``java`` on PATH, at least Java 17 (Kafka 4's minimum)."""
-    from eospack.spark import JavaNotFoundError, java_major_version
+    from eospack.core.java import JavaNotFoundError, java_major_version
 
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")

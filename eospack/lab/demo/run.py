@@ -1,7 +1,7 @@
 """The demo's orchestrator: services, two sources, two pipelines, SIGKILLs, verdict.
 
 Two sources write keyed events to one topic. count_1 and count_2 run the same
-pipeline (``eospack.demo.pipeline``) in separate driver processes; count_1 is
+pipeline (``eospack.lab.demo.pipeline``) in separate driver processes; count_1 is
 SIGKILLed ``--crashes`` times at random moments (each after it committed some work since
 its last start; on a fast machine while the sources still produce) and restarted from its
 checkpoint; count_2 is left alone. Both count while events flow (long-running queries with a
@@ -10,7 +10,7 @@ verdict compares their output with what was produced.
 
 ``--sink`` chooses where the pipelines print: PostgreSQL tables through 2pc-jdbc (default)
 or a Kafka topic per pipeline through 2pc-kafka. Reading that output back, while running
-and at the end, is ``eospack.demo.outputs``' part; everything here is the same for both.
+and at the end, is ``eospack.lab.demo.outputs``' part; everything here is the same for both.
 
 The sources hold back after a first chunk until both pipelines have committed their first
 batch: a fresh Spark driver's first micro-batch takes 10-40 s on a 2-core machine (JVM
@@ -34,10 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eospack.checkpoint_files import LocalFiles
-from eospack.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
-from eospack.demo.verify import PipelineResult, verification_table
-from eospack.processes import DriverProcess
+from eospack.core.checkpoint_files import LocalFiles
+from eospack.core.processes import DriverProcess
+from eospack.lab.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
+from eospack.lab.demo.verify import PipelineResult, verification_table
 
 PIPELINE_DEADLINE_SECONDS = 600.0
 CHUNKS_PER_SECOND = 4
@@ -126,7 +126,7 @@ class Producer(threading.Thread):
         """Set by the orchestrator once both pipelines run; the rest waits for it."""
 
     def run(self) -> None:
-        from eospack.services.kafka_tools import Record, produce_sealed
+        from eospack.lab.services.kafka_tools import Record, produce_sealed
 
         try:
             rng = random.Random(self.arguments.seed)
@@ -160,9 +160,9 @@ class Producer(threading.Thread):
 def committed_batches(checkpoint_dir: Path) -> int:
     """Batches the pipeline's queries committed together (Spark's own commit logs): those
     of ``current`` and ``history`` with ``--sink jdbc``, of ``output`` with ``--sink kafka``."""
-    # Imported here: ``python -m eospack.demo.pipeline`` imports this package first, and a
+    # Imported here: ``python -m eospack.lab.demo.pipeline`` imports this package first, and a
     # pipeline module already imported by it would make runpy warn about a double import.
-    from eospack.demo.pipeline import QUERY_DIRECTORIES
+    from eospack.lab.demo.pipeline import QUERY_DIRECTORIES
 
     return sum(
         sum(1 for name in LocalFiles(checkpoint_dir / query).names("commits") if name.isdigit())
@@ -199,8 +199,8 @@ def _run(
 ) -> int:
     """The demo itself, phase by phase; ``cleanup`` stops what it starts (services, readers,
     pipelines still running after an error), in reverse order, however it ends."""
-    from eospack.services.kafka_tools import create_topic
-    from eospack.spark import check_java
+    from eospack.core.java import check_java
+    from eospack.lab.services.kafka_tools import create_topic
 
     check_java()
     bootstrap = start_broker(arguments, say, cleanup)
@@ -234,7 +234,7 @@ def start_broker(
     here (and stopped by ``cleanup``); None, said why, if ``--sink kafka`` cannot run on it."""
     if arguments.bootstrap_servers:
         return str(arguments.bootstrap_servers)
-    from eospack.services import start_kafka
+    from eospack.lab.services import start_kafka
 
     say("starting the embedded Kafka broker")
     broker = start_kafka()
@@ -270,7 +270,9 @@ class DemoRun:
     def start_pipeline(self, name: str) -> DriverProcess:
         """Pipeline ``name`` as its own driver process, on its checkpoint in the workdir
         (so a restart after a SIGKILL recovers from it); its log beside it."""
-        from eospack.demo.pipeline import PipelineCommand  # not at the top: see committed_batches
+        from eospack.lab.demo.pipeline import (
+            PipelineCommand,  # not at the top: see committed_batches
+        )
 
         command = PipelineCommand(
             name=name,
@@ -415,7 +417,7 @@ def report(demo: DemoRun, producer: Producer, results: list[PipelineResult]) -> 
     print()
     print(verification_table(producer.sent, results), flush=True)
     if demo.arguments.plot:
-        from eospack.demo.plot import plot_timeline
+        from eospack.lab.demo.plot import plot_timeline
 
         shorts = {name: _short(name) for name in demo.names}
         plot_timeline(demo.timeline, shorts, demo.arguments.plot)
@@ -447,7 +449,7 @@ def _open_output(
     if arguments.jdbc_url:
         jdbc_url, jdbc_user = arguments.jdbc_url, arguments.jdbc_user
     else:
-        from eospack.services import start_postgres
+        from eospack.lab.services import start_postgres
 
         say("starting the embedded PostgreSQL")
         postgres = start_postgres()

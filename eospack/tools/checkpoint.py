@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eospack.checkpoint_files import CheckpointFiles, checkpoint_files
 from eospack.commit_protocols.inspection import SinkState, no_decision_line
-from eospack.errors import EospackError
-from eospack.formats import FORMATS, inspectable_sinks
+from eospack.core.checkpoint_files import CheckpointFiles, checkpoint_files
+from eospack.core.errors import EospackError
+from eospack.tools.formats import FORMATS, inspectable_sinks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -146,15 +146,16 @@ def inspect_checkpoint(
 ) -> CheckpointReport:
     """Read ``path`` (a local checkpoint directory, a ``file://`` URI, or any Hadoop file
     system URI such as ``s3a://``, read through ``spark``'s Hadoop file system, default the
-    active session: ``eospack.checkpoint_files``) and, with
+    active session: ``eospack.core.checkpoint_files``) and, with
     ``jdbc_options`` (``url``, ``dbtable``, optional ``user`` and ``sinkId``; the password
     from ``EOSPACK_JDBC_PASSWORD``), that 2pc-jdbc sink; with ``s3_options`` (``path``,
     optional ``endpointUrl``, ``region``, ``sinkId``; credentials from boto3's default
     chain), that 2pc-s3 sink; with ``kafka_options`` (``kafka.bootstrap.servers``,
     ``topic``, optional ``ledgerTopic``, ``sinkId``), that 2pc-kafka sink. Each sink is read
     through its resource (``inspect_sink``), never written; ``sink_options`` maps any
-    inspectable sink format (``eospack.formats``) to its options the same way. With ``spark``, each
-    stateful_ops operator's name, keys and key groups at the last committed batch."""
+    inspectable sink format (``eospack.tools.formats``) to its options the same way. With
+    ``spark``, each stateful_ops operator's name, keys and key groups at the last committed
+    batch."""
     files = path if isinstance(path, CheckpointFiles) else checkpoint_files(path, spark)
     metadata = files.read_text("metadata")
     if metadata is None:
@@ -258,7 +259,7 @@ SINK_INSPECTORS: dict[str, str] = {
 }
 """Format name -> the connector's ``inspect_sink(query_id, options) -> SinkState``: parse
 the options, derive the sink id as the sink does, build its resource and inspect it (the
-entries of ``eospack.formats``)."""
+entries of ``eospack.tools.formats``)."""
 
 
 def inspect_sink(sink_format: str, query_id: str, options: Mapping[str, str]) -> SinkState:

@@ -21,7 +21,7 @@ import urllib.request
 import warnings
 from pathlib import Path
 
-from eospack.services.base import (
+from eospack.lab.services.base import (
     KafkaEndpoint,
     PostgresEndpoint,
     S3Endpoint,

@@ -6,7 +6,7 @@ that Spark's automatic lookup cannot see, otherwise show up as JVM stack traces
 what is wrong and what to do. A third line says which Kafka data path runs (the native
 extension and whether it is a release build, or the pure-Python reference where it could
 not be built). Given a running session (``run_doctor(spark=...)``, or ``eospack doctor
---session`` for the one :func:`eospack.spark.local_session` starts) it also reports the
+--session`` for the one :func:`eospack.tools.spark.local_session` starts) it also reports the
 settings behind a micro-batch's fixed cost (:func:`session_checks`).
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TextIO
 
-from eospack.errors import EospackError
-from eospack.formats import FORMATS
+from eospack.core.errors import EospackError
+from eospack.tools.formats import FORMATS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,7 +73,7 @@ def formats_check(visible: bool) -> CheckResult:
 
 def java_check(java_home: str | None = None) -> CheckResult:
     """The one line about the Java Spark would start (``JAVA_HOME``, else ``java`` on PATH)."""
-    from eospack.spark import SUPPORTED_JAVA_MAJORS, JavaNotFoundError, check_java
+    from eospack.core.java import SUPPORTED_JAVA_MAJORS, JavaNotFoundError, check_java
 
     try:
         major = check_java(java_home)
@@ -97,7 +97,7 @@ def platform_checks(
 ) -> list[CheckResult]:
     """Two lines: the Spark (the installed pyspark) and the Python found, each with whether
     eospack supports it; the Spark line also says what that Spark lacks (docs/platforms.md)."""
-    from eospack import spark_features
+    from eospack.core import spark_features
 
     spark_version = spark_version or spark_features.spark_version()
     python_version = python_version or (sys.version_info.major, sys.version_info.minor)
@@ -212,7 +212,7 @@ def session_checks(
     with ``workers_python`` (the Python its workers start), first a line saying whether that
     Python imports eospack (a failed one breaks every query, see :func:`worker_python_check`).
 
-    Each is what :func:`eospack.spark.local_session` sets, and why (docs/operations.md,
+    Each is what :func:`eospack.tools.spark.local_session` sets, and why (docs/operations.md,
     "Running on a cluster"): worker reuse, eospack's Python daemon (a reused worker's
     cleanup after each task walks only that task's objects), and a Spark home whose
     workers do not compile pyspark from ``pyspark.zip``. A failed line costs time, never
@@ -246,7 +246,7 @@ def session_checks(
                 False,
                 f"spark home: {spark_home} puts python/lib/pyspark.zip first on every Python"
                 " worker's path (each new worker compiles pyspark, ~0.7 s): start Spark with"
-                " eospack.spark.local_session or a SPARK_HOME without python/lib",
+                " eospack.tools.spark.local_session or a SPARK_HOME without python/lib",
             )
         )
     else:

@@ -17,7 +17,7 @@ import os
 import shutil
 from typing import Any
 
-from eospack.services.base import (
+from eospack.lab.services.base import (
     BrokerKind,
     KafkaEndpoint,
     PostgresEndpoint,
@@ -71,7 +71,7 @@ def embedded_broker_kind() -> BrokerKind:
 
 def apache_kafka_missing() -> str | None:
     """Why Apache Kafka cannot run here (``java`` or ``mvn`` missing), or None."""
-    from eospack.services.maven import is_cached, mvn_executable
+    from eospack.lab.services.maven import is_cached, mvn_executable
 
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
@@ -87,14 +87,14 @@ def start_kafka(port: int | None = None) -> Any:
     says whether it is Apache Kafka (``"kafka"``) or tansu (``"tansu"``). ``port`` (embedded
     only) is where it listens; None picks a free one."""
     if services_mode() == "docker":
-        from eospack.services.docker import DockerKafka
+        from eospack.lab.services.docker import DockerKafka
 
         return DockerKafka()
     if embedded_broker_kind() == "kafka":
-        from eospack.services.apache_kafka import ApacheKafka
+        from eospack.lab.services.apache_kafka import ApacheKafka
 
         return ApacheKafka(port=port)
-    from eospack.services.embedded import EmbeddedKafka
+    from eospack.lab.services.embedded import EmbeddedKafka
 
     return EmbeddedKafka(port=port)
 
@@ -103,10 +103,10 @@ def start_postgres(max_prepared_transactions: int = 64, port: int | None = None)
     """A running PostgreSQL; ``.endpoint.url``; ``kill()``/``start()`` restart it in place.
     ``port`` (embedded only) is where it listens; None picks a free one."""
     if services_mode() == "docker":
-        from eospack.services.docker import DockerPostgres
+        from eospack.lab.services.docker import DockerPostgres
 
         return DockerPostgres(max_prepared_transactions)
-    from eospack.services.embedded import EmbeddedPostgres
+    from eospack.lab.services.embedded import EmbeddedPostgres
 
     return EmbeddedPostgres(port=port, max_prepared_transactions=max_prepared_transactions)
 
@@ -118,10 +118,10 @@ def start_s3(
     ``port`` and ``credentials`` (access key id, secret; embedded only: the embedded
     endpoint accepts any) are what it listens on and prints; None keeps the defaults."""
     if services_mode() == "docker":
-        from eospack.services.docker import DockerS3
+        from eospack.lab.services.docker import DockerS3
 
         return DockerS3(bucket)
-    from eospack.services.embedded import EmbeddedS3
+    from eospack.lab.services.embedded import EmbeddedS3
 
     return EmbeddedS3(port=port, bucket=bucket, credentials=credentials)
 

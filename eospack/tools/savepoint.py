@@ -3,7 +3,7 @@ new query with other ``key_groups``, shuffle partitions or state store provider.
 
 A savepoint is a directory (a local path, a ``file://`` URI, or any Hadoop file system URI
 such as ``s3a://``, read and written through Spark's Hadoop file system:
-``eospack.checkpoint_files``)::
+``eospack.core.checkpoint_files``)::
 
     manifest.json              written last: a directory without it is no savepoint
     state/operator-<id>.parquet  one row per key: key columns and state fields
@@ -48,17 +48,17 @@ from urllib.parse import unquote, urlsplit
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from eospack.checkpoint import CheckpointInspectError, inspect_checkpoint
-from eospack.checkpoint_files import (
+from eospack.connectors.kafka.source.options import UNLISTED
+from eospack.core.checkpoint_files import (
     CheckpointFiles,
     LocalFiles,
     as_hadoop,
     checkpoint_files,
 )
-from eospack.connectors.kafka.source.options import UNLISTED
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.state_reader import read_state_table
+from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
 
 FORMAT = "eospack-savepoint"
 FORMAT_VERSION = 2
@@ -150,7 +150,7 @@ def create_savepoint(
     """Write a savepoint of ``checkpoint``'s last committed batch to ``destination`` (which
     must not exist). Reads the checkpoint only; the query should be stopped. Either may be
     a local path or a Hadoop file system URI (through ``spark``'s Hadoop file system)."""
-    from eospack import __version__
+    from eospack.core.version import __version__
 
     checkpoint_location = checkpoint_files(checkpoint, spark)
     target_files = checkpoint_files(destination, spark)

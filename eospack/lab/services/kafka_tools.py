@@ -24,7 +24,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewPartitions, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from eospack.services.base import broker_kind
+from eospack.lab.services.base import broker_kind
 
 
 @dataclass(frozen=True)

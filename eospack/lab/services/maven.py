@@ -2,7 +2,7 @@
 
 Why: Apache Kafka (the test broker), Spark's own Kafka connector and S3A exist only as
 Maven artifacts. They serve tests, the demo and benchmarks; eospack itself needs only pip
-and Java. Each set has its own pom shipped in the package (``eospack/services/poms``).
+and Java. Each set has its own pom shipped in the package (``eospack/lab/services/poms``).
 ``ARTIFACT_SETS`` are what ``eospack services fetch`` fetches; ``ON_DEMAND_SETS`` (S3A, whose
 AWS SDK bundle is ~690 MB, and PostgreSQL's JDBC driver) are fetched only when a benchmark
 resolves them.
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from eospack.services.base import ServiceStartError
+from eospack.core.cache import CACHE_DIR_VARIABLE, cache_directory
+from eospack.lab.services.base import ServiceStartError
 
-CACHE_DIR_VARIABLE = "EOSPACK_CACHE_DIR"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 MVN_TIMEOUT_SECONDS = 1800.0
 POMS = Path(__file__).parent / "poms"
@@ -69,12 +69,6 @@ class ArtifactSet:
         for key, value in sorted(self.cache_inputs().items()):
             digest.update(f"\0{key}={value}".encode())
         return digest.hexdigest()[:16]
-
-
-def cache_directory() -> Path:
-    """Where fetched jars live: ``$EOSPACK_CACHE_DIR``, else ``~/.cache/eospack``."""
-    configured = os.environ.get(CACHE_DIR_VARIABLE, "").strip()
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "eospack"
 
 
 def mvn_executable() -> str | None:

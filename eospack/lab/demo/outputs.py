@@ -1,7 +1,7 @@
 """Where the demo's pipelines print their counts, and how the demo reads them back.
 
 One class per ``--sink``, both of the shape ``Output``, so that the orchestrator
-(``eospack.demo.run``) does not care which sink the pipelines write with:
+(``eospack.lab.demo.run``) does not care which sink the pipelines write with:
 
 - ``JdbcOutput``: PostgreSQL tables ``<name>_current`` and ``<name>_history``, read with
   SQL.
@@ -11,10 +11,10 @@ One class per ``--sink``, both of the shape ``Output``, so that the orchestrator
 
 What a pipeline's sinks left behind (prepared transactions, staged rows, open Kafka
 transactions, decisions not done) is asked of each sink's resource
-(``eospack.checkpoint.inspect_sink``, read only), for the sink id the sink derives from
+(``eospack.tools.checkpoint.inspect_sink``, read only), for the sink id the sink derives from
 its checkpoint's query id: never read from the sink's tables or topics here.
 
-The verdict itself is ``eospack.demo.verify.check_pipeline`` for both.
+The verdict itself is ``eospack.lab.demo.verify.check_pipeline`` for both.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from eospack.checkpoint_files import LocalFiles
-from eospack.demo.verify import PipelineResult, PrintedCounts, check_pipeline, count_decreases
+from eospack.core.checkpoint_files import LocalFiles
+from eospack.lab.demo.verify import PipelineResult, PrintedCounts, check_pipeline, count_decreases
 
 if TYPE_CHECKING:
     import psycopg
     from kafka import KafkaConsumer, TopicPartition
 
-    from eospack.demo.pipeline import PipelineCommand
+    from eospack.lab.demo.pipeline import PipelineCommand
 
 SAMPLE_POLL_MS = 50
 """One poll of a sampling consumer when nothing is new: the orchestrator's loop waits on it."""
@@ -127,8 +127,8 @@ class JdbcOutput:
     def leftovers(self, name: str) -> int:
         """What the sinks of ``name``'s tables left behind and their decisions not done, as
         each sink's resource reports it (``SinkState.leftover_count``)."""
-        from eospack.checkpoint import inspect_sink
-        from eospack.demo.pipeline import TABLES  # not at the top: see committed_batches
+        from eospack.lab.demo.pipeline import TABLES  # not at the top: see committed_batches
+        from eospack.tools.checkpoint import inspect_sink
 
         total = 0
         for table in TABLES:
@@ -214,7 +214,7 @@ class KafkaOutput:
     def __init__(
         self, bootstrap: str, checkpoints: Mapping[str, Path], partitions: int, guarantee: str
     ) -> None:
-        from eospack.services.kafka_tools import create_topic
+        from eospack.lab.services.kafka_tools import create_topic
 
         self.bootstrap = bootstrap
         self.checkpoints = dict(checkpoints)
@@ -249,7 +249,7 @@ class KafkaOutput:
         """The sink id 2pc-kafka derived, as it derives it: from the query id in the
         checkpoint and the target; None before the query's first start wrote it."""
         from eospack.connectors.kafka.sink.cluster_identity import derived_sink_id
-        from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
+        from eospack.lab.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
 
         query_id = query_id_of(self.checkpoints[name] / KAFKA_QUERY)
         if query_id is None:
@@ -262,8 +262,8 @@ class KafkaOutput:
     def leftovers(self, name: str) -> int:
         """The sink's transactions still open (prepared and never committed or fenced), its
         ledger transaction if open, and its decisions not done, as its resource reports them."""
-        from eospack.checkpoint import inspect_sink
-        from eospack.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
+        from eospack.lab.demo.pipeline import KAFKA_QUERY  # not at the top: see committed_batches
+        from eospack.tools.checkpoint import inspect_sink
 
         query_id = query_id_of(self.checkpoints[name] / KAFKA_QUERY)
         if query_id is None:

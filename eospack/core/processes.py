@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from eospack.commit_protocols.fault_points import FAULT_POINT_VARIABLE, KILL_GROUP_VARIABLE
+from eospack.core.fault_points import FAULT_POINT_VARIABLE, KILL_GROUP_VARIABLE
 
 
 class DriverProcess:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 Role = Literal["source", "sink"]
 
@@ -63,7 +63,7 @@ class FormatEntry:
     inspect`` reads the sink through it."""
     left_behind: str = "{leftovers} leftovers"
     """Sinks: the report's "left behind" line, formatted with the counts of
-    ``eospack.checkpoint.SinkLedger``'s lists (``prepared_transactions``, ``staged_rows``,
+    ``eospack.tools.checkpoint.SinkLedger``'s lists (``prepared_transactions``, ``staged_rows``,
     ``multipart_uploads``, ``open_transactions``, ``leftovers``)."""
 
     @property
@@ -188,5 +188,5 @@ def public_error_homes() -> dict[str, str]:
     for entry in FORMATS.values():
         for error in entry.public_errors:
             if homes.setdefault(error.name, error.module) != error.module:
-                raise RuntimeError(f"{error.name} has two homes in eospack.formats")
+                raise RuntimeError(f"{error.name} has two homes in eospack.tools.formats")
     return homes

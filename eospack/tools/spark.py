@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -26,46 +24,12 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from eospack import register
-from eospack.errors import EospackError
-from eospack.spark_features import TRIGGER_AVAILABLE_NOW
+from eospack.core.cache import cache_directory
+from eospack.core.java import check_java
+from eospack.core.spark_features import TRIGGER_AVAILABLE_NOW
+from eospack.tools.registration import register
 
-SUPPORTED_JAVA_MAJORS = (17, 21)
 AVAILABLE_NOW_WRAPPER = "spark.sql.streaming.triggerAvailableNowWrapper.enabled"
-
-
-class JavaNotFoundError(EospackError, RuntimeError):
-    """Java 17 or 21 is required by Spark 4.3 and was not found or has another version."""
-
-
-def java_major_version(java_home: str | None = None) -> int:
-    """Return the major version of the Java that Spark will start, or raise JavaNotFoundError."""
-    java_home = java_home if java_home is not None else os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if not java or not os.path.exists(java):
-        raise JavaNotFoundError(
-            "Java was not found: install Java 17 or 21"
-            " (e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME to one"
-        )
-    output = subprocess.run(
-        [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-    ).stderr
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
-    if not match:
-        raise JavaNotFoundError(f"Could not read the version of {java}: install Java 17 or 21")
-    major = int(match.group(1))
-    return int(match.group(2)) if major == 1 and match.group(2) else major
-
-
-def check_java(java_home: str | None = None) -> int:
-    """Raise JavaNotFoundError unless the Java Spark will use is 17 or 21."""
-    major = java_major_version(java_home)
-    if major not in SUPPORTED_JAVA_MAJORS:
-        raise JavaNotFoundError(
-            f"Spark 4 needs Java 17 or 21 but found Java {major}: install one of them"
-            " and point JAVA_HOME at it"
-        )
-    return major
 
 
 def worker_spark_home(
@@ -94,8 +58,6 @@ def worker_spark_home(
     if not (home / "python" / "lib" / "pyspark.zip").is_file():
         return None
     if cache is None:
-        from eospack.services.maven import cache_directory
-
         cache = cache_directory()
     key = hashlib.sha256(f"{home}:{pyspark.__version__}".encode()).hexdigest()[:16]
     target = cache / "spark-home" / key

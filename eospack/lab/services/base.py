@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 START_TIMEOUT_SECONDS = 30.0
 

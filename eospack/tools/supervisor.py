@@ -11,7 +11,7 @@ Guarantees: ``supervise`` returns when every query ends by itself (``Trigger.Ava
 raises ``PermanentQueryError`` without any restart when the failure is one a restart cannot
 fix (a bad option, a schema mismatch, missing credentials, a decided piece lost, a sink
 taken over by another run); raises ``RestartsExhaustedError`` when the strategy refuses
-another restart. Each restart is logged (``eospack.supervisor``, WARNING) with its cause,
+another restart. Each restart is logged (``eospack.tools.supervisor``, WARNING) with its cause,
 count and delay.
 """
 
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("eospack.supervisor")  # a logger name users configure (docs)
 
 PERMANENT_ERROR_NAMES = (
     # eospack: options, identities, schemas and state layouts are checked before data moves

@@ -15,8 +15,8 @@ with its checkpoint in ``--checkpoint-dir/<query>`` (``current`` and ``history``
 ``output``); once ``--done-file`` exists (the sources have finished), each query
 processes what is left and the driver exits 0: by then every event is counted.
 
-    python -m eospack.demo.pipeline --name count_1 --bootstrap-servers ... --jdbc-url ...
-    python -m eospack.demo.pipeline --name count_1 --bootstrap-servers ... --sink kafka
+    python -m eospack.lab.demo.pipeline --name count_1 --bootstrap-servers ... --jdbc-url ...
+    python -m eospack.lab.demo.pipeline --name count_1 --bootstrap-servers ... --sink kafka
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class PipelineCommand:
     orchestrator, the crash tests and the benchmarks all start the pipeline through it, so a
     flag renamed or added here cannot be missed by one of them. An option left ``None`` is
     not passed, and the pipeline's own default applies. The sink's options are set by the
-    demo's output (``eospack.demo.outputs``) with ``dataclasses.replace``.
+    demo's output (``eospack.lab.demo.outputs``) with ``dataclasses.replace``.
     """
 
     name: str
@@ -132,7 +132,7 @@ class PipelineCommand:
     def arguments(self) -> list[str]:
         arguments = [
             "-m",
-            "eospack.demo.pipeline",
+            "eospack.lab.demo.pipeline",
             "--name",
             self.name,
             "--bootstrap-servers",
@@ -218,11 +218,11 @@ def start_kafka_query(counts: Any, arguments: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     milestone("python")
     arguments = parse_arguments(argv)
-    from eospack.spark import local_session
     from eospack.stateful_ops import running_count
+    from eospack.tools.spark import local_session
 
     milestone("imports")
-    from eospack.spark_features import ADMISSION_CONTROL
+    from eospack.core.spark_features import ADMISSION_CONTROL
 
     spark = local_session(app_name=f"eospack-demo-{arguments.name}")
     milestone("session")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from eospack.errors import EospackError
+from eospack.core.errors import EospackError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
