@@ -59,8 +59,8 @@ def spark_kafka_jars() -> tuple[list[Path], str | None]:
     on its first task; session start and first job measured no slower beyond the noise
     (medians of 4 interleaved starts each on a loaded 2-core machine: 27.0 s vs 26.1 s).
     """
-    from eospack.services import ServiceStartError
-    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+    from eospack.lab.services import ServiceStartError
+    from eospack.lab.services.maven import is_cached, mvn_executable, resolve_classpath
 
     if not is_cached("spark-kafka") and mvn_executable() is None:
         return [], "its jars are not cached and mvn was not found (install Maven)"
@@ -74,8 +74,8 @@ def spark_kafka_jars() -> tuple[list[Path], str | None]:
 def hadoop_aws_jars() -> tuple[list[Path], str | None]:
     """S3A's jars (hadoop-aws and its AWS SDK bundle, ~690 MB, fetched once) if cached or
     fetchable with mvn, else ([], why not): checkpoints on ``s3a://`` need them."""
-    from eospack.services import ServiceStartError
-    from eospack.services.maven import is_cached, mvn_executable, resolve_classpath
+    from eospack.lab.services import ServiceStartError
+    from eospack.lab.services.maven import is_cached, mvn_executable, resolve_classpath
 
     if not is_cached("hadoop-aws") and mvn_executable() is None:
         return [], "its jars are not cached and mvn was not found (install Maven)"
@@ -93,7 +93,7 @@ def spark(
     """The session's SparkSession, with Spark's own Kafka connector and S3A when they are
     resolvable. S3A goes on the driver's class path (local mode: the executor runs in the
     driver JVM), so its SDK bundle is never copied into the executor's work directory."""
-    from eospack.spark import local_session
+    from eospack.tools.spark import local_session
 
     class_path = ":".join(str(jar) for jar in hadoop_aws_jars[0])
     session = local_session(
@@ -119,7 +119,7 @@ def spark_kafka(spark: Any, spark_kafka_jars: tuple[list[Path], str | None]) -> 
 def kafka() -> Iterator[Any]:
     """The session's broker: Apache Kafka where java and mvn exist, else tansu
     (``EOSPACK_BROKER`` chooses); ``kafka.endpoint.kind`` says which."""
-    from eospack.services import start_kafka
+    from eospack.lab.services import start_kafka
 
     broker = start_kafka()
     yield broker
@@ -140,7 +140,7 @@ def real_kafka(kafka: Any) -> Any:
 
 
 def _needs_apache_kafka(what: str) -> None:
-    from eospack.services import apache_kafka_missing, services_mode
+    from eospack.lab.services import apache_kafka_missing, services_mode
 
     missing = apache_kafka_missing()
     if services_mode() == "docker" or missing is not None:
@@ -151,9 +151,9 @@ def _needs_apache_kafka(what: str) -> None:
 @pytest.fixture(scope="session")
 def kafka_cluster() -> Iterator[Any]:
     """Three Apache Kafka KRaft nodes (RF 3, min ISR 2; ``kill(node)``/``start(node)``),
-    started on first use (``eospack.services.kafka_cluster.ApacheKafkaCluster``)."""
+    started on first use (``eospack.lab.services.kafka_cluster.ApacheKafkaCluster``)."""
     _needs_apache_kafka("the 3-broker cluster")
-    from eospack.services.kafka_cluster import ApacheKafkaCluster
+    from eospack.lab.services.kafka_cluster import ApacheKafkaCluster
 
     cluster = ApacheKafkaCluster(brokers=3)
     yield cluster
@@ -164,9 +164,9 @@ def kafka_cluster() -> Iterator[Any]:
 def secured_kafka() -> Iterator[Any]:
     """An Apache Kafka broker with a SASL_SSL listener, SCRAM users ``admin`` and ``app``
     (the documented least-privilege grant), started on first use
-    (``eospack.services.kafka_cluster.SecuredKafka``)."""
+    (``eospack.lab.services.kafka_cluster.SecuredKafka``)."""
     _needs_apache_kafka("the SASL_SSL broker")
-    from eospack.services.kafka_cluster import SecuredKafka
+    from eospack.lab.services.kafka_cluster import SecuredKafka
 
     broker = SecuredKafka()
     yield broker
@@ -176,7 +176,7 @@ def secured_kafka() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Any]:
     """PostgreSQL with max_prepared_transactions > 0."""
-    from eospack.services import start_postgres
+    from eospack.lab.services import start_postgres
 
     server = start_postgres(max_prepared_transactions=64)
     yield server
@@ -186,7 +186,7 @@ def postgres() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def postgres_without_prepared() -> Iterator[Any]:
     """PostgreSQL with max_prepared_transactions = 0 (PREPARE TRANSACTION refused)."""
-    from eospack.services import start_postgres
+    from eospack.lab.services import start_postgres
 
     server = start_postgres(max_prepared_transactions=0)
     yield server
@@ -195,7 +195,7 @@ def postgres_without_prepared() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def s3() -> Iterator[Any]:
-    from eospack.services import start_s3
+    from eospack.lab.services import start_s3
 
     endpoint = start_s3(bucket="eospack-tests")
     yield endpoint
