@@ -36,13 +36,13 @@ def test_a_transient_failure_is_restarted_and_every_row_lands_once(
 ) -> None:
     pipeline = Pipeline(postgres, tmp_path, unique_name, call_faults)
     pipeline.arm("jdbc.decide", "before", batch_id=1)
-    with caplog.at_level(logging.WARNING, logger="eospack.tools.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="eospack.supervisor"):
         restarts = supervise(
             start_function(spark, pipeline, "--protocol", "prepared"), FixedDelay(3, 0.5)
         )
     assert restarts == 1
     assert pipeline.fired() == ["jdbc.decide before"]
-    (record,) = [r for r in caplog.records if r.name == "eospack.tools.supervisor"]
+    (record,) = [r for r in caplog.records if r.name == "eospack.supervisor"]
     assert record.getMessage().startswith("restart 1 in 0.5 s (fixed-delay: 3 attempts")
     assert "injected fault: jdbc.decide before in batch 1" in record.getMessage()
     pipeline.assert_exactly_once()
