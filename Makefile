@@ -87,7 +87,7 @@ wheel: $(BUILD_STAMP)
 # That wheel installed with pip install --only-binary :all: on Python 3.11, 3.12 and 3.13
 # (pyenv), without cargo on PATH, its native path run there (a few minutes; on demand).
 test-wheel: $(BUILD_STAMP)
-	$(PY) -m pytest integration_tests/test_wheel_matrix.py -p no:cacheprovider $(ARGS)
+	$(PY) -m pytest integration_tests/packaging/test_wheel_matrix.py -p no:cacheprovider $(ARGS)
 
 # The compatibility lane (on demand, about 25 min; docs/platforms.md): the `compat` cases on
 # Spark 4.0, 4.1, 4.2 and 4.3 x Python 3.11 and 3.13, each in its own venv under build/compat

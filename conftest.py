@@ -21,15 +21,15 @@ import pytest
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 SLOWEST_MODULES_FIRST = (
-    "integration_tests/test_sink_contract.py",
-    "integration_tests/test_fresh_install.py",
-    "integration_tests/test_jdbc_faults.py",
-    "integration_tests/test_kafka_source.py",
-    "integration_tests/test_cluster.py",
-    "integration_tests/test_stress.py",
-    "integration_tests/test_s3_faults.py",
-    "integration_tests/test_kafka_sink.py",
-    "integration_tests/test_object_store_checkpoints.py",
+    "integration_tests/sinks/test_sink_contract.py",
+    "integration_tests/packaging/test_fresh_install.py",
+    "integration_tests/jdbc/test_jdbc_faults.py",
+    "integration_tests/kafka_source/test_kafka_source.py",
+    "integration_tests/ops/test_cluster.py",
+    "integration_tests/ops/test_stress.py",
+    "integration_tests/s3/test_s3_faults.py",
+    "integration_tests/kafka_sink/test_kafka_sink.py",
+    "integration_tests/s3/test_object_store_checkpoints.py",
 )
 """Measured the longest (worker seconds, a 2-core machine). ``make test`` hands whole
 modules to two xdist workers in collection order (``--dist loadfile

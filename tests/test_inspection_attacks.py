@@ -2,7 +2,7 @@
 clean" is said only when the inspected sink id is known to have left nothing; a finished
 sink counts no leftover; a directory that is not a query's checkpoint is one line; no
 secret in what inspection says. The same promises against the real services are in
-``integration_tests/test_sink_inspection_attacks.py``."""
+``integration_tests/sinks/test_sink_inspection_reads_only_any_address.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The protocol's inspection interface (``TransactionalResource.inspect``) on the in-memory
 resource: what it reports, that it only reads, and its one-line views (pure logic; each
 sink's own implementation is tested against its service in
-``integration_tests/test_sink_inspection.py``)."""
+``integration_tests/sinks/test_sink_inspection.py``)."""
 
 from __future__ import annotations
 

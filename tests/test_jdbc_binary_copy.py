@@ -1,5 +1,5 @@
 """Which COPY format 2pc-jdbc picks for a table's column types (pure logic; the values
-themselves are checked against PostgreSQL in integration_tests/test_jdbc_types.py)."""
+themselves are checked against PostgreSQL in integration_tests/jdbc/test_jdbc_types.py)."""
 
 from __future__ import annotations
 

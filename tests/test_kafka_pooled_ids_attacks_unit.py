@@ -1,6 +1,6 @@
 """Pure-logic attacks on 2pc-kafka's pooled transactional ids
 (``connectors/kafka/sink/producer_pool.py``); what a broker does with them is attacked in
-``integration_tests/test_kafka_pooled_ids_attacks.py``."""
+``integration_tests/kafka_sink/test_kafka_pooled_transactional_ids.py``."""
 
 from __future__ import annotations
 

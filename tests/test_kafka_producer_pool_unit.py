@@ -1,7 +1,7 @@
 """Which transactional id a 2pc-kafka task takes from its worker's pool
 (``connectors/kafka/sink/producer_pool.py``): pure logic, no broker. What a broker does with the
 ids (reuse, leftovers rolled back, a replay in a new run) is pinned by
-``integration_tests/test_kafka_producer_reuse.py``."""
+``integration_tests/kafka_sink/test_kafka_producer_reuse.py``."""
 
 from __future__ import annotations
 

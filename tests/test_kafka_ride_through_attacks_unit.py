@@ -1,6 +1,6 @@
 """Attacks on 2pc-kafka's ride-through of a broker loss (issue 37): a decision written after
 the ride-through must never name pieces that died during it. Stand-ins for the ledger; the
-real-broker behaviour is in ``integration_tests/test_kafka_ride_through.py``."""
+real-broker behaviour is in ``integration_tests/kafka_sink/test_kafka_ride_through.py``."""
 
 from __future__ import annotations
 

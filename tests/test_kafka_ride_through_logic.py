@@ -2,7 +2,7 @@
 retried and for how long, how a ledger step is retried on a ledger opened afresh (a write
 whose answer was lost is read back, never written twice), and the warning about a ledger
 topic weaker than the sink creates it. Against real brokers:
-``integration_tests/test_kafka_ride_through.py``."""
+``integration_tests/kafka_sink/test_kafka_ride_through.py``."""
 
 from __future__ import annotations
 

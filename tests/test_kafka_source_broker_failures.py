@@ -2,7 +2,7 @@
 driver's metadata calls retry a dropped connection until kafka.request.timeout.ms and then
 name the last error; the consumers reconnect to a restarted broker within a second and an
 executor's consumer bootstraps within the read's deadline. The same on real brokers:
-integration_tests/test_kafka_source_production_kafka.py."""
+integration_tests/kafka_source/test_kafka_source_production_kafka.py."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from integration_tests.object_store import s3a_settings
+from integration_tests.s3.object_store_parts import s3a_settings
 
 KEY_GROUPS = 4
 

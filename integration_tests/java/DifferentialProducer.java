@@ -1,5 +1,5 @@
 // The Java producer (Apache Kafka's kafka-clients) writing what a test script says, for
-// integration_tests/test_record_batches_differential.py: record batches as the Java client
+// integration_tests/kafka_source/test_record_batches_differential.py: record batches as the Java client
 // builds them, every codec, headers, null keys and values, committed and aborted transactions.
 //
 // Run as a single source file (Java 17+):

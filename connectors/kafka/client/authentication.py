@@ -10,7 +10,7 @@ the login, ``KafkaAuthenticationError`` says so in one line: the mechanism, the 
 the security protocol and the servers, never the password.
 
 The probe logs in over a blocking socket with kafka-python's protocol classes and SASL
-mechanisms (private parts, pinned by ``integration_tests/test_kafka_secured.py``): its
+mechanisms (private parts, pinned by ``integration_tests/ops/test_kafka_secured.py``): its
 own transport drops a refusal that arrives together with the broker closing the socket.
 It costs nothing when connections work.
 

@@ -6,7 +6,7 @@ another process, the driver, commits it later by its producer id and epoch
 else can commit it, and ``fence`` (InitProducerId on the same transactional id) aborts it.
 
 Pinned against Apache Kafka 4.3 with kafka-python 3.0 by
-``integration_tests/test_kafka_transactions.py``:
+``integration_tests/kafka_sink/test_kafka_transactions.py``:
 
 - a read_committed consumer sees none of a prepared transaction's records, then all of
   them once ``commit_prepared`` ran, in whatever process;
@@ -143,8 +143,9 @@ def begin_again(producer: KafkaProducer) -> None:
 
     kafka-python's transaction manager still believes the old transaction its own and
     open, and has no call to forget it: its state is set back to uninitialised here
-    (private parts, pinned by ``integration_tests/test_kafka_producer_reuse.py``). Refused
-    while the producer still has anything in flight; the caller then makes a new one.
+    (private parts, pinned by
+    ``integration_tests/kafka_sink/test_kafka_producer_reuse.py``). Refused while the
+    producer still has anything in flight; the caller then makes a new one.
     One attempt of at most ``ATTEMPT_SECONDS``: a failure is raised and the caller closes
     this producer and makes a new one (``begin``, which rides through)."""
     from kafka.producer.transaction_manager import TransactionState

@@ -10,8 +10,8 @@ for a Produce request. Each has two implementations with one contract:
 - the reference one: kafka-python's own record code (``Fetcher.PartitionRecords`` on a
   ``MemoryRecords``, ``DefaultRecordBatchBuilder``) and pyarrow, record by record in Python.
 
-``integration_tests/test_record_batches_differential.py`` holds them together on batches
-written by kafka-python, librdkafka and the Java producer. Legacy message sets (magic 0
+``integration_tests/kafka_source/test_record_batches_differential.py`` holds them together
+on batches written by kafka-python, librdkafka and the Java producer. Legacy message sets (magic 0
 and 1, which a broker may still return for old data) are always decoded by the reference.
 ``EOSPACK_NATIVE=0`` selects the reference path everywhere (it is what runs on a machine
 that could not build the extension, with one warning per query).

@@ -53,7 +53,7 @@ from eospack.connectors.s3.sink import S3StreamWriter
 from eospack.connectors.s3.writer import TaskWriter
 from eospack.core import faults
 from eospack.core.faults import CallFault
-from integration_tests.fault_proxy import FaultProxy, HttpRule
+from integration_tests.s3.fault_proxy_parts import FaultProxy, HttpRule
 from integration_tests.s3_parts import (
     arrow_batches,
     connection_options,

@@ -273,7 +273,7 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
 
-DRIVER = Path(__file__).resolve().parent / "drivers" / "kafka_to_kafka_driver.py"
+DRIVER = Path(__file__).resolve().parents[1] / "drivers" / "kafka_to_kafka_driver.py"
 
 
 class RollingRestartDriver:

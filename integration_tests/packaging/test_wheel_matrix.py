@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.native_probe import EXPECTED_VALUES, NATIVE_PROBE
+from integration_tests.packaging.native_probe_parts import EXPECTED_VALUES, NATIVE_PROBE
 
 # A release check, as the chaos lane's: make test (-m "not chaos") leaves it out.
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.chaos]
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 PYENV_VERSIONS = Path.home() / ".pyenv" / "versions"
 PYTHONS = ("3.11", "3.12", "3.13")
 PIP_TIMEOUT = 900

@@ -3,7 +3,7 @@
 One test per fenced ``python`` block (id = page:line), collected when the tests are, so a
 page added or moved is covered without editing this file. A block runs in the session's
 SparkSession (its ``SparkSession.builder...getOrCreate()`` returns it) with its service
-addresses replaced by the test services' (``manual_examples.SUBSTITUTIONS``). Before it
+addresses replaced by the test services' (``manual_examples_parts.SUBSTITUTIONS``). Before it
 runs, the topics it subscribes to exist and hold keyed records; after it, every streaming
 query it started has processed them without an exception, each table, topic or S3 path
 it writes holds rows, and the queries are stopped. A block that builds streaming
@@ -28,7 +28,7 @@ import psycopg
 import pytest
 
 from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed, read_all
-from integration_tests.manual_examples import (
+from integration_tests.ops.manual_examples_parts import (
     DBTABLE,
     ROOT,
     S3_PATH,

@@ -37,11 +37,11 @@ from eospack.tools.supervisor import first_line, is_permanent
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.connect_pipeline_driver import DONE_LINE
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
-from integration_tests.spark_connect_server import SparkConnectServer
+from integration_tests.ops.connect_parts import SparkConnectServer
 
 pytestmark = pytest.mark.integration
 
-DRIVER = Path(__file__).parent / "drivers" / "connect_pipeline_driver.py"
+DRIVER = Path(__file__).parents[1] / "drivers" / "connect_pipeline_driver.py"
 CLIENT_TIMEOUT = 300.0
 QUERY_SECONDS = 120
 FORMATS = ("replayable-kafka", "2pc-jdbc", "2pc-s3", "2pc-kafka")

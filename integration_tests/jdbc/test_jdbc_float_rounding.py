@@ -36,13 +36,13 @@ from eospack.connectors.jdbc.binary_copy import BinaryEncoding, column_types
 from eospack.connectors.jdbc.dialect import TableName
 from eospack.connectors.jdbc.errors import JdbcWriteError
 from eospack.connectors.jdbc.postgres import copy_batches
-from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
-from integration_tests.jdbc_oracle import (
+from integration_tests.jdbc.jdbc_oracle_parts import (
     oracle_properties,
     seed_from_environment,
     sink_options,
     spark_jdbc_writer,
 )
+from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
 
 pytestmark = pytest.mark.integration
 
@@ -239,7 +239,7 @@ def assert_stored_alike(
 
 @pytest.fixture(scope="module")
 def jdbc_writer(spark: Any) -> dict[str, str]:
-    """Spark's own JDBC writer with the PostgreSQL JDBC driver (``jdbc_oracle``)."""
+    """Spark's own JDBC writer with the PostgreSQL JDBC driver (``jdbc_oracle_parts``)."""
     return spark_jdbc_writer(spark)
 
 

@@ -37,7 +37,7 @@ from integration_tests.kafka_source_parts import (
 
 pytestmark = pytest.mark.integration
 
-DRIVER = Path(__file__).parent / "drivers" / "kafka_source_driver.py"
+DRIVER = Path(__file__).parents[1] / "drivers" / "kafka_source_driver.py"
 STALL_SECONDS = 1.0
 DRIVER_RETRIES_EXHAUSTED = 60
 """More dropped connections than a driver call retries within kafka.request.timeout.ms

@@ -45,7 +45,7 @@ from integration_tests.production_kafka_parts import (
 
 pytestmark = [pytest.mark.production_kafka, pytest.mark.integration]
 
-DRIVER = Path(__file__).parent / "drivers" / "production_kafka_source_driver.py"
+DRIVER = Path(__file__).parents[1] / "drivers" / "production_kafka_source_driver.py"
 INPUT_LEADERS = (2, 3)
 """Partition p of every input topic is led by node INPUT_LEADERS[p]; node 1, the first
 bootstrap address, leads none."""

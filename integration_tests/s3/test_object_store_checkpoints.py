@@ -42,7 +42,7 @@ from eospack.tools.savepoint import RestoredCheckpoint
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers import object_store_driver
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
-from integration_tests.object_store import (
+from integration_tests.s3.object_store_parts import (
     configure_session,
     credential_environment,
     object_keys,

@@ -62,7 +62,7 @@ from integration_tests.jdbc_fixtures import pg_leftovers
 
 pytestmark = pytest.mark.integration
 
-DRIVER = Path(__file__).parent / "drivers" / "stress_driver.py"
+DRIVER = Path(__file__).parents[1] / "drivers" / "stress_driver.py"
 KEYS = 17
 PARTITIONS = 2
 FAULT_MENU: tuple[tuple[str, faults.Mode], ...] = (

@@ -1,7 +1,7 @@
 """Adversarial review of a restored event-time operator (issue 35, item 4; a65746c,
 267a162): whatever reaches it after a savepoint restore, a restored query emits what a
 query that never stopped emits (each row once), on the shared session with file input
-(``event_time_restore``).
+(``event_time_restore_parts``).
 
 Attacks: running_count keyed by a watermarked column and running_aggregate fed one (no
 late-row filter may apply: they have no event-time timeouts); sessionize restored in
@@ -23,7 +23,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from eospack.stateful_ops import deduplicate, running_aggregate, running_count, sessionize
-from integration_tests.event_time_restore import (
+from integration_tests.ops.event_time_restore_parts import (
     EVENT_T0,
     SHUFFLE_PARTITIONS,
     TIME_ZONE,

@@ -45,7 +45,7 @@ from integration_tests.jdbc_fixtures import (
 
 pytestmark = pytest.mark.integration
 
-KAFKA_DRIVER = Path(__file__).parent / "drivers" / "kafka_sink_driver.py"
+KAFKA_DRIVER = Path(__file__).parents[1] / "drivers" / "kafka_sink_driver.py"
 QUERY_TIMEOUT = 240.0
 AT_LEAST_ONCE = {"deliveryGuarantee": "at-least-once"}
 SINK_ID_GIVEN = "(unused: the queries set sinkId)"

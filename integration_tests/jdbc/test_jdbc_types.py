@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
-from integration_tests.jdbc_type_columns import (
+from integration_tests.jdbc.jdbc_type_columns_parts import (
     COLUMNS,
     NAMES,
     comparable,
     expected_rows,
 )
+from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
 
 pytestmark = pytest.mark.integration
 

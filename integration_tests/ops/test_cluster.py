@@ -26,11 +26,11 @@ from eospack.core import faults
 from integration_tests.crash_harness import run_driver
 from integration_tests.drivers.jdbc_sink_driver import EXECUTORS_LINE
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers, pg_rows, write_input_files
-from integration_tests.spark_cluster import StandaloneCluster
+from integration_tests.ops.cluster_parts import StandaloneCluster
 
 pytestmark = pytest.mark.integration
 
-DRIVER = Path(__file__).parent / "drivers" / "jdbc_sink_driver.py"
+DRIVER = Path(__file__).parents[1] / "drivers" / "jdbc_sink_driver.py"
 CLUSTER = "local-cluster[2,1,1024]"
 DRIVER_TIMEOUT = 240.0
 BATCHES = 10

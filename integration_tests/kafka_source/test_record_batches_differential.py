@@ -53,7 +53,7 @@ from eospack.lab.testing import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-JAVA_PRODUCER = Path(__file__).parent / "java" / "DifferentialProducer.java"
+JAVA_PRODUCER = Path(__file__).parents[1] / "java" / "DifferentialProducer.java"
 MAX_MESSAGE_BYTES = 8 << 20
 LARGE_VALUE_BYTES = 1_300_000
 BASE_TIMESTAMP_MS = (int(time.time()) - 600) * 1000

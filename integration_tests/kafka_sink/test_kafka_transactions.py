@@ -29,8 +29,8 @@ from eospack.lab.services.kafka_tools import create_topic, read_all
 
 pytestmark = pytest.mark.integration
 
-DRIVER = Path(__file__).parent / "drivers" / "kafka_transaction_driver.py"
-ROOT = Path(__file__).parent.parent
+DRIVER = Path(__file__).parents[1] / "drivers" / "kafka_transaction_driver.py"
+ROOT = Path(__file__).parents[2]
 
 
 def prepare_in_a_process_that_dies(

@@ -3,7 +3,7 @@
 least-privilege grant as test_kafka_secured.py), and one-line errors that name the option
 when a token provider or a client certificate is wrong, on the driver and on executors.
 
-The token providers are ``integration_tests/token_providers.py``, importable on the driver
+The token providers are ``integration_tests/ops/oauth_token_parts.py``, importable on the driver
 and in every Python worker, as a user's installed provider module would be.
 Tokens are unsigned JWTs (``unsecured_jwt``) whose header always encodes to
 ``JWT_HEADER``: that text must appear in no error, plan or driver log.
@@ -21,7 +21,7 @@ import pytest
 from eospack.lab.services.kafka_cluster import unsecured_jwt
 from eospack.lab.services.kafka_tools import Record
 from eospack.lab.testing import await_query
-from integration_tests.secured_kafka_parts import (
+from integration_tests.ops.secured_kafka_parts import (
     WRONG_PASSWORD,
     app_topic,
     committed_values,
@@ -38,8 +38,8 @@ JWT_HEADER = unsecured_jwt("app").split(".")[0]
 
 @pytest.fixture
 def providers() -> str:
-    """The module of token providers (``integration_tests/token_providers.py``)."""
-    return "integration_tests.token_providers"
+    """The module of token providers (``integration_tests/ops/oauth_token_parts.py``)."""
+    return "integration_tests.ops.oauth_token_parts"
 
 
 def assert_no_token(*texts: str) -> None:

@@ -38,13 +38,13 @@ import pytest
 from eospack.connectors.jdbc.dialect import TableName
 from eospack.connectors.jdbc.errors import JdbcWriteError
 from eospack.connectors.jdbc.postgres import copy_batches
-from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
-from integration_tests.jdbc_oracle import (
+from integration_tests.jdbc.jdbc_oracle_parts import (
     oracle_properties,
     seed_from_environment,
     sink_options,
     spark_jdbc_writer,
 )
+from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
 
 pytestmark = pytest.mark.integration
 

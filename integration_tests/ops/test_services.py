@@ -469,7 +469,7 @@ def test_spark_reads_a_topic_with_its_own_kafka_connector(real_kafka, unique_nam
         text=True,
         timeout=240,
         check=False,
-        cwd=Path(__file__).parents[1],
+        cwd=Path(__file__).parents[2],
     )
 
     output = [line for line in result.stdout.splitlines() if line.startswith("ROWS=")]

@@ -1,5 +1,5 @@
 """Token providers for the OAUTHBEARER tests (``test_kafka_oauth_mtls.py``), named by
-``kafka.sasl.oauth.token.provider=integration_tests.token_providers:<function>``.
+``kafka.sasl.oauth.token.provider=integration_tests.ops.oauth_token_parts:<function>``.
 
 A module of the repository, not a file the test ships with ``SparkContext.addPyFile``:
 Spark's Python workers start in the repository (``python -m pyspark.daemon``, so its

@@ -51,13 +51,13 @@ import pytest
 import eospack
 from eospack.core.checkout_layout import MAPPED_FOLDERS, every_module_name
 from eospack.tools.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUND
-from integration_tests.native_probe import EXPECTED_VALUES, NATIVE_PROBE
+from integration_tests.packaging.native_probe_parts import EXPECTED_VALUES, NATIVE_PROBE
 
 # A test's time includes its fixtures': the first install compiles the crate in release mode
 # (~2.5 min on 2 idle cores, twice that on a loaded machine).
 pytestmark = pytest.mark.timeout(900)
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 # pyproject.toml's package-dir: eospack and the folders it installs inside eospack (its
 # py-modules: FORMAT_MODULES)
 PACKAGES = ("eospack", *MAPPED_FOLDERS)

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from eospack.lab.testing import await_query, wait_until
+from integration_tests.jdbc.jdbc_type_columns_parts import COLUMNS, NAMES, comparable, expected_rows
 from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query, start_file_query
-from integration_tests.jdbc_type_columns import COLUMNS, NAMES, comparable, expected_rows
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from kafka import KafkaAdminClient
 from eospack.lab.services.kafka_cluster import ADMIN_USER, SECURED_TRANSACTION_MAX_TIMEOUT_MS
 from eospack.lab.services.kafka_tools import Record, read_all
 from eospack.lab.testing import await_query
-from integration_tests.secured_kafka_parts import (
+from integration_tests.ops.secured_kafka_parts import (
     WRONG_PASSWORD,
     app_topic,
     assert_names_authentication,
