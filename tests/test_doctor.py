@@ -108,9 +108,9 @@ def test_cli_doctor_passes_in_this_environment(capsys: pytest.CaptureFixture[str
 )
 def test_a_machine_with_a_rust_compiler_runs_the_native_path() -> None:
     """`make install` builds the extension wherever cargo is: CI runs the native path."""
-    from eospack.connectors.kafka.records import record_batches
+    from eospack.connectors.kafka.records import native_path, record_batches
 
-    assert record_batches.NATIVE is not None, record_batches.NATIVE_MISSING
+    assert record_batches.NATIVE is not None, native_path.NATIVE_MISSING
     assert record_batches.active_path().startswith("native (eospack._native ")
 
 
