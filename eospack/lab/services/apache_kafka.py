@@ -21,6 +21,8 @@ import shutil
 import signal
 import subprocess
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from eospack.lab.services.base import (
     KafkaEndpoint,
@@ -117,7 +119,7 @@ class ApacheKafka(_ChildProcess):
         self.log4j_file.write_text(LOG4J2_PROPERTIES)
         self.endpoint = KafkaEndpoint(bootstrap_servers=f"{LOOPBACK}:{self.port}", kind="kafka")
         try:
-            self._format_storage()
+            self.format_storage(new_cluster_id(), "--standalone")
             self.start()
         except BaseException:
             self.stop()
@@ -168,15 +170,16 @@ class ApacheKafka(_ChildProcess):
             *arguments,
         ]
 
-    def _format_storage(self) -> None:
+    def format_storage(self, cluster_id: str, *extra: str) -> None:
+        """Write the KRaft metadata of a new node (``kafka-storage format``)."""
         command = self._java_command(
             "kafka.tools.StorageTool",
             "format",
-            "--standalone",
             "--cluster-id",
-            new_cluster_id(),
+            cluster_id,
             "--config",
             str(self.config_file),
+            *extra,
             heap="256m",
         )
         try:
@@ -188,6 +191,7 @@ class ApacheKafka(_ChildProcess):
                 f"{self.name} could not format its storage within 120 s"
             ) from error
         if result.returncode != 0:
+            # The command line may hold SCRAM passwords: only the tool's last lines are shown.
             lines = (result.stderr or result.stdout).strip().splitlines()[-2:]
             raise ServiceStartError(
                 f"{self.name} could not format its storage (exit code {result.returncode}):"
@@ -208,24 +212,31 @@ class ApacheKafka(_ChildProcess):
         )
 
     def _answers_metadata(self) -> bool:
-        if not port_accepts_connections(LOOPBACK, self.port):
-            return False
-        from kafka import KafkaAdminClient
-
-        admin = KafkaAdminClient(
-            bootstrap_servers=self.endpoint.bootstrap_servers,
-            client_id="eospack-readiness",
-            request_timeout_ms=5_000,
-        )
-        try:
-            cluster = admin.describe_cluster()
-        finally:
-            admin.close()
-        return any(
-            broker["broker_id"] == NODE_ID and not broker.get("is_fenced")
-            for broker in cluster["brokers"]
+        return port_accepts_connections(LOOPBACK, self.port) and node_is_unfenced(
+            self.endpoint.bootstrap_servers, NODE_ID, {}
         )
 
     def kill(self) -> None:
         """End the broker abruptly (SIGKILL), keeping its log directory for ``start``."""
         self._terminate(signal.SIGKILL)
+
+
+def node_is_unfenced(bootstrap: str, node_id: int, config: Mapping[str, Any]) -> bool:
+    """Whether the cluster behind ``bootstrap`` lists ``node_id`` as a registered, unfenced
+    broker (``config``: the client's security settings, for a secured listener)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="eospack-readiness",
+        request_timeout_ms=5_000,
+        **config,
+    )
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    return any(
+        broker["broker_id"] == node_id and not broker.get("is_fenced")
+        for broker in cluster["brokers"]
+    )

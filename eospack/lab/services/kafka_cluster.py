@@ -31,7 +31,6 @@ import ipaddress
 import json
 import secrets
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from eospack.lab.services.apache_kafka import (
     ApacheKafka,
     java_executable,
     new_cluster_id,
+    node_is_unfenced,
 )
 from eospack.lab.services.base import (
     KafkaEndpoint,
@@ -117,33 +117,6 @@ class KafkaNode(ApacheKafka):
         )
         self.log4j_file.write_text(LOG4J2_PROPERTIES)
 
-    def format_storage(self, cluster_id: str, *extra: str) -> None:
-        command = self._java_command(
-            "kafka.tools.StorageTool",
-            "format",
-            "--cluster-id",
-            cluster_id,
-            "--config",
-            str(self.config_file),
-            *extra,
-            heap="256m",
-        )
-        try:
-            result = subprocess.run(
-                command, capture_output=True, text=True, timeout=120, check=False
-            )
-        except subprocess.TimeoutExpired as error:
-            raise ServiceStartError(
-                f"{self.name} could not format its storage within 120 s"
-            ) from error
-        if result.returncode != 0:
-            # The command line may hold SCRAM passwords: only the tool's last lines are shown.
-            lines = (result.stderr or result.stdout).strip().splitlines()[-2:]
-            raise ServiceStartError(
-                f"{self.name} could not format its storage (exit code {result.returncode}):"
-                f" {' | '.join(lines) or 'no output'}"
-            )
-
     def launch(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return
@@ -162,25 +135,6 @@ class KafkaNode(ApacheKafka):
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
-
-
-def _unfenced(bootstrap: str, node_id: int, config: Mapping[str, Any]) -> bool:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="eospack-readiness",
-        request_timeout_ms=5_000,
-        **config,
-    )
-    try:
-        cluster = admin.describe_cluster()
-    finally:
-        admin.close()
-    return any(
-        broker["broker_id"] == node_id and not broker.get("is_fenced")
-        for broker in cluster["brokers"]
-    )
 
 
 def _free_ports(count: int) -> list[int]:
@@ -281,7 +235,7 @@ class ApacheKafkaCluster(_Nodes):
                     settings,
                     lambda node: (
                         port_accepts_connections(LOOPBACK, node.port)
-                        and _unfenced(f"{LOOPBACK}:{node.port}", node.node_id, {})
+                        and node_is_unfenced(f"{LOOPBACK}:{node.port}", node.node_id, {})
                     ),
                     heap,
                 )
@@ -595,7 +549,7 @@ class SecuredKafka(_Nodes):
         remember_broker(self.endpoint)
 
     def _ready(self) -> bool:
-        return port_accepts_connections(LOOPBACK, self.port) and _unfenced(
+        return port_accepts_connections(LOOPBACK, self.port) and node_is_unfenced(
             self.endpoint.bootstrap_servers, 1, self.client_config(ADMIN_USER)
         )
 
