@@ -19,6 +19,7 @@ from eospack.connectors.jdbc.errors import (
 from eospack.connectors.jdbc.options import JdbcSinkOptions, parse_options
 from eospack.connectors.jdbc.postgres import PostgresDialect
 from eospack.connectors.jdbc.sink import _ConnectionErrors
+from eospack.connectors.jdbc.sqlite import SqliteDialect
 
 BASE = {"url": "jdbc:postgresql://db.example:5433/shop", "dbtable": "sales.orders"}
 PASSWORD = "s3cret-value"
@@ -52,6 +53,7 @@ def test_defaults() -> None:
     assert options.create_table is False
     assert options.ledger_table == TableName(None, "eospack_commits")
     assert options.sink_id is None
+    assert options.merge_schema is False
 
 
 def test_every_option_parsed_case_insensitively() -> None:
@@ -71,6 +73,7 @@ def test_every_option_parsed_case_insensitively() -> None:
             "sinkid": "orders_v2",
             "checkpointlocation": "/tmp/cp",
             "locktimeout": "2min",
+            "mergeschema": "True",
         }
     )
     assert options.user == "alice" and options.url.port == 5432
@@ -83,6 +86,7 @@ def test_every_option_parsed_case_insensitively() -> None:
     assert options.ledger_table == TableName("audit", "commits")
     assert options.sink_id == "orders_v2" and options.lock_timeout_ms == 120_000
     assert options.psycopg_kwargs()["password"] == PASSWORD
+    assert options.merge_schema is True
 
 
 def test_password_never_in_repr_or_description() -> None:
@@ -192,6 +196,7 @@ def test_sqlite_url_is_made_absolute() -> None:
             {"createTableIfNotExists": "yes"},
             "Option createTableIfNotExists is 'yes': use true or false",
         ),
+        ({"mergeSchema": "1"}, "Option mergeSchema is '1': use true or false"),
         (
             {"sinkId": "my-sink"},
             "Option sinkId is 'my-sink': use 1 to 64 letters, digits or underscores",
@@ -321,3 +326,66 @@ def test_a_blank_identity_option_is_refused_not_taken_for_the_default(name: str)
     restart with it would look for its decisions elsewhere and apply a batch again."""
     with pytest.raises(JdbcSinkOptionError, match=f"^Option {name} is blank: leave it unset"):
         parse(**{name: " "})
+
+
+@pytest.mark.parametrize(
+    ("declared", "spark_type", "accepted"),
+    [
+        ("bigint", T.LongType(), True),
+        ("integer", T.DoubleType(), True),  # narrowed as Spark's JDBC writer does
+        ("numeric(12,2)", T.DecimalType(38, 2), True),
+        ("bigint", T.StringType(), True),  # parsed by the column (documented)
+        ("bigint", T.DateType(), False),
+        ("bigint", T.BooleanType(), False),
+        ("numeric(12,2)", T.TimestampType(), False),
+        ("integer[]", T.LongType(), True),  # no known family: left to the database
+        ("interval", T.LongType(), True),
+        ("text", T.LongType(), True),  # the exact text of a number
+        ("character varying(20)", T.StringType(), True),
+        ("text", T.BinaryType(), False),
+        ("text", T.TimestampType(), True),
+        ("bytea", T.LongType(), False),
+        ("bytea", T.BinaryType(), True),
+        ("date", T.TimestampType(), True),  # keeps its UTC day (documented)
+        ("date", T.LongType(), False),
+        ("timestamp with time zone", T.DateType(), True),
+        ("timestamp(3) without time zone", T.TimestampNTZType(), True),
+        ("boolean", T.IntegerType(), False),
+        ("tinyint(1)", T.BooleanType(), True),
+        ("jsonb", T.StringType(), True),
+    ],
+)
+def test_a_retyped_column_is_told_by_the_declared_types_family(
+    declared: str, spark_type: T.DataType, accepted: bool
+) -> None:
+    assert PostgresDialect().accepts(declared, spark_type) is accepted
+
+
+@pytest.mark.parametrize(
+    ("declared", "spark_type", "accepted"),
+    [
+        ("INTEGER", T.StringType(), False),
+        ("REAL", T.StringType(), False),
+        ("INTEGER", T.BooleanType(), True),
+        ("TEXT", T.LongType(), True),
+        ("TEXT", T.BinaryType(), False),
+        ("BLOB", T.StringType(), True),
+        ("", T.StringType(), True),
+        ("DATE", T.StringType(), True),  # NUMERIC affinity keeps text that is no number
+        ("VARCHAR(10)", T.DateType(), True),
+    ],
+)
+def test_sqlite_tells_a_retyped_column_by_affinity(
+    declared: str, spark_type: T.DataType, accepted: bool
+) -> None:
+    assert SqliteDialect().accepts(declared, spark_type) is accepted
+
+
+def test_merge_schema_adds_a_nullable_column_idempotently() -> None:
+    table = TableName("sales", "orders")
+    assert PostgresDialect().add_column_sql(table, "note", "text") == (
+        'ALTER TABLE "sales"."orders" ADD COLUMN IF NOT EXISTS "note" text'
+    )
+    assert SqliteDialect().add_column_sql(TableName(None, "t"), "note", "TEXT") == (
+        'ALTER TABLE "t" ADD COLUMN "note" TEXT'
+    )

@@ -217,6 +217,46 @@ class Dialect(ABC):
         """Refuse, at query start, columns this database would store or compare other than
         the DataFrame holds them (none by default)."""
 
+    def accepts(self, declared: str, data_type: T.DataType) -> bool:
+        """Whether a column declared ``declared`` stores a DataFrame column of ``data_type``
+        (else: a retyped column, refused at query start with or without ``mergeSchema``).
+
+        By the declared type's family, from its name before any ``(`` (PostgreSQL's
+        ``format_type`` and the usual MariaDB/MySQL names). Values take the column's own
+        rules, as in Spark's JDBC writer (docs, Limits), so a string goes into any column:
+        the database parses it, and a value it cannot parse fails the task naming the
+        column and row, nothing committed. Other types are refused where no value of
+        theirs could be stored, or only mangled: numbers take every Spark number
+        (narrowing as Spark's JDBC writer narrows, see ``binary_copy``); text takes
+        everything but binary (it would become hex text); ``bytea``/blobs take binary;
+        dates and timestamps take dates and timestamps (a timestamp into a date keeps its
+        UTC day); booleans take booleans (``tinyint(1)``, MariaDB's BOOLEAN, numbers too).
+        A declared type of no known family (arrays, json, uuid, enums, domains) accepts
+        anything: the database refuses, naming the column, what it cannot store.
+        """
+        family = _FAMILIES.get(declared.strip().lower())
+        if family is None:
+            family = _FAMILIES.get(declared.split("(")[0].strip().lower())
+        if family is None:
+            return True
+        return _spark_family(data_type) in _ACCEPTED[family]
+
+    def add_column_sql(self, table: TableName, name: str, sql_type: str) -> str:
+        """``ALTER TABLE ... ADD COLUMN IF NOT EXISTS``, nullable, without a default (for
+        ``mergeSchema``): existing rows read NULL there, and on PostgreSQL it is a catalog
+        change only (no table rewrite). Idempotent, so a crash between the ALTER and the
+        batch's commit, or two queries adding the same column, leave one column.
+
+        Run inside ``ddl_transaction``. PostgreSQL: transactional, serialised across
+        queries by the sink's advisory lock, and it waits at most ``lockTimeout`` for the
+        table lock. A database whose DDL commits implicitly (MariaDB, which has ``ADD COLUMN
+        IF NOT EXISTS`` too) commits the ALTER on its own: still safe, because the column
+        is nullable and empty, so committing it early or twice changes no row. A database
+        without ``IF NOT EXISTS`` (SQLite) overrides this, and ``planning`` adds a column
+        only after reading the catalog in the same transaction.
+        """
+        return f"ALTER TABLE {table.sql()} ADD COLUMN IF NOT EXISTS {quote(name)} {sql_type}"
+
     def create_table_sql(
         self, table: TableName, schema: T.StructType, primary_key: tuple[str, ...] = ()
     ) -> str:
@@ -373,3 +413,83 @@ class Dialect(ABC):
         return JdbcWriteError(
             f"2pc-jdbc found a prepared transaction to finish in {self.name}, which has none"
         )
+
+
+_NUMBER = "number"
+_TEXT = "text"
+_FAMILIES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "smallint",
+            "integer",
+            "int",
+            "bigint",
+            "tinyint",
+            "mediumint",
+            "numeric",
+            "decimal",
+            "real",
+            "double precision",
+            "double",
+            "float",
+        ),
+        _NUMBER,
+    ),
+    **dict.fromkeys(
+        (
+            "text",
+            "character varying",
+            "character",
+            "varchar",
+            "char",
+            "tinytext",
+            "mediumtext",
+            "longtext",
+        ),
+        _TEXT,
+    ),
+    **dict.fromkeys(
+        ("bytea", "blob", "tinyblob", "mediumblob", "longblob", "binary", "varbinary"), "bytes"
+    ),
+    "date": "date",
+    **dict.fromkeys(
+        (
+            "timestamp",
+            "timestamp with time zone",
+            "timestamp without time zone",
+            "timestamptz",
+            "datetime",
+        ),
+        "timestamp",
+    ),
+    "boolean": "boolean",
+    "bool": "boolean",
+    "tinyint(1)": "tinyint(1)",  # MariaDB's and MySQL's BOOLEAN, also a small number
+}
+"""Declared type (lower case, whole or before ``(``) -> family (see ``Dialect.accepts``)."""
+
+_ACCEPTED: dict[str, frozenset[str]] = {
+    _NUMBER: frozenset({"string", _NUMBER}),
+    _TEXT: frozenset({"string", _NUMBER, "boolean", "date", "timestamp"}),
+    "bytes": frozenset({"string", "binary"}),
+    "date": frozenset({"string", "date", "timestamp"}),
+    "timestamp": frozenset({"string", "date", "timestamp"}),
+    "boolean": frozenset({"string", "boolean"}),
+    "tinyint(1)": frozenset({"string", "boolean", _NUMBER}),
+}
+
+
+def _spark_family(data_type: T.DataType) -> str:
+    if isinstance(data_type, T.BooleanType):
+        return "boolean"
+    if isinstance(data_type, T.NumericType):
+        return _NUMBER
+    if isinstance(data_type, T.StringType):
+        return "string"
+    if isinstance(data_type, T.BinaryType):
+        return "binary"
+    if isinstance(data_type, T.DateType):
+        return "date"
+    if isinstance(data_type, (T.TimestampType, T.TimestampNTZType)):
+        return "timestamp"
+    return data_type.typeName()

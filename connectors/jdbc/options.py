@@ -98,6 +98,9 @@ class JdbcSinkOptions:
     sink_id: str | None = None
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
     """How long a task waits for a row lock before its batch fails (PostgreSQL)."""
+    merge_schema: bool = False
+    """``mergeSchema`` (Delta's name): add the DataFrame's new columns to the target (and
+    its staging table) as nullable columns at query start, instead of refusing them."""
 
     @property
     def target(self) -> str:
@@ -240,4 +243,5 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         ledger_table=ledger,
         sink_id=common.sink_id,
         lock_timeout_ms=options.duration_ms("lockTimeout", DEFAULT_LOCK_TIMEOUT_MS, positive=True),
+        merge_schema=options.boolean("mergeSchema", False),
     )

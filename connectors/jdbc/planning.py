@@ -185,8 +185,11 @@ def _prepare_tables(
             )
         connection.execute(dialect.create_table_sql(table, schema, options.upsert_keys))
         existing = dialect.table_columns(connection, table) or {}
+    if options.merge_schema:
+        existing = _add_new_columns(options, dialect, schema, table, connection, existing)
     _check_table_columns(options, schema, existing)
     dialect.refuse_lossy_columns(options, schema, existing)
+    _refuse_retyped_columns(options, dialect, schema, existing)
     if options.upsert_keys and frozenset(options.upsert_keys) not in dialect.unique_key_sets(
         connection, table
     ):
@@ -204,7 +207,9 @@ def _prepare_tables(
             connection.execute(statement)
     watched: tuple[TableName, ...] = (
         (table,)
-        if dialect.refuses_columns_by_type or (staged and dialect.stage_keeps_column_types)
+        if dialect.refuses_columns_by_type
+        or options.merge_schema
+        or (staged and dialect.stage_keeps_column_types)
         else ()
     )
     if staged:
@@ -220,8 +225,9 @@ def _check_table_columns(
     if missing:
         raise JdbcSchemaError(
             f"dbtable {table!r} has no column {', '.join(repr(m) for m in missing)} that the"
-            f" DataFrame writes (table columns: {', '.join(existing)}): add it to the table"
-            " or select only the table's columns"
+            f" DataFrame writes (table columns: {', '.join(existing)}): add it to the table,"
+            " select only the table's columns, or set mergeSchema=true (adds new columns"
+            " as nullable)"
         )
     required = [
         name for name, (_, needed) in existing.items() if needed and name not in schema.names
@@ -231,6 +237,68 @@ def _check_table_columns(
             f"dbtable {table!r} column {required[0]!r} is NOT NULL without a default and the"
             " DataFrame has no such column: add it to the DataFrame or give it a default"
         )
+
+
+def _add_new_columns(
+    options: JdbcSinkOptions,
+    dialect: Dialect,
+    schema: StructType,
+    table: TableName,
+    connection: Connection,
+    existing: dict[str, tuple[str, bool]],
+) -> dict[str, tuple[str, bool]]:
+    """``mergeSchema``: add the DataFrame's columns the target lacks, nullable, typed by
+    the dialect's type mapping; return the target's columns after.
+
+    Why here, in the DDL transaction at planning time, and not in the transaction that
+    applies the batch: tasks write the new column before the driver commits (a prepared
+    transaction COPYs into the target, a staged piece into the stage), so it must exist
+    before any task runs, and Spark asks for the plan before every micro-batch, so the
+    first batch of a query restarted with a new column is planned, and the column added,
+    before its tasks start. Safe against a crash between this ALTER and the batch's commit:
+    the column is nullable and holds no value until a batch commits, so a run that dies
+    there leaves the target's rows as they were, and its restart finds the column (the
+    catalog is read first and the statement is ``IF NOT EXISTS`` where the database has
+    it), adds nothing and replays the batch. Two queries adding the same column are
+    serialised by the DDL transaction (PostgreSQL's advisory lock, SQLite's write lock)
+    and the second finds it there; if they disagree on its type, the second is refused as
+    a retyped column. A column NOT NULL in the DataFrame is added nullable, as Delta Lake
+    does: the rows already in the table have no value for it, and Spark's nullability is
+    inferred from the query, not a constraint of the data.
+    """
+    new = [field for field in schema.fields if field.name not in existing]
+    if not new:
+        return existing
+    for field in new:
+        sql_type = dialect.column_type(field)
+        connection.execute(dialect.add_column_sql(table, field.name, sql_type))
+        logger.info(
+            "2pc-jdbc %s: mergeSchema added column %s %s (nullable)",
+            options.describe(),
+            field.name,
+            sql_type,
+        )
+    return dialect.table_columns(connection, table) or {}
+
+
+def _refuse_retyped_columns(
+    options: JdbcSinkOptions,
+    dialect: Dialect,
+    schema: StructType,
+    existing: dict[str, tuple[str, bool]],
+) -> None:
+    """A DataFrame column whose type the target's existing column cannot store (a column
+    retyped upstream) is refused, with or without ``mergeSchema``: 2pc-jdbc never changes
+    a column's type (see ``Dialect.accepts``)."""
+    for field in schema.fields:
+        declared = existing[field.name][0]
+        if not dialect.accepts(declared, field.dataType):
+            raise JdbcSchemaError(
+                f"dbtable {str(options.table)!r} column {field.name!r} is {declared}, which"
+                f" cannot store the DataFrame's {field.dataType.simpleString()} (a retyped"
+                f" column): cast it back in the query (e.g. col.cast(...)) or change the"
+                " table's column yourself (mergeSchema only adds columns, it never retypes)"
+            )
 
 
 def _ensure_stage(
@@ -243,11 +311,22 @@ def _ensure_stage(
 ) -> None:
     """The staging table has the DataFrame's columns with the target's current types (a
     stage left with a column's old type would round or refuse rows the target now takes):
-    an empty stale stage is recreated, one holding rows is refused."""
+    an empty stale stage is recreated, one holding rows is refused. With ``mergeSchema`` a
+    stage made before the target gained a column gets it too (nullable, the target's
+    type): rows staged before read NULL there, as they would in the target. Extra columns
+    in the stage (the DataFrame lacks a nullable column of the target) are harmless: rows
+    are staged and moved by column name, so they stay NULL.
+    """
     wanted = {PIECE_COLUMN, *schema.fieldNames()}
     existing = dialect.table_columns(connection, stage)
+    if existing is not None and options.merge_schema:
+        added = [name for name in schema.fieldNames() if name not in existing]
+        for name in added:
+            connection.execute(dialect.add_column_sql(stage, name, target_columns[name][0]))
+        if added:
+            existing = dialect.table_columns(connection, stage)
     stale = existing is not None and (
-        set(existing) != wanted
+        not wanted <= set(existing)
         or (
             dialect.stage_keeps_column_types
             and any(existing[name][0] != target_columns[name][0] for name in schema.fieldNames())

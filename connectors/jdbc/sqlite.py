@@ -168,6 +168,30 @@ class SqliteDialect(Dialect):
                     " as text) or cast the DataFrame column to DOUBLE"
                 )
 
+    def accepts(self, declared: str, data_type: T.DataType) -> bool:
+        """By SQLite's type affinity (datatype3.html, 3.1), since SQLite stores any value in
+        any column: INTEGER and REAL affinity take numbers and booleans (a string there
+        stays text that no longer compares as a number: a retyped column); TEXT affinity
+        takes everything but binary; BLOB and NUMERIC affinity (BOOLEAN, DATE, DECIMAL...)
+        take anything. Decimals are further checked by ``refuse_lossy_columns``."""
+        kind = declared.upper()
+        number = "INT" in kind or (
+            not _text_affinity(kind)
+            and "BLOB" not in kind
+            and any(real in kind for real in ("REAL", "FLOA", "DOUB"))
+        )
+        if number:
+            return isinstance(data_type, (T.NumericType, T.BooleanType))
+        if _text_affinity(kind):
+            return not isinstance(data_type, T.BinaryType)
+        return True
+
+    def add_column_sql(self, table: TableName, name: str, sql_type: str) -> str:
+        """Plain ``ADD COLUMN`` (SQLite has no ``IF NOT EXISTS`` there): ``planning`` reads
+        the catalog first inside the same ``BEGIN IMMEDIATE`` transaction, which holds the
+        database's write lock, so two queries cannot both add the column."""
+        return f"ALTER TABLE {table.sql()} ADD COLUMN {quote(name)} {sql_type}"
+
     def create_stage_sql(
         self, stage: TableName, target: TableName, columns: list[str]
     ) -> list[str]:
