@@ -225,8 +225,8 @@ def _check_table_columns(
     if missing:
         raise JdbcSchemaError(
             f"dbtable {table!r} has no column {', '.join(repr(m) for m in missing)} that the"
-            f" DataFrame writes (table columns: {', '.join(existing)}): add it to the table,"
-            " select only the table's columns, or set mergeSchema=true (adds new columns"
+            f" DataFrame writes (table columns: {', '.join(existing)}): add it to the table"
+            " or select only the table's columns (or set mergeSchema=true to add new columns"
             " as nullable)"
         )
     required = [

@@ -221,3 +221,39 @@ def test_retyped_and_dropped_required_columns_are_refused_even_with_merge_schema
 def _file(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     return directory / "part-0000.parquet"
+
+
+@pytest.mark.timeout(300)
+def test_a_prepared_transaction_left_on_the_table_fails_the_alter_after_lock_timeout_naming_it(
+    spark, postgres, tmp_path, unique_name
+):
+    """A crashed run's prepared piece holds a lock on the table that ADD COLUMN waits for:
+    the restart with the new column fails after lockTimeout in one line naming the prepared
+    transaction, adds nothing; once the piece is finished, the restart adds the column."""
+    target = Target("postgres-prepared", postgres, tmp_path, unique_name)
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    write_batches(source, OLD_ROWS, ["id", "name"])
+    run_file_query(spark, source, checkpoint, OLD_SCHEMA, target.options, files_per_trigger=1)
+    write_batches(source, NEW_ROWS, ["id", "name", "note"])
+    gid = f"eospack-left_{unique_name[-8:]}-9-0-0"
+    merged = {**target.options, "mergeSchema": "true", "lockTimeout": "1s"}
+    crashed = psycopg.connect(target.url)
+    try:
+        crashed.tpc_begin(gid)
+        crashed.execute(f"INSERT INTO \"{unique_name}\" (id, name) VALUES (100, 'left')")
+        crashed.tpc_prepare()
+        crashed.close()
+        with pytest.raises(Exception, match="locked by another session for over 1000ms") as caught:
+            run_file_query(spark, source, checkpoint, NEW_SCHEMA, merged, files_per_trigger=1)
+        assert f"(prepared transactions of eospack sinks: {gid})" in str(caught.value)
+        assert "note" not in target.columns(unique_name)
+    finally:
+        crashed.close()
+        if target.fetch(f"SELECT 1 FROM pg_prepared_xacts WHERE gid = '{gid}'"):
+            target.execute(f"ROLLBACK PREPARED '{gid}'")
+
+    run_file_query(spark, source, checkpoint, NEW_SCHEMA, merged, files_per_trigger=1)
+
+    assert target.rows() == EXPECTED
+    assert target.ledger() == [(0, "done"), (1, "done"), (2, "done"), (3, "done")]
+    assert target.leftovers() == (0, 0)
