@@ -21,7 +21,13 @@ import pytest
 
 from eospack.connectors.jdbc.dialect import TableName, stage_table
 from eospack.core import faults
-from integration_tests.jdbc_fixtures import pg_leftovers, run_file_query
+from eospack.lab.testing import await_query
+from integration_tests.jdbc_fixtures import (
+    FILE_QUERY_TIMEOUT,
+    pg_leftovers,
+    run_file_query,
+    start_file_query,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -144,15 +150,15 @@ def test_a_restart_with_a_new_column_adds_it_with_merge_schema_and_is_refused_wi
         assert "note" not in stage_before and "note" in target.columns(stage)
 
 
-@pytest.mark.parametrize("protocol", ["prepared", "staging"])
+@pytest.mark.parametrize("kind", ["postgres-prepared", "postgres-staging", "sqlite"])
 @pytest.mark.timeout(300)
 def test_a_failed_commit_after_the_alter_ends_exactly_once_with_the_column(
-    spark, postgres, tmp_path, unique_name, call_faults, protocol
+    spark, postgres, tmp_path, unique_name, call_faults, kind
 ):
     """The commit of the first batch with the new column fails after the planning ALTER
     committed (the decision write loses its connection before it applies). The restart
     finds the column, adds nothing, and replays the batch: each row once."""
-    target = Target(f"postgres-{protocol}", postgres, tmp_path, unique_name)
+    target = Target(kind, postgres, tmp_path, unique_name)
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     write_batches(source, OLD_ROWS, ["id", "name"])
     run_file_query(spark, source, checkpoint, OLD_SCHEMA, target.options, files_per_trigger=1)
@@ -256,4 +262,55 @@ def test_a_prepared_transaction_left_on_the_table_fails_the_alter_after_lock_tim
 
     assert target.rows() == EXPECTED
     assert target.ledger() == [(0, "done"), (1, "done"), (2, "done"), (3, "done")]
+    assert target.leftovers() == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ["postgres-prepared", "sqlite"])
+@pytest.mark.timeout(300)
+def test_two_queries_adding_the_same_column_at_once_leave_one_column_and_every_row_once(
+    spark, postgres, tmp_path, unique_name, kind
+):
+    """Two queries (own checkpoints, own files) start together, both adding ``note``: the
+    DDL transactions are serialised, the second finds the column, both write their rows."""
+    target = Target(kind, postgres, tmp_path, unique_name)
+    write_batches(tmp_path / "old", [OLD_ROWS[0]], ["id", "name"])
+    run_file_query(spark, tmp_path / "old", tmp_path / "cp0", OLD_SCHEMA, target.options)
+    merged = {**target.options, "mergeSchema": "true"}
+    write_batches(tmp_path / "a", [[(10, "a", "from a")]], ["id", "name", "note"])
+    write_batches(tmp_path / "b", [[(20, "b", "from b")]], ["id", "name", "note"])
+    queries = [
+        start_file_query(spark, tmp_path / name, tmp_path / f"cp_{name}", NEW_SCHEMA, merged)
+        for name in ("a", "b")
+    ]
+    for query in queries:
+        await_query(query, FILE_QUERY_TIMEOUT)
+
+    assert target.rows() == [
+        (1, "a", None),
+        (2, "b", None),
+        (10, "a", "from a"),
+        (20, "b", "from b"),
+    ]
+    assert target.columns(unique_name) == ["id", "name", "note"]
+    assert target.leftovers() == (0, 0)
+
+
+@pytest.mark.timeout(300)
+def test_a_kept_plan_adds_the_column_again_after_it_was_dropped_by_hand(
+    spark, postgres, tmp_path, unique_name
+):
+    """Plans are kept per process across micro-batches and queries with equal options and
+    schema. With mergeSchema a kept plan holds only while the table's columns are those it
+    was made for: after someone drops ``note``, the next query with the same options plans
+    again and adds it (was kept: its tasks would COPY into a column that is gone)."""
+    target = Target("postgres-prepared", postgres, tmp_path, unique_name)
+    merged = {**target.options, "mergeSchema": "true"}
+    write_batches(tmp_path / "a", [[(1, "a", "one")]], ["id", "name", "note"])
+    run_file_query(spark, tmp_path / "a", tmp_path / "cp_a", NEW_SCHEMA, merged)
+    target.execute(f'ALTER TABLE "{unique_name}" DROP COLUMN note')
+    write_batches(tmp_path / "b", [[(2, "b", "two")]], ["id", "name", "note"])
+
+    run_file_query(spark, tmp_path / "b", tmp_path / "cp_b", NEW_SCHEMA, merged)
+
+    assert target.rows() == [(1, "a", None), (2, "b", "two")]
     assert target.leftovers() == (0, 0)
