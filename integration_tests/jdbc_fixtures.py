@@ -30,12 +30,10 @@ def write_input_files(directory: Path, batches: list[list[tuple[int, str, int]]]
         os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
-def stream_input(spark: Any, directory: Path, partitions: int | None = None) -> Any:
-    frame = (
-        spark.readStream.schema(INPUT_SCHEMA_DDL)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(directory))
-    )
+def stream_input(
+    spark: Any, directory: Path, partitions: int | None = None, schema: str = INPUT_SCHEMA_DDL
+) -> Any:
+    frame = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
     return frame.repartition(partitions, "id") if partitions else frame
 
 

@@ -5,9 +5,10 @@ run the runs that need no crash in their own session instead (``start_query``): 
 query, without a JVM start.
 ``repartition(2, "id")`` gives every batch two pieces (so between_piece_commits is
 reachable) with disjoint keys (prepared upserts of one key in two tasks would wait).
-``--checkpoint-form`` gives the checkpoint the three ways users do: the option with a
-path, the option with a ``file://`` URI, or ``spark.sql.streaming.checkpointLocation``
-with a query name.
+``--merge-schema`` reads one more column, ``note STRING`` (NULL in files without it), with
+``mergeSchema=true``: a restart with a column added upstream. ``--checkpoint-form`` gives
+the checkpoint the three ways users do: the option with a path, the option with a
+``file://`` URI, or ``spark.sql.streaming.checkpointLocation`` with a query name.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eospack.tools.spark import local_session
-from integration_tests.jdbc_fixtures import stream_input
+from integration_tests.jdbc_fixtures import INPUT_SCHEMA_DDL, stream_input
 
 CHECKPOINT_CONF = "spark.sql.streaming.checkpointLocation"
 EXECUTORS_LINE = "executors at the end: "
@@ -38,6 +39,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--protocol", required=True)
     parser.add_argument("--write-mode", default="append")
     parser.add_argument("--lock-timeout", default=None)
+    parser.add_argument("--merge-schema", action="store_true")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
@@ -59,8 +61,12 @@ def start_query(spark: Any, arguments: argparse.Namespace) -> Any:
         options.update(upsertKeys="id", versionColumn="version")
     if arguments.lock_timeout:
         options["lockTimeout"] = arguments.lock_timeout
+    schema = INPUT_SCHEMA_DDL
+    if arguments.merge_schema:
+        options["mergeSchema"] = "true"
+        schema += ", note STRING"
     writer = (
-        stream_input(spark, Path(arguments.input), partitions=2)
+        stream_input(spark, Path(arguments.input), partitions=2, schema=schema)
         .writeStream.format("2pc-jdbc")
         .options(**options)
         .trigger(availableNow=True)

@@ -28,6 +28,7 @@ from integration_tests.jdbc_fixtures import (
     run_file_query,
     start_file_query,
 )
+from integration_tests.jdbc_pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -314,3 +315,50 @@ def test_a_kept_plan_adds_the_column_again_after_it_was_dropped_by_hand(
 
     assert target.rows() == [(1, "a", None), (2, "b", "two")]
     assert target.leftovers() == (0, 0)
+
+
+@pytest.mark.chaos  # its own driver JVM, about a minute; the default lane has the fault-point case
+@pytest.mark.timeout(400)
+def test_a_driver_killed_after_deciding_the_first_batch_with_the_new_column_ends_exactly_once(
+    spark, postgres, tmp_path, unique_name, call_faults
+):
+    """``protocol=prepared``: the driver adds ``note`` at planning, its tasks prepare rows
+    carrying it, it decides batch 4 and is SIGKILLed before COMMIT PREPARED. The restart
+    (same checkpoint, same columns) finds the column, so it needs no table lock that the
+    decided pieces hold, commits them and goes on: every row once, ``note`` present once."""
+    pipeline = Pipeline(postgres, tmp_path, unique_name, call_faults)
+    assert pipeline.run(spark, "--protocol", "prepared").succeeded
+    added = [
+        [(100 + b * 10 + i, f"new-{b}-{i}", b, f"note-{b}-{i}") for i in range(4)] for b in (4, 5)
+    ]
+    for index, rows in enumerate(added, start=len(pipeline.batches)):
+        columns = list(zip(*rows, strict=True))
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array(columns[0], pa.int64()),
+                    "name": pa.array(columns[1]),
+                    "version": pa.array(columns[2], pa.int64()),
+                    "note": pa.array(columns[3]),
+                }
+            ),
+            tmp_path / "in" / f"part-{index:04d}.parquet",
+        )
+
+    crashed = pipeline.crash(
+        "--protocol", "prepared", "--merge-schema", fault_point="after_decision@4"
+    )
+    assert crashed.was_killed
+    assert pipeline.ledger()[4] == "decided"
+    final = pipeline.run(spark, "--protocol", "prepared", "--merge-schema")
+
+    assert final.succeeded, final.explain()
+    with psycopg.connect(pipeline.url) as connection:
+        rows = connection.execute(
+            f'SELECT id, name, version, note FROM "{unique_name}" ORDER BY id'
+        ).fetchall()
+    assert rows == sorted(
+        [(*row, None) for row in pipeline.expected] + [row for batch in added for row in batch]
+    )
+    assert pipeline.ledger() == dict.fromkeys(range(6), "done")
+    assert pg_leftovers(pipeline.url, unique_name) == (0, 0)
