@@ -6,6 +6,10 @@ at fault. Results are cached per process: Spark calls ``streamWriter`` before ev
 micro-batch and again for every commit, and the checks need to run once. The checks are
 safe while a batch's pieces are prepared and hold their locks: with the tables in place
 they only read the catalog, and any DDL waits at most ``lockTimeout`` for a lock.
+
+``mergeSchema`` adds the DataFrame's new columns here (``_add_new_columns`` says why here
+and why it is safe). Spark fixes a query's columns when it starts, so a new column comes
+with a restart from the same checkpoint, and this module plans its first micro-batch.
 """
 
 from __future__ import annotations
