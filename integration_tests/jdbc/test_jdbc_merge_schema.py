@@ -134,6 +134,11 @@ def test_a_restart_with_a_new_column_adds_it_with_merge_schema_and_is_refused_wi
     run_file_query(spark, source, checkpoint, OLD_SCHEMA, target.options, files_per_trigger=1)
     stage = stage_table(TableName(None, unique_name)).name
     stage_before = target.columns(stage)
+    if stage_before:  # rows another query staged before the ALTER (not this sink's pieces)
+        target.execute(
+            f'INSERT INTO "{stage}" (eospack_piece, id, name)'
+            " VALUES ('eospack-zzother-0-0-0', 99, 'other')"
+        )
     write_batches(source, NEW_ROWS, ["id", "name", "note"])
 
     with pytest.raises(Exception, match="has no column 'note'") as refused:
@@ -146,9 +151,13 @@ def test_a_restart_with_a_new_column_adds_it_with_merge_schema_and_is_refused_wi
 
     assert target.rows() == EXPECTED
     assert target.ledger() == [(0, "done"), (1, "done"), (2, "done"), (3, "done")]
-    assert target.leftovers() == (0, 0)
-    if stage_before:  # a stage made before the ALTER got the column too
+    if stage_before:  # a stage made before the ALTER, holding rows, got the column too
         assert "note" not in stage_before and "note" in target.columns(stage)
+        assert target.fetch(f'SELECT eospack_piece, id, note FROM "{stage}"') == [
+            ("eospack-zzother-0-0-0", 99, None)
+        ]
+        target.execute(f'DELETE FROM "{stage}"')
+    assert target.leftovers() == (0, 0)
 
 
 @pytest.mark.parametrize("kind", ["postgres-prepared", "postgres-staging", "sqlite"])
