@@ -155,6 +155,7 @@ POSTGRES_OPTIONS: tuple[DocumentedOption, ...] = (
     DocumentedOption("ledgerTable", "public.contract_ledger"),
     DocumentedOption("sinkId", "contract_documented_options"),
     DocumentedOption("lockTimeout", "30s"),
+    DocumentedOption("mergeSchema", "true"),
 )
 
 
@@ -288,6 +289,7 @@ class JdbcSqlite(SinkAdapter):
         DocumentedOption("createTableIfNotExists", "true"),
         DocumentedOption("ledgerTable", "contract_ledger"),
         DocumentedOption("sinkId", "contract_documented_options"),
+        DocumentedOption("mergeSchema", "true"),
     )
     option_changes = (
         OptionChange("url_same_file_another_path", _sqlite_path_form),
