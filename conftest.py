@@ -194,6 +194,17 @@ def postgres_without_prepared() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def mariadb() -> Iterator[Any]:
+    """MariaDB 10.11 (``kill()`` is a SIGKILL of mariadbd, ``start()`` restarts it on the
+    same data; ``.endpoint.jdbc_url``, ``.endpoint.connect()``), started on first use."""
+    from eospack.lab.services import start_mariadb
+
+    server = start_mariadb()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def s3() -> Iterator[Any]:
     from eospack.lab.services import start_s3
 

