@@ -108,7 +108,8 @@ def test_sqlite_url_is_made_absolute() -> None:
         (
             {"url": "mysql://u:topsecret@h/db"},
             "url scheme 'mysql' is not supported: use jdbc:postgresql://host:port/database,"
-            " postgresql://host:port/database or jdbc:sqlite:PATH",
+            " postgresql://host:port/database, jdbc:mariadb://host:port/database,"
+            " jdbc:mysql://host:port/database or jdbc:sqlite:PATH",
         ),
         (
             {"url": "jdbc:postgresql://alice:topsecret@h/db"},
@@ -129,12 +130,14 @@ def test_sqlite_url_is_made_absolute() -> None:
         (
             {"url": "jdbc:postgresql://h:port/db"},
             "url has an invalid port: use jdbc:postgresql://host:port/database,"
-            " postgresql://host:port/database or jdbc:sqlite:PATH with a numeric port",
+            " postgresql://host:port/database, jdbc:mariadb://host:port/database,"
+            " jdbc:mysql://host:port/database or jdbc:sqlite:PATH with a numeric port",
         ),
         (
             {"url": "jdbc:postgresql://h:5432/"},
             "url needs a host and a database name: use jdbc:postgresql://host:port/database,"
-            " postgresql://host:port/database or jdbc:sqlite:PATH",
+            " postgresql://host:port/database, jdbc:mariadb://host:port/database,"
+            " jdbc:mysql://host:port/database or jdbc:sqlite:PATH",
         ),
         (
             {"url": "jdbc:sqlite::memory:"},
@@ -224,7 +227,8 @@ def test_missing_url_and_dbtable() -> None:
         parse_options({"dbtable": "t"})
     assert str(caught.value) == (
         "Option url is required: set url to jdbc:postgresql://host:port/database,"
-        " postgresql://host:port/database or jdbc:sqlite:PATH"
+        " postgresql://host:port/database, jdbc:mariadb://host:port/database,"
+        " jdbc:mysql://host:port/database or jdbc:sqlite:PATH"
     )
     with pytest.raises(JdbcSinkOptionError) as caught:
         parse_options({"url": BASE["url"]})

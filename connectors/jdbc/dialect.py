@@ -4,9 +4,9 @@ both databases share: identifier quoting, table names, the staging table's name.
 ``Dialect`` is the sink's only view of a database, in the manner of Flink's
 ``JdbcDialect``: planning, the task writer and the driver's resource ask it how to
 connect, quote parameters, read the catalog, create tables, write rows and move staged
-rows, and never compare database names. ``PostgresDialect`` (``postgres.py``) and
-``SqliteDialect`` (``sqlite.py``) implement it; ``options.dialect_for`` picks one from
-the parsed URL.
+rows, and never compare database names. ``PostgresDialect`` (``postgres.py``),
+``SqliteDialect`` (``sqlite.py``) and ``MariaDBDialect`` (``mariadb.py``) implement it;
+``options.dialect_for`` picks one from the parsed URL.
 
 Names are always quoted as identifiers, never pasted into SQL as given; a name that
 cannot be quoted safely (empty, too long for PostgreSQL's 63-byte limit, control
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from .options import DatabaseUrl, JdbcSinkOptions
     from .planning import SinkPlan
 
-DialectName = Literal["postgresql", "sqlite"]
+DialectName = Literal["postgresql", "sqlite", "mariadb"]
 Connection = Any
-"""A ``psycopg.Connection`` or a ``sqlite3.Connection``: only its dialect uses it beyond
-``execute``, ``commit`` and ``close``."""
+"""A ``psycopg.Connection``, a ``sqlite3.Connection`` or a ``mariadb.MariaDBConnection``:
+only its dialect uses it beyond ``execute``, ``commit`` and ``close``."""
 
 MAX_IDENTIFIER_BYTES = 63
 PIECE_COLUMN = "eospack_piece"
@@ -274,6 +274,21 @@ class Dialect(ABC):
     @abstractmethod
     def ledger_ddl(self, ledger: TableName) -> list[str]:
         """The ledger table and its partial index on unfinished decisions."""
+
+    def insert_slot(
+        self, connection: Connection, ledger: TableName, values: tuple[Any, ...]
+    ) -> bool:
+        """Insert a ledger row (sink_id, batch_id, target, protocol, rows, status, pieces)
+        unless its slot exists; True when inserted."""
+        mark = self.placeholder
+        row = connection.execute(
+            f"INSERT INTO {ledger.sql()}"
+            ' (sink_id, batch_id, target, protocol, "rows", status, pieces)'
+            f" VALUES ({', '.join(mark for _ in values)})"
+            " ON CONFLICT (sink_id, batch_id) DO NOTHING RETURNING batch_id",
+            values,
+        ).fetchone()
+        return row is not None
 
     # Rows --------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from eospack.core.options import OptionReader
 from ...commit_protocols.sink_options import parse_sink_common_options
 from .dialect import Dialect, DialectName, TableName, check_identifier
 from .errors import JdbcSinkOptionError
+from .mariadb import MariaDBDialect
 from .postgres import PostgresDialect
 from .sqlite import SqliteDialect
 
@@ -33,8 +34,14 @@ DEFAULT_LOCK_TIMEOUT_MS = 120_000
 APPLICATION_NAME = "eospack 2pc-jdbc"
 """How the sink's sessions show in pg_stat_activity (the url's application_name wins)."""
 URL_FORMS = (
-    "jdbc:postgresql://host:port/database, postgresql://host:port/database or jdbc:sqlite:PATH"
+    "jdbc:postgresql://host:port/database, postgresql://host:port/database,"
+    " jdbc:mariadb://host:port/database, jdbc:mysql://host:port/database or jdbc:sqlite:PATH"
 )
+MARIADB_SCHEMES = ("mariadb", "mysql")
+MARIADB_DEFAULT_PORT = 3306
+_MARIADB_URL_PARAMETERS = frozenset({"user"})
+"""What a jdbc:mariadb:// or jdbc:mysql:// url may carry besides the server and database
+(the password goes in the password option; the sink sets the session itself)."""
 
 # libpq connection parameters accepted in the URL's query string.
 _URL_PARAMETERS = frozenset(
@@ -71,6 +78,7 @@ class DatabaseUrl:
 _DIALECTS: dict[DialectName, Dialect] = {
     "postgresql": PostgresDialect(),
     "sqlite": SqliteDialect(),
+    "mariadb": MariaDBDialect(),
 }
 
 
@@ -141,7 +149,10 @@ def parse_url(value: str) -> tuple[DatabaseUrl, str | None]:
         return DatabaseUrl("sqlite", path=os.path.abspath(path)), None
     rest = value[len("jdbc:") :] if value.lower().startswith("jdbc:") else value
     scheme = rest.split(":", 1)[0].lower() if ":" in rest else ""
-    if scheme not in ("postgresql", "postgres") or not rest[len(scheme) :].startswith("://"):
+    # MariaDB and MySQL only in their JDBC form (no libpq-style mysql:// url exists).
+    jdbc_prefixed = value.lower().startswith("jdbc:")
+    known = ("postgresql", "postgres", *(MARIADB_SCHEMES if jdbc_prefixed else ()))
+    if scheme not in known or not rest[len(scheme) :].startswith("://"):
         shown = scheme or "(none)"
         raise JdbcSinkOptionError(f"url scheme {shown!r} is not supported: use {URL_FORMS}")
     parts = urlsplit(rest)
@@ -151,14 +162,15 @@ def parse_url(value: str) -> tuple[DatabaseUrl, str | None]:
             "url contains a password: remove it from url and set the password option instead"
             " (the url is shown in query plans)"
         )
-    unknown = sorted(key for key in parameters if key not in _URL_PARAMETERS)
+    mariadb = scheme in MARIADB_SCHEMES
+    allowed = _MARIADB_URL_PARAMETERS if mariadb else _URL_PARAMETERS
+    unknown = sorted(key for key in parameters if key not in allowed)
     if unknown:
         raise JdbcSinkOptionError(
-            f"url parameter {unknown[0]!r} is not supported: use only "
-            + ", ".join(sorted(_URL_PARAMETERS))
+            f"url parameter {unknown[0]!r} is not supported: use only " + ", ".join(sorted(allowed))
         )
     try:
-        port = parts.port or 5432
+        port = parts.port or (MARIADB_DEFAULT_PORT if mariadb else 5432)
     except ValueError as error:
         raise JdbcSinkOptionError(
             f"url has an invalid port: use {URL_FORMS} with a numeric port"
@@ -168,7 +180,11 @@ def parse_url(value: str) -> tuple[DatabaseUrl, str | None]:
         raise JdbcSinkOptionError(f"url needs a host and a database name: use {URL_FORMS}")
     user = parameters.pop("user", None) or (unquote(parts.username) if parts.username else None)
     url = DatabaseUrl(
-        "postgresql", parts.hostname, port, database, parameters=tuple(sorted(parameters.items()))
+        "mariadb" if mariadb else "postgresql",
+        parts.hostname,
+        port,
+        database,
+        parameters=tuple(sorted(parameters.items())),
     )
     return url, user
 
@@ -221,9 +237,13 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
     common = parse_sink_common_options(options)
     protocol = options.choice("protocol", ("auto", "prepared", "staging"), "auto")
     if protocol == "prepared" and not dialect_for(url).supports_prepared_transactions:
+        reason = (
+            "2pc-jdbc does not drive MariaDB/MySQL XA transactions"
+            if url.dialect == "mariadb"
+            else "SQLite has no prepared transactions"
+        )
         raise JdbcSinkOptionError(
-            "protocol=prepared needs PostgreSQL (SQLite has no prepared transactions):"
-            " use protocol=staging or auto"
+            f"protocol=prepared needs PostgreSQL ({reason}): use protocol=staging or auto"
         )
 
     user = options.text("user") or url_user

@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import psycopg
+import pymysql
 
 from eospack.core import faults
 
@@ -181,10 +182,9 @@ class JdbcResource(TransactionalResource):
         return written
 
     def _insert_slot(self, decision: BatchDecision, status: str) -> bool:
-        row = self._execute(
-            f"INSERT INTO {self.ledger} (sink_id, batch_id, target, protocol, rows, status, pieces)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT (sink_id, batch_id) DO NOTHING RETURNING batch_id",
+        return self.dialect.insert_slot(
+            self.connection,
+            self.options.ledger_table,
             (
                 decision.sink_id,
                 decision.batch_id,
@@ -194,12 +194,11 @@ class JdbcResource(TransactionalResource):
                 status,
                 decision.pieces_json(),
             ),
-        ).fetchone()
-        return row is not None
+        )
 
     def _update_slot(self, decision: BatchDecision, status: str) -> None:
         self._execute(
-            f"UPDATE {self.ledger} SET status = %s, pieces = %s, rows = %s, protocol = %s,"
+            f'UPDATE {self.ledger} SET status = %s, pieces = %s, "rows" = %s, protocol = %s,'
             " committed_at = CURRENT_TIMESTAMP WHERE sink_id = %s AND batch_id = %s",
             (
                 status,
@@ -563,4 +562,6 @@ def inspect_sink(query_id: str, options: Mapping[str, str]) -> SinkState:
 DATABASE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,
     sqlite3.OperationalError,
+    pymysql.err.OperationalError,
+    pymysql.err.InterfaceError,
 )

@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+import pymysql
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 from pyspark.sql.types import StructType
 
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 SINK_NAME = "2pc-jdbc"
 LOCK_NOT_AVAILABLE = "55P03"
 OUT_OF_MEMORY = "53200"
+MYSQL_LOCK_WAIT_TIMEOUT = 1205
 """PostgreSQL's SQLSTATE for "maximum number of prepared transactions reached"."""
 SERVER_SHUTDOWN = frozenset({"57P01", "57P02", "57P03"})
 
@@ -125,6 +127,16 @@ class _ConnectionErrors:
             raise JdbcWriteError(
                 f"{self.context}: SQLite error ({detail}); restart the query from its checkpoint"
                 " once the file is writable: exactly-once holds"
+            ) from error
+        if isinstance(error, pymysql.err.MySQLError):
+            if error.args and error.args[0] == MYSQL_LOCK_WAIT_TIMEOUT:
+                raise JdbcWriteError(
+                    f"{self.context}: waited longer than lockTimeout for a row lock ({detail}):"
+                    " another writer holds it"
+                ) from error
+            raise JdbcWriteError(
+                f"{self.context}: connection error ({detail}); once the database is back,"
+                " restart the query from its checkpoint: exactly-once holds"
             ) from error
         sqlstate = getattr(error, "sqlstate", None)
         if sqlstate == LOCK_NOT_AVAILABLE:

@@ -1,0 +1,144 @@
+"""MariaDB/MySQL urls and the MariaDB dialect's SQL text (pure; the server:
+integration_tests/jdbc/test_jdbc_mariadb.py)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import types as T
+
+from eospack.connectors.jdbc.dialect import TableName
+from eospack.connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
+from eospack.connectors.jdbc.mariadb import MariaDBDialect, _prepared, _text_column
+from eospack.connectors.jdbc.options import dialect_for, parse_options
+
+SECRET = "topsecret"
+
+
+@pytest.mark.parametrize("scheme", ["mariadb", "mysql", "MySQL"])
+def test_both_jdbc_schemes_pick_the_mariadb_dialect_with_port_3306(scheme: str) -> None:
+    options = parse_options({"url": f"jdbc:{scheme}://db.example/shop", "dbtable": "orders"})
+
+    assert (options.url.dialect, options.url.host, options.url.port) == (
+        "mariadb",
+        "db.example",
+        3306,
+    )
+    assert isinstance(dialect_for(options.url), MariaDBDialect)
+    assert options.protocol == "auto"
+    assert options.describe() == "jdbc:mariadb://db.example:3306/shop table orders"
+
+
+def test_the_user_comes_from_the_url_or_the_option_and_the_password_only_from_its_option() -> None:
+    from_url = parse_options({"url": "jdbc:mariadb://h:3307/db?user=alice", "dbtable": "t"})
+    option = parse_options(
+        {"url": "jdbc:mysql://h/db", "dbtable": "t", "user": "bob", "password": SECRET}
+    )
+
+    assert from_url.user == "alice" and from_url.url.port == 3307
+    assert (option.user, option.password) == ("bob", SECRET)
+    assert SECRET not in repr(option) and SECRET not in option.describe()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            f"jdbc:mariadb://alice:{SECRET}@h/db",
+            "url contains a password: remove it from url and set the password option instead"
+            " (the url is shown in query plans)",
+        ),
+        (
+            f"jdbc:mysql://h/db?password={SECRET}",
+            "url contains a password: remove it from url and set the password option instead"
+            " (the url is shown in query plans)",
+        ),
+        (
+            "jdbc:mariadb://h/db?useSSL=true",
+            "url parameter 'useSSL' is not supported: use only user",
+        ),
+        ("mysql://h/db", "url scheme 'mysql' is not supported: use "),
+        ("jdbc:mariadb://h:port/db", "url has an invalid port: use "),
+        ("jdbc:mariadb://h/", "url needs a host and a database name: use "),
+    ],
+)
+def test_bad_mariadb_urls_fail_in_one_line_without_the_password(url: str, message: str) -> None:
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse_options({"url": url, "dbtable": "t"})
+
+    assert str(caught.value).startswith(message)
+    assert SECRET not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_protocol_prepared_is_refused_naming_protocol_and_the_fix() -> None:
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse_options({"url": "jdbc:mariadb://h/db", "dbtable": "t", "protocol": "prepared"})
+
+    assert str(caught.value) == (
+        "protocol=prepared needs PostgreSQL (2pc-jdbc does not drive MariaDB/MySQL XA"
+        " transactions): use protocol=staging or auto"
+    )
+
+
+def test_upsert_guards_every_column_by_the_version_and_assigns_the_version_last() -> None:
+    sql = MariaDBDialect().move_from_stage_sql(
+        TableName(None, "t"), TableName(None, "s"), ["id", "version", "name"], ("id",), "version", 2
+    )
+
+    newer = '"t"."version" IS NULL OR "t"."version" < VALUES("version")'
+    assert sql == (
+        'INSERT INTO "t" ("id", "version", "name") SELECT "id", "version", "name" FROM "s"'
+        ' WHERE "eospack_piece" IN (%s, %s) ORDER BY "id" ON DUPLICATE KEY UPDATE'
+        f' "name" = IF({newer}, VALUES("name"), "t"."name"),'
+        f' "version" = IF({newer}, VALUES("version"), "t"."version")'
+    )
+
+
+def test_created_tables_are_innodb_with_indexable_string_keys() -> None:
+    schema = T.StructType(
+        [
+            T.StructField("key", T.StringType()),
+            T.StructField("blob_key", T.BinaryType()),
+            T.StructField("text", T.StringType()),
+            T.StructField("at", T.TimestampType()),
+            T.StructField("amount", T.DecimalType(38, 10)),
+        ]
+    )
+
+    sql = MariaDBDialect().create_table_sql(TableName("db", "t"), schema, ("key", "blob_key"))
+
+    assert sql == (
+        'CREATE TABLE IF NOT EXISTS "db"."t" ("key" VARCHAR(255) CHARACTER SET utf8mb4 COLLATE'
+        ' utf8mb4_bin, "blob_key" VARBINARY(255), "text" LONGTEXT CHARACTER SET utf8mb4 COLLATE'
+        ' utf8mb4_bin, "at" DATETIME(6), "amount" DECIMAL(38,10),'
+        ' PRIMARY KEY ("key", "blob_key")) ENGINE=InnoDB'
+    )
+
+
+def test_load_data_text_escapes_separators_and_writes_null_as_backslash_n() -> None:
+    text, is_hex = _text_column(pa.array(["a\tb", "c\nd", "e\\f", "g\x00", None, ""]))
+    hexed, binary = _text_column(pa.array([b"\x00\t\n", None], pa.binary()))
+
+    assert text.to_pylist() == ["a\\tb", "c\\nd", "e\\\\f", "g\\0", "\\N", ""]
+    assert not is_hex
+    assert (hexed.to_pylist(), binary) == (["00090a", "\\N"], True)
+
+
+def test_zoned_timestamps_go_as_utc_wall_clock_and_nan_is_refused() -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "at": pa.array([0, 1_500_000], pa.timestamp("us", tz="Asia/Kolkata")),
+            "ok": pa.array([True, None]),
+        }
+    )
+
+    prepared = _prepared(batch, ["at", "ok"], TableName(None, "t"))
+
+    assert _text_column(prepared.column(0))[0].to_pylist() == [
+        "1970-01-01 00:00:00.000000",
+        "1970-01-01 00:00:01.500000",
+    ]
+    assert _text_column(prepared.column(1))[0].to_pylist() == ["1", "\\N"]
+    nan = pa.RecordBatch.from_pydict({"x": pa.array([1.0, float("nan")])})
+    with pytest.raises(JdbcSchemaError, match="column 'x' of 't' holds NaN or an infinity"):
+        _prepared(nan, ["x"], TableName(None, "t"))
