@@ -1,8 +1,8 @@
 """Every two-phase-commit sink's contract adapter, one module per sink (the shape of Flink's
 ``KafkaSinkExternalContext``): ``base.py`` (what an adapter is, and why adapters look the
-way they do), ``jdbc_adapters.py``, ``s3_adapter.py``, ``kafka_adapter.py`` and
-``production_kafka_adapters.py``. Adding a sink is one module and one line in ``ADAPTERS``.
-The names the harness and the tests import are re-exported here."""
+way they do), ``jdbc_adapters.py``, ``mariadb_adapter.py``, ``s3_adapter.py``,
+``kafka_adapter.py`` and ``production_kafka_adapters.py``. Adding a sink is one module and
+one line in ``ADAPTERS``. The names the harness and the tests import are re-exported here."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from integration_tests.sink_contract.jdbc_adapters import (
     StagingPostgresSink,
 )
 from integration_tests.sink_contract.kafka_adapter import Kafka, KafkaSink
+from integration_tests.sink_contract.mariadb_adapter import MariaDBAdapter, MariaDBSink
 from integration_tests.sink_contract.production_kafka_adapters import (
     KafkaCluster,
     KafkaClusterSink,
@@ -62,6 +63,8 @@ __all__ = [
     "KafkaClusterSink",
     "KafkaSecured",
     "KafkaSink",
+    "MariaDBAdapter",
+    "MariaDBSink",
     "OptionChange",
     "Options",
     "PostgresSink",
@@ -79,7 +82,8 @@ __all__ = [
 ]
 
 ADAPTERS: dict[str, type[SinkAdapter]] = {
-    adapter.name: adapter for adapter in (JdbcPrepared, JdbcStaging, JdbcSqlite, S3, Kafka)
+    adapter.name: adapter
+    for adapter in (JdbcPrepared, JdbcStaging, JdbcSqlite, MariaDBAdapter, S3, Kafka)
 }
 """Every two-phase-commit sink; adding a sink means adding its adapter here."""
 
