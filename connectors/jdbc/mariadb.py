@@ -20,9 +20,9 @@ Decisions, and why:
   DATA`` ~378k rows/s against ~89k rows/s for multi-row ``INSERT ... VALUES`` (pymysql's
   ``executemany``, 10,000 rows per call; ~71k at 1,000); through this module from Arrow
   batches (timestamp conversion included), ``_load_data`` ~145k rows/s against
-  ~34-46k rows/s for ``_insert_rows``: 3-4x either way, so ``LOAD DATA`` it is. A server that refuses
-  local files (MySQL 8's default ``local_infile=OFF``) gets the multi-row ``INSERT``
-  (``batchsize`` rows per statement) instead, logged once per process. ``LOAD DATA``
+  ~34-46k rows/s for ``_insert_rows``: 3-4x either way, so ``LOAD DATA`` it is. A server
+  that refuses local files (MySQL 8's default ``local_infile=OFF``) gets the multi-row
+  ``INSERT`` (``batchsize`` rows per statement) instead, logged once per process. ``LOAD DATA``
   turns bad values into warnings, not errors: any warning fails the write, naming the
   server's message.
 - **Types.** As Spark's JDBC writer stores them: timestamps ``DATETIME(6)`` in UTC
