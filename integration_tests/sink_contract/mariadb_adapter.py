@@ -125,6 +125,7 @@ class MariaDBAdapter(SinkAdapter):
         DocumentedOption("ledgerTable", "eospack.contract_ledger"),
         DocumentedOption("sinkId", "contract_documented_options"),
         DocumentedOption("lockTimeout", "30s"),
+        DocumentedOption("mergeSchema", "true"),
     )
     option_changes = (
         OptionChange("url_mysql_scheme", lambda s, o: _mariadb_url_forms(s, o, "mysql")),
