@@ -285,7 +285,8 @@ BAD_INPUTS = {
     "unknown url scheme": (
         {"url": "mysql://db.example:3306/shop"},
         "url scheme 'mysql' is not supported: use jdbc:postgresql://host:port/database,"
-        " postgresql://host:port/database or jdbc:sqlite:PATH",
+        " postgresql://host:port/database, jdbc:mariadb://host:port/database,"
+        " jdbc:mysql://host:port/database or jdbc:sqlite:PATH",
     ),
     "missing dbtable": (
         {"dbtable": None},
