@@ -74,8 +74,9 @@ SESSION_SETUP = (
 )
 KEY_STRING_TYPE = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 KEY_BINARY_TYPE = "VARBINARY(255)"
-_LOCAL_INFILE_REFUSED = frozenset({1148, 3948, 2068})
-"""Server or client error codes of a refused ``LOAD DATA LOCAL``."""
+_LOCAL_INFILE_REFUSED = frozenset({1148, 3948, 4166, 2068})
+"""Error codes of a refused ``LOAD DATA LOCAL``: 1148 (older servers), 3948 (MySQL 8),
+4166 (MariaDB 10.x), 2068 (a client's refusal)."""
 _AUTHENTICATION_ERRORS = frozenset({1045, 1044, 1698})
 _UNKNOWN_DATABASE = 1049
 _local_infile_refused_logged = False

@@ -376,3 +376,30 @@ def test_mariadbd_sigkilled_between_batches_fails_clearly_and_the_restart_is_exa
         run.assert_each_row_once()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("write_mode", ["append", "upsert"])
+def test_a_server_refusing_local_files_gets_multi_row_inserts_with_the_same_rows(
+    spark, tmp_path, unique_name, write_mode
+):
+    """MySQL 8's default ``local_infile=OFF``: the tasks fall back to multi-row INSERT."""
+    from eospack.lab.services.mariadb import EmbeddedMariaDB
+
+    server = EmbeddedMariaDB()
+    try:
+        query(server, "SET GLOBAL local_infile = 0")
+        upsert = write_mode == "upsert"
+        write_input_files(tmp_path / "in", UPSERT_BATCHES if upsert else APPEND_BATCHES)
+        options = sink_options(server, unique_name, writeMode=write_mode, batchsize="2")
+        if upsert:
+            options.update(upsertKeys="id", versionColumn="version")
+
+        run_query(spark, tmp_path / "in", tmp_path / "checkpoint", options)
+
+        expected = UPSERT_EXPECTED if upsert else sorted(r for b in APPEND_BATCHES for r in b)
+        assert rows(server, unique_name) == expected
+        assert [status for *_, status in ledger(server, unique_name)] == ["done"] * 3
+        assert staged_rows(server, unique_name) == 0
+    finally:
+        server.stop()
