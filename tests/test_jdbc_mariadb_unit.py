@@ -142,3 +142,12 @@ def test_zoned_timestamps_go_as_utc_wall_clock_and_nan_is_refused() -> None:
     nan = pa.RecordBatch.from_pydict({"x": pa.array([1.0, float("nan")])})
     with pytest.raises(JdbcSchemaError, match="column 'x' of 't' holds NaN or an infinity"):
         _prepared(nan, ["x"], TableName(None, "t"))
+
+
+def test_names_with_a_percent_sign_are_refused_naming_them() -> None:
+    options = parse_options({"url": "jdbc:mariadb://h/db", "dbtable": "t"})
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("a%b", T.LongType())])
+
+    with pytest.raises(JdbcSchemaError, match="name 'a%b' contains '%'"):
+        MariaDBDialect().refuse_lossy_columns(options, schema, {})
+    MariaDBDialect().refuse_lossy_columns(options, T.StructType(schema.fields[:1]), {})

@@ -47,7 +47,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -245,6 +245,22 @@ class MariaDBDialect(Dialect):
 
     def decimal_type(self, data_type: T.DecimalType) -> str:
         return f"DECIMAL({data_type.precision},{data_type.scale})"
+
+    def refuse_lossy_columns(
+        self,
+        options: JdbcSinkOptions,
+        schema: T.StructType,
+        existing: Mapping[str, tuple[str, bool]],
+    ) -> None:
+        """Names with ``%``: pymysql formats parameters into the statement with Python's
+        ``%`` operator, so such a name would break every statement that has parameters."""
+        names = [*schema.fieldNames(), str(options.table), str(options.ledger_table)]
+        for name in names:
+            if "%" in name:
+                raise JdbcSchemaError(
+                    f"name {name!r} contains '%', which 2pc-jdbc cannot use with MariaDB or"
+                    " MySQL (its driver formats parameters with '%'): rename it"
+                )
 
     def create_table_sql(
         self, table: TableName, schema: T.StructType, primary_key: tuple[str, ...] = ()
