@@ -113,6 +113,20 @@ def stage_table(target: TableName) -> TableName:
     return target.sibling(f"{target.name[:30]}_eospack_stage_{digest}")
 
 
+def tombstone_table(target: TableName) -> TableName:
+    """``writeMode=changes``: the table of deleted keys and their delete's version, so an
+    older insert or update of a deleted key arriving in a later batch stays ignored."""
+    digest = hashlib.sha256(str(target).encode()).hexdigest()[:8]
+    return target.sibling(f"{target.name[:30]}_eospack_tomb_{digest}")
+
+
+CHANGE_UPSERT = "u"
+CHANGE_DELETE = "d"
+"""What a task stages in the op column of ``writeMode=changes``: the user's operation
+values (``insertOps``, ``updateOps``, ``deleteOps``) mapped to these two, since an insert
+and an update are applied alike (an upsert)."""
+
+
 class Dialect(ABC):
     """One database as 2pc-jdbc uses it: what differs between PostgreSQL and SQLite.
 
@@ -345,9 +359,27 @@ class Dialect(ABC):
                 f"INSERT INTO {target.sql()} ({selected})"
                 f" SELECT {selected} FROM {stage.sql()} WHERE {where}"
             )
-        keys = column_list(upsert_keys)
         source = self.upsert_source(stage, columns, upsert_keys, version_column, where)
-        updated = [name for name in columns if name not in upsert_keys]
+        return self.upsert_sql(target, columns, upsert_keys, version_column, source)
+
+    def upsert_sql(
+        self,
+        target: TableName,
+        columns: list[str],
+        keys: tuple[str, ...],
+        version_column: str | None,
+        source: str,
+    ) -> str:
+        """Insert the rows of ``source`` (a ``SELECT`` of ``columns`` with at most one row
+        per key) into ``target``; a row whose ``keys`` exist replaces the stored one, and
+        with ``version_column`` only if the stored version is lower or NULL.
+
+        The one statement every upsert of the sink goes through (``writeMode=upsert``, the
+        upserts and tombstones of ``writeMode=changes``): a database without
+        ``INSERT ... ON CONFLICT`` (MariaDB: ``ON DUPLICATE KEY UPDATE``) overrides this.
+        """
+        selected = column_list(columns)
+        updated = [name for name in columns if name not in keys]
         if not updated:
             action = "DO NOTHING"
         else:
@@ -359,8 +391,172 @@ class Dialect(ABC):
                 action += f" WHERE {stored} IS NULL OR {stored} < excluded.{quote(version_column)}"
         return (
             f"INSERT INTO {target.sql()} AS eospack_target ({selected}) {source}"
-            f" ON CONFLICT ({keys}) {action}"
+            f" ON CONFLICT ({column_list(keys)}) {action}"
         )
+
+    # Change streams (writeMode=changes) --------------------------------------------------
+    #
+    # The staged rows of some pieces hold changes: the target's columns plus the op column
+    # (CHANGE_UPSERT or CHANGE_DELETE). ``apply_changes_sql`` turns them into statements
+    # run in order in one transaction; each statement uses ``latest_changes_sql`` once, so
+    # ``pieces_params`` is their parameter list. A database overrides the hooks whose SQL
+    # it does not speak; the order and meaning of the steps stay here.
+
+    def latest_changes_sql(
+        self,
+        stage: TableName,
+        columns: list[str],
+        keys: tuple[str, ...],
+        version_column: str,
+        op_column: str,
+        where: str,
+    ) -> str:
+        """A ``SELECT`` of ``columns`` (which include ``op_column``): per key, the staged
+        change of the selected pieces with the highest version. On a tie a delete wins
+        (``CHANGE_DELETE`` sorts before ``CHANGE_UPSERT``); between tied upserts the pick
+        is arbitrary (versions should be unique per key, as an LSN is).
+
+        Window functions: PostgreSQL, SQLite >= 3.25, MariaDB >= 10.2.
+        """
+        selected = column_list(columns)
+        return (
+            f"SELECT {selected} FROM (SELECT {selected}, ROW_NUMBER() OVER (PARTITION BY"
+            f" {column_list(keys)} ORDER BY {quote(version_column)} DESC, {quote(op_column)} ASC)"
+            f" AS eospack_rank FROM {stage.sql()} WHERE {where}) eospack_ranked"
+            " WHERE eospack_rank = 1"
+        )
+
+    def keys_match(self, keys: tuple[str, ...], left: str, right: str) -> str:
+        return " AND ".join(f"{left}.{quote(key)} = {right}.{quote(key)}" for key in keys)
+
+    def delete_rows_sql(
+        self, target: TableName, keys: tuple[str, ...], version_column: str, latest: str, op: str
+    ) -> str:
+        """Delete the stored rows that a winning delete is newer than (stored version
+        lower or NULL). ``latest`` is ``latest_changes_sql``; ``op`` the quoted op column.
+        Row-value ``IN``: PostgreSQL, SQLite >= 3.15, MariaDB."""
+        version = quote(version_column)
+        return (
+            f"DELETE FROM {target.sql()} WHERE ({column_list(keys)}) IN (SELECT"
+            f" {', '.join(f'eospack_t.{quote(k)}' for k in keys)} FROM {target.sql()} eospack_t"
+            f" JOIN ({latest}) eospack_w ON {self.keys_match(keys, 'eospack_t', 'eospack_w')}"
+            f" WHERE eospack_w.{op} = '{CHANGE_DELETE}' AND (eospack_t.{version} IS NULL OR"
+            f" eospack_t.{version} < eospack_w.{version}))"
+        )
+
+    def record_tombstones_sql(
+        self,
+        target: TableName,
+        tombstones: TableName,
+        keys: tuple[str, ...],
+        version_column: str,
+        latest: str,
+        op: str,
+    ) -> str:
+        """After ``delete_rows_sql``: remember each winning delete that no stored row
+        outranks (a stored version >= the delete's means the delete is stale), keeping the
+        highest delete version per key."""
+        version = quote(version_column)
+        columns = [*keys, version_column]
+        source = (
+            f"SELECT {', '.join(f'eospack_w.{quote(c)}' for c in columns)} FROM ({latest})"
+            f" eospack_w WHERE eospack_w.{op} = '{CHANGE_DELETE}' AND NOT EXISTS (SELECT 1"
+            f" FROM {target.sql()} eospack_t WHERE"
+            f" {self.keys_match(keys, 'eospack_t', 'eospack_w')}"
+            f" AND eospack_t.{version} >= eospack_w.{version})"
+        )
+        return self.upsert_sql(tombstones, columns, keys, version_column, source)
+
+    def upsert_changes_sql(
+        self,
+        target: TableName,
+        tombstones: TableName,
+        columns: list[str],
+        keys: tuple[str, ...],
+        version_column: str,
+        latest: str,
+        op: str,
+    ) -> str:
+        """Upsert each winning insert or update that no tombstone outranks (a tombstone
+        version >= the change's: the key was deleted later); a stored row with a version
+        >= the change's stays (``upsert_sql``). ``columns`` are the target's."""
+        version = quote(version_column)
+        source = (
+            f"SELECT {', '.join(f'eospack_w.{quote(c)}' for c in columns)} FROM ({latest})"
+            f" eospack_w WHERE eospack_w.{op} = '{CHANGE_UPSERT}' AND NOT EXISTS (SELECT 1"
+            f" FROM {tombstones.sql()} eospack_b WHERE"
+            f" {self.keys_match(keys, 'eospack_b', 'eospack_w')}"
+            f" AND eospack_b.{version} >= eospack_w.{version})"
+            f" ORDER BY {', '.join(f'eospack_w.{quote(k)}' for k in keys)}"
+        )
+        return self.upsert_sql(target, columns, keys, version_column, source)
+
+    def drop_tombstones_sql(
+        self,
+        tombstones: TableName,
+        keys: tuple[str, ...],
+        version_column: str,
+        latest: str,
+        op: str,
+    ) -> str:
+        """Forget the tombstones that a newer winning insert or update outranks: the
+        stored row's version now guards the key."""
+        version = quote(version_column)
+        return (
+            f"DELETE FROM {tombstones.sql()} WHERE ({column_list(keys)}) IN (SELECT"
+            f" {', '.join(f'eospack_b.{quote(k)}' for k in keys)} FROM {tombstones.sql()}"
+            f" eospack_b JOIN ({latest}) eospack_w ON"
+            f" {self.keys_match(keys, 'eospack_b', 'eospack_w')}"
+            f" WHERE eospack_w.{op} = '{CHANGE_UPSERT}' AND eospack_b.{version} <"
+            f" eospack_w.{version})"
+        )
+
+    def apply_changes_sql(
+        self,
+        target: TableName,
+        stage: TableName,
+        tombstones: TableName,
+        columns: list[str],
+        keys: tuple[str, ...],
+        version_column: str,
+        op_column: str,
+        piece_count: int,
+    ) -> list[str]:
+        """The statements, in order, that apply the staged changes of ``piece_count``
+        pieces (``columns``: the staged ones, op column included): delete outranked rows,
+        record tombstones, upsert, forget outranked tombstones. Each takes
+        ``pieces_params`` once. Guarantees: per key only the newest change of the pieces
+        counts, and it changes the target only if it is newer than both the stored row's
+        version and the key's tombstone, so replays and late, older changes are no-ops.
+        """
+        op = quote(op_column)
+        latest = self.latest_changes_sql(
+            stage, columns, keys, version_column, op_column, self.pieces_filter(piece_count)
+        )
+        stored = [name for name in columns if name != op_column]
+        return [
+            self.delete_rows_sql(target, keys, version_column, latest, op),
+            self.record_tombstones_sql(target, tombstones, keys, version_column, latest, op),
+            self.upsert_changes_sql(target, tombstones, stored, keys, version_column, latest, op),
+            self.drop_tombstones_sql(tombstones, keys, version_column, latest, op),
+        ]
+
+    def create_tombstones_sql(
+        self, tombstones: TableName, target: TableName, keys: tuple[str, ...], version_column: str
+    ) -> list[str]:
+        """The tombstone table: the target's key and version columns with their types,
+        unique on the keys. Logged (unlike the stage): it outlives batches."""
+        index = quote(f"{tombstones.name[:48]}_key")
+        return [
+            f"CREATE TABLE IF NOT EXISTS {tombstones.sql()} AS SELECT"
+            f" {column_list([*keys, version_column])} FROM {target.sql()} WHERE 1 = 0",
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {tombstones.sql()}"
+            f" ({column_list(keys)})",
+        ]
+
+    def add_text_column_sql(self, table: TableName, column: str) -> str:
+        """A nullable text column added to the stage (the op column of ``changes``)."""
+        return f"ALTER TABLE {table.sql()} ADD COLUMN {quote(column)} TEXT"
 
     def delete_from_stage_sql(self, stage: TableName, piece_count: int) -> str:
         return f"DELETE FROM {stage.sql()} WHERE {self.pieces_filter(piece_count)}"
@@ -371,6 +567,21 @@ class Dialect(ABC):
         """In the open transaction: move the pieces' staged rows into the target and delete
         them; return the rows deleted."""
         params = self.pieces_params(pieces)
+        if options.write_mode == "changes":
+            assert options.op_column is not None and options.version_column is not None
+            for statement in self.apply_changes_sql(
+                options.table,
+                plan.stage,
+                tombstone_table(options.table),
+                list(plan.columns),
+                options.upsert_keys,
+                options.version_column,
+                options.op_column,
+                len(pieces),
+            ):
+                connection.execute(statement, params)
+            cursor = connection.execute(self.delete_from_stage_sql(plan.stage, len(pieces)), params)
+            return int(cursor.rowcount)
         move = self.move_from_stage_sql(
             options.table,
             plan.stage,

@@ -24,13 +24,18 @@ from .mariadb import MariaDBDialect
 from .postgres import PostgresDialect
 from .sqlite import SqliteDialect
 
-WriteMode = Literal["append", "upsert"]
+WriteMode = Literal["append", "upsert", "changes"]
 Protocol = Literal["auto", "prepared", "staging"]
 
 DEFAULT_BATCHSIZE = 10_000
 DEFAULT_LEDGER_TABLE = "eospack_commits"
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10
 DEFAULT_LOCK_TIMEOUT_MS = 120_000
+DEFAULT_OP_COLUMN = "op"
+DEFAULT_INSERT_OPS = ("c", "r")
+DEFAULT_UPDATE_OPS = ("u",)
+DEFAULT_DELETE_OPS = ("d",)
+"""Debezium's operation codes: create, read (snapshot), update, delete."""
 APPLICATION_NAME = "eospack 2pc-jdbc"
 """How the sink's sessions show in pg_stat_activity (the url's application_name wins)."""
 URL_FORMS = (
@@ -109,6 +114,18 @@ class JdbcSinkOptions:
     merge_schema: bool = False
     """``mergeSchema`` (Delta's name): add the DataFrame's new columns to the target (and
     its staging table) as nullable columns at query start, instead of refusing them."""
+    op_column: str | None = None
+    """``writeMode=changes``: the DataFrame column holding each change's operation; it is
+    staged but never stored in the target."""
+    insert_ops: tuple[str, ...] = ()
+    update_ops: tuple[str, ...] = ()
+    delete_ops: tuple[str, ...] = ()
+    """``writeMode=changes``: the operation values; disjoint (checked at parse time)."""
+
+    @property
+    def stored_columns_exclude(self) -> frozenset[str]:
+        """DataFrame columns the sink never writes into the target (the op column)."""
+        return frozenset((self.op_column,)) if self.op_column else frozenset()
 
     @property
     def target(self) -> str:
@@ -201,18 +218,24 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
     )
     batchsize = options.positive_int("batchsize", DEFAULT_BATCHSIZE)
 
-    write_mode = options.choice("writeMode", ("append", "upsert"), "append")
+    write_mode = options.choice("writeMode", ("append", "upsert", "changes"), "append")
     keys_value = options.text("upsertKeys")
     version_column = options.text("versionColumn")
     upsert_keys: tuple[str, ...] = ()
-    if write_mode == "upsert":
+    if write_mode in ("upsert", "changes"):
         if keys_value is None:
             raise JdbcSinkOptionError(
-                "writeMode=upsert needs upsertKeys: set upsertKeys=<column>[,<column>...]"
+                f"writeMode={write_mode} needs upsertKeys: set upsertKeys=<column>[,<column>...]"
             )
         upsert_keys = tuple(key.strip() for key in keys_value.split(","))
         for key in upsert_keys:
             check_identifier(key, "upsertKeys column")
+        if version_column is None and write_mode == "changes":
+            raise JdbcSinkOptionError(
+                "writeMode=changes needs versionColumn (a value that grows with each change of"
+                " a key, e.g. Debezium's source.lsn or ts_ms, or the Kafka offset when the topic"
+                " is keyed by the key columns): set versionColumn=<column>"
+            )
         if version_column is not None:
             check_identifier(version_column, "versionColumn")
             if version_column in upsert_keys:
@@ -223,8 +246,10 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
     elif keys_value is not None or version_column is not None:
         name = "upsertKeys" if keys_value is not None else "versionColumn"
         raise JdbcSinkOptionError(
-            f"{name} only applies to writeMode=upsert: set writeMode=upsert or remove {name}"
+            f"{name} only applies to writeMode=upsert or changes: set writeMode=upsert"
+            f" (or changes) or remove {name}"
         )
+    change_options = _parse_change_options(options, write_mode, upsert_keys, version_column)
 
     batch_id_column = options.text("batchIdColumn")
     if batch_id_column is not None:
@@ -264,4 +289,68 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         sink_id=common.sink_id,
         lock_timeout_ms=options.duration_ms("lockTimeout", DEFAULT_LOCK_TIMEOUT_MS, positive=True),
         merge_schema=options.boolean("mergeSchema", False),
+        **change_options,
     )
+
+
+_CHANGE_OPTIONS = ("opColumn", "insertOps", "updateOps", "deleteOps")
+
+
+def _parse_change_options(
+    options: OptionReader,
+    write_mode: str,
+    upsert_keys: tuple[str, ...],
+    version_column: str | None,
+) -> dict[str, Any]:
+    """``opColumn`` and the operation value lists of ``writeMode=changes``.
+
+    The lists are disjoint and non-empty values; an empty list is allowed (e.g.
+    ``updateOps=`` for a stream of inserts and deletes only) as long as one value is left
+    in all. Refused outside ``writeMode=changes``, where they would silently do nothing.
+    """
+    if write_mode != "changes":
+        for name in _CHANGE_OPTIONS:
+            if options.text(name) is not None:
+                raise JdbcSinkOptionError(
+                    f"{name} only applies to writeMode=changes: set writeMode=changes or"
+                    f" remove {name}"
+                )
+        return {}
+    op_column = options.text("opColumn", DEFAULT_OP_COLUMN)
+    check_identifier(op_column, "opColumn")
+    for option, names in (("upsertKeys", upsert_keys), ("versionColumn", (version_column,))):
+        if op_column in names:
+            raise JdbcSinkOptionError(
+                f"opColumn {op_column!r} is also named by {option}: the op column is not"
+                " stored in the target, so name a different column"
+            )
+    lists: dict[str, tuple[str, ...]] = {}
+    seen: dict[str, str] = {}
+    for name, default in (
+        ("insertOps", DEFAULT_INSERT_OPS),
+        ("updateOps", DEFAULT_UPDATE_OPS),
+        ("deleteOps", DEFAULT_DELETE_OPS),
+    ):
+        value = options.text(name)
+        values = (
+            default if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
+        )
+        for op in values:
+            if op in seen:
+                raise JdbcSinkOptionError(
+                    f"{name} and {seen[op]} both list the operation {op!r}: give each value"
+                    " to one of insertOps, updateOps, deleteOps"
+                )
+            seen[op] = name
+        lists[name] = values
+    if not seen:
+        raise JdbcSinkOptionError(
+            "insertOps, updateOps and deleteOps are all empty: list the operation values of"
+            " the op column (Debezium: insertOps=c,r updateOps=u deleteOps=d)"
+        )
+    return {
+        "op_column": op_column,
+        "insert_ops": lists["insertOps"],
+        "update_ops": lists["updateOps"],
+        "delete_ops": lists["deleteOps"],
+    }

@@ -17,7 +17,21 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegralType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from .dialect import (
     PIECE_COLUMN,
@@ -27,6 +41,7 @@ from .dialect import (
     check_columns,
     quote,
     stage_table,
+    tombstone_table,
 )
 from .errors import JdbcSchemaError, JdbcSinkOptionError
 from .options import JdbcSinkOptions, dialect_for
@@ -121,6 +136,8 @@ def _plan(options: JdbcSinkOptions, schema: StructType) -> tuple[SinkPlan, Watch
                     f"{option} names {name!r}, which is not a column of the DataFrame:"
                     f" use one of {', '.join(columns)}"
                 )
+    if options.write_mode == "changes":
+        _check_change_columns(options, schema)
     stage = stage_table(options.table)
     connection = dialect.connect(options, autocommit=True)
     try:
@@ -130,6 +147,52 @@ def _plan(options: JdbcSinkOptions, schema: StructType) -> tuple[SinkPlan, Watch
     finally:
         connection.close()
     return SinkPlan(protocol, columns, stage), watched
+
+
+_ORDERED_TYPES = (
+    IntegralType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    StringType,
+    DateType,
+    TimestampType,
+    TimestampNTZType,
+)
+
+
+def _check_change_columns(options: JdbcSinkOptions, schema: StructType) -> None:
+    """``writeMode=changes``: the op column is a string column of the DataFrame, and the
+    version column a type the database orders as Spark does (numbers, text, dates,
+    timestamps; not booleans, binaries or nested types)."""
+    assert options.op_column is not None and options.version_column is not None
+    fields = {field.name: field for field in schema.fields}
+    op = fields.get(options.op_column)
+    if op is None:
+        raise JdbcSinkOptionError(
+            f"opColumn names {options.op_column!r}, which is not a column of the DataFrame:"
+            f" use one of {', '.join(fields)} (or select the operation as {options.op_column!r})"
+        )
+    if not isinstance(op.dataType, StringType):
+        raise JdbcSinkOptionError(
+            f"opColumn {options.op_column!r} has type {op.dataType.simpleString()}: cast it to"
+            " string (the operation values are compared as text)"
+        )
+    version = fields[options.version_column].dataType
+    if not isinstance(version, _ORDERED_TYPES) or isinstance(version, (BooleanType, BinaryType)):
+        raise JdbcSinkOptionError(
+            f"versionColumn {options.version_column!r} has type {version.simpleString()},"
+            " which cannot order changes: use a number, string, date or timestamp column"
+            " (e.g. Debezium's source.lsn or ts_ms)"
+        )
+
+
+def target_schema(options: JdbcSinkOptions, schema: StructType) -> StructType:
+    """The columns stored in the target: the sink's columns without the op column."""
+    dropped = options.stored_columns_exclude
+    if not dropped:
+        return schema
+    return StructType([field for field in schema.fields if field.name not in dropped])
 
 
 def with_batch_id_column(options: JdbcSinkOptions, schema: StructType) -> StructType:
@@ -180,6 +243,8 @@ def _prepare_tables(
     """Create or check the target, staging and ledger tables; the tables whose column
     types the plan depends on (see :func:`plan_sink`)."""
     table = options.table
+    staged_schema = schema
+    schema = target_schema(options, schema)
     existing = dialect.table_columns(connection, table)
     if existing is None:
         if not options.create_table:
@@ -203,9 +268,17 @@ def _prepare_tables(
             f" of dbtable {str(table)!r}: create one (CREATE UNIQUE INDEX ON {table.sql()}"
             f" ({keys})) or fix upsertKeys"
         )
-    staged = protocol == "staging" or options.write_mode == "upsert"
+    staged = protocol == "staging" or options.write_mode != "append"
     if staged:
-        _ensure_stage(options, dialect, schema, stage, connection, existing)
+        _ensure_stage(options, dialect, staged_schema, stage, connection, existing)
+    if options.write_mode == "changes":
+        assert options.version_column is not None
+        tombstones = tombstone_table(table)
+        if dialect.table_columns(connection, tombstones) is None:
+            for statement in dialect.create_tombstones_sql(
+                tombstones, table, options.upsert_keys, options.version_column
+            ):
+                connection.execute(statement)
     if options.exactly_once and dialect.table_columns(connection, options.ledger_table) is None:
         for statement in dialect.ledger_ddl(options.ledger_table):
             connection.execute(statement)
@@ -322,6 +395,7 @@ def _ensure_stage(
     are staged and moved by column name, so they stay NULL.
     """
     wanted = {PIECE_COLUMN, *schema.fieldNames()}
+    stored = [name for name in schema.fieldNames() if name not in options.stored_columns_exclude]
     existing = dialect.table_columns(connection, stage)
     if existing is not None and options.merge_schema:
         added = [name for name in schema.fieldNames() if name not in existing]
@@ -333,7 +407,7 @@ def _ensure_stage(
         not wanted <= set(existing)
         or (
             dialect.stage_keeps_column_types
-            and any(existing[name][0] != target_columns[name][0] for name in schema.fieldNames())
+            and any(existing[name][0] != target_columns[name][0] for name in stored)
         )
     )
     if existing is not None and stale:
@@ -347,5 +421,7 @@ def _ensure_stage(
         connection.execute(f"DROP TABLE {stage.sql()}")
     elif existing is not None:
         return
-    for statement in dialect.create_stage_sql(stage, options.table, list(schema.fieldNames())):
+    for statement in dialect.create_stage_sql(stage, options.table, stored):
         connection.execute(statement)
+    for name in sorted(options.stored_columns_exclude):
+        connection.execute(dialect.add_text_column_sql(stage, name))

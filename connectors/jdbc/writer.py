@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from eospack.core import faults
 
@@ -34,7 +35,8 @@ from ...commit_protocols import (
 from ...commit_protocols.coordinator import stale_pieces
 from ...commit_protocols.pieces import DECIDED, DONE
 from ...commit_protocols.stream_writer import recover_at_least_once
-from .dialect import Connection
+from .dialect import CHANGE_DELETE, CHANGE_UPSERT, Connection
+from .errors import JdbcWriteError
 from .options import JdbcSinkOptions, dialect_for
 from .planning import SinkPlan
 from .resource import open_resource
@@ -82,6 +84,7 @@ class TaskWriter:
         rows_iterator = _non_empty(batches)
         if rows_iterator is None:
             return empty
+        rows_iterator = self._staged_changes(rows_iterator)
         # Autocommit: the checks below are single reads, each one round trip without a
         # transaction around it; the piece's own transaction is begun explicitly.
         connection = self.dialect.connect(self.options, autocommit=True)
@@ -104,6 +107,50 @@ class TaskWriter:
         finally:
             connection.close()  # after PREPARE the transaction lives on without us
         return replace(empty, rows=rows, handle=handle)
+
+    def _staged_changes(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``writeMode=changes``: each batch with its op column mapped to ``CHANGE_UPSERT``
+        or ``CHANGE_DELETE`` (other modes: the batches as they are).
+
+        A NULL or unknown operation, or a NULL version, fails the task (before anything is
+        prepared or committed) with one line naming the value and the option to fix.
+        """
+        options = self.options
+        if options.write_mode != "changes":
+            return batches
+        assert options.op_column is not None and options.version_column is not None
+        mapping = {op: CHANGE_UPSERT for op in options.insert_ops + options.update_ops}
+        mapping.update({op: CHANGE_DELETE for op in options.delete_ops})
+        known = pa.array(sorted(mapping), pa.string())
+        mapped = pa.array([mapping[op] for op in sorted(mapping)], pa.string())
+        op_column, version_column = options.op_column, options.version_column
+
+        def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
+            index = batch.schema.get_field_index(op_column)
+            ops = batch.column(index)
+            positions = pc.index_in(ops, value_set=known)
+            if positions.null_count:
+                bad = pc.filter(ops, pc.is_null(positions)).to_pylist()[0]
+                if bad is None:
+                    raise JdbcWriteError(
+                        f"2pc-jdbc writeMode=changes: a row has a NULL opColumn"
+                        f" {op_column!r}: filter such rows out or give them an operation"
+                    )
+                raise JdbcWriteError(
+                    f"2pc-jdbc writeMode=changes: opColumn {op_column!r} holds {bad!r}, which"
+                    f" none of insertOps ({','.join(options.insert_ops)}), updateOps"
+                    f" ({','.join(options.update_ops)}), deleteOps"
+                    f" ({','.join(options.delete_ops)}) lists: add it to one of them or"
+                    " filter such rows out"
+                )
+            if batch.column(batch.schema.get_field_index(version_column)).null_count:
+                raise JdbcWriteError(
+                    f"2pc-jdbc writeMode=changes: a row has a NULL versionColumn"
+                    f" {version_column!r}, which cannot be ordered: give every change a version"
+                )
+            return batch.set_column(index, op_column, pc.take(mapped, positions))
+
+        return (convert(batch) for batch in batches)
 
     def _prepare_transaction(
         self,
@@ -190,6 +237,7 @@ class TaskWriter:
         rows_iterator = _non_empty(batches)
         if rows_iterator is None:
             return 0
+        rows_iterator = self._staged_changes(rows_iterator)
         connection = self.dialect.connect(self.options, autocommit=False)
         try:
             self._finish_exactly_once_leftovers(connection, task)
