@@ -159,20 +159,59 @@ def test_sqlite_url_is_made_absolute() -> None:
             "Option lockTimeout is '0s': use a positive duration such as 500ms, 30s, 2min or 1h",
         ),
         ({"batchsize": "ten"}, "Option batchsize is 'ten': use a positive integer"),
-        ({"writeMode": "merge"}, "Option writeMode is 'merge': use append (default) or upsert"),
+        (
+            {"writeMode": "merge"},
+            "Option writeMode is 'merge': use append (default), upsert or changes",
+        ),
         (
             {"writeMode": "upsert"},
             "writeMode=upsert needs upsertKeys: set upsertKeys=<column>[,<column>...]",
         ),
         (
             {"upsertKeys": "id"},
-            "upsertKeys only applies to writeMode=upsert: set writeMode=upsert or remove"
-            " upsertKeys",
+            "upsertKeys only applies to writeMode=upsert or changes: set writeMode=upsert (or"
+            " changes) or remove upsertKeys",
         ),
         (
             {"versionColumn": "v"},
-            "versionColumn only applies to writeMode=upsert: set writeMode=upsert or remove"
-            " versionColumn",
+            "versionColumn only applies to writeMode=upsert or changes: set writeMode=upsert (or"
+            " changes) or remove versionColumn",
+        ),
+        (
+            {"writeMode": "changes", "upsertKeys": "id"},
+            "writeMode=changes needs versionColumn (a value that grows with each change of a"
+            " key, e.g. Debezium's source.lsn or ts_ms, or the Kafka offset when the topic is"
+            " keyed by the key columns): set versionColumn=<column>",
+        ),
+        (
+            {"writeMode": "changes", "versionColumn": "v"},
+            "writeMode=changes needs upsertKeys: set upsertKeys=<column>[,<column>...]",
+        ),
+        (
+            {"writeMode": "changes", "upsertKeys": "id", "versionColumn": "v", "deleteOps": "d,u"},
+            "deleteOps and updateOps both list the operation 'u': give each value to one of"
+            " insertOps, updateOps, deleteOps",
+        ),
+        (
+            {"writeMode": "changes", "upsertKeys": "id", "versionColumn": "v", "opColumn": "id"},
+            "opColumn 'id' is also named by upsertKeys: the op column is not stored in the"
+            " target, so name a different column",
+        ),
+        (
+            {
+                "writeMode": "changes",
+                "upsertKeys": "id",
+                "versionColumn": "v",
+                "insertOps": ",",
+                "updateOps": ",",
+                "deleteOps": ",",
+            },
+            "insertOps, updateOps and deleteOps are all empty: list the operation values of the"
+            " op column (Debezium: insertOps=c,r updateOps=u deleteOps=d)",
+        ),
+        (
+            {"writeMode": "append", "opColumn": "op"},
+            "opColumn only applies to writeMode=changes: set writeMode=changes or remove opColumn",
         ),
         (
             {"writeMode": "upsert", "upsertKeys": "id", "versionColumn": "id"},
@@ -220,6 +259,32 @@ def test_bad_options_fail_with_one_line_naming_the_option(extra, message) -> Non
     text = error_of(**extra)
     assert text == message
     assert "topsecret" not in text
+
+
+def test_change_options_default_to_debeziums_operations() -> None:
+    options = parse(writeMode="changes", upsertKeys="id", versionColumn="lsn")
+    assert (options.op_column, options.insert_ops, options.update_ops, options.delete_ops) == (
+        "op",
+        ("c", "r"),
+        ("u",),
+        ("d",),
+    )
+    custom = parse(
+        writeMode="changes",
+        upsertKeys="id",
+        versionColumn="lsn",
+        opColumn="kind",
+        insertOps="I, S",
+        updateOps="U",
+        deleteOps="D",
+    )
+    assert (custom.op_column, custom.insert_ops, custom.update_ops, custom.delete_ops) == (
+        "kind",
+        ("I", "S"),
+        ("U",),
+        ("D",),
+    )
+    assert parse().op_column is None
 
 
 def test_missing_url_and_dbtable() -> None:
