@@ -398,7 +398,7 @@ def _ensure_stage(
     stored = [name for name in schema.fieldNames() if name not in options.stored_columns_exclude]
     existing = dialect.table_columns(connection, stage)
     if existing is not None and options.merge_schema:
-        added = [name for name in schema.fieldNames() if name not in existing]
+        added = [name for name in stored if name not in existing]
         for name in added:
             connection.execute(dialect.add_column_sql(stage, name, target_columns[name][0]))
         if added:
