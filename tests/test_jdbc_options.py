@@ -458,3 +458,20 @@ def test_merge_schema_adds_a_nullable_column_idempotently() -> None:
     assert SqliteDialect().add_column_sql(TableName(None, "t"), "note", "TEXT") == (
         'ALTER TABLE "t" ADD COLUMN "note" TEXT'
     )
+
+
+def test_changes_are_refused_on_a_database_without_the_change_hooks() -> None:
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse_options(
+            {
+                "url": "jdbc:mariadb://db.example:3306/shop",
+                "dbtable": "orders",
+                "writeMode": "changes",
+                "upsertKeys": "id",
+                "versionColumn": "lsn",
+            }
+        )
+    assert str(caught.value) == (
+        "writeMode=changes is not supported on mariadb yet: use PostgreSQL or SQLite, or"
+        " writeMode=upsert"
+    )

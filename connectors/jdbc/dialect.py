@@ -150,6 +150,10 @@ class Dialect(ABC):
     can be locked; SQLite locks the whole database for a write transaction instead)."""
     orphans_can_block_commit: ClassVar[bool] = False
     """Whether an orphaned piece can hold row locks that a commit would wait on."""
+    supports_changes: ClassVar[bool] = False
+    """Whether ``writeMode=changes`` runs here: set by a dialect whose ``upsert_sql`` and
+    change hooks (``latest_changes_sql`` ... ``create_tombstones_sql``) speak its SQL;
+    others refuse the mode at option parsing, in one line."""
     supports_prepared_transactions: ClassVar[bool] = False
     """Whether pieces can be prepared transactions (``protocol=prepared``)."""
     stage_keeps_column_types: ClassVar[bool] = False

@@ -260,6 +260,11 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
             )
 
     common = parse_sink_common_options(options)
+    if write_mode == "changes" and not dialect_for(url).supports_changes:
+        raise JdbcSinkOptionError(
+            f"writeMode=changes is not supported on {dialect_for(url).name} yet:"
+            " use PostgreSQL or SQLite, or writeMode=upsert"
+        )
     protocol = options.choice("protocol", ("auto", "prepared", "staging"), "auto")
     if protocol == "prepared" and not dialect_for(url).supports_prepared_transactions:
         reason = (

@@ -73,6 +73,7 @@ class PostgresDialect(Dialect):
     """
 
     name = "postgresql"
+    supports_changes = True
     placeholder = "%s"
     operational_error = psycopg.OperationalError
     lock_clause = " FOR UPDATE"

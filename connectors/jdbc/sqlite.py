@@ -38,6 +38,7 @@ class SqliteDialect(Dialect):
     """
 
     name = "sqlite"
+    supports_changes = True
     placeholder = "?"
     operational_error = sqlite3.OperationalError
     refuses_columns_by_type = True
