@@ -57,7 +57,15 @@ import pyarrow.compute as pc
 import pymysql
 from pyspark.sql import types as T
 
-from .dialect import PIECE_COLUMN, Dialect, TableName, column_list, quote
+from .dialect import (
+    CHANGE_DELETE,
+    CHANGE_UPSERT,
+    PIECE_COLUMN,
+    Dialect,
+    TableName,
+    column_list,
+    quote,
+)
 from .errors import JdbcConnectionError, JdbcSchemaError, JdbcWriteError
 
 if TYPE_CHECKING:
@@ -127,6 +135,7 @@ class MariaDBDialect(Dialect):
     orphans_can_block_commit = False
     supports_prepared_transactions = False
     stage_keeps_column_types = True
+    supports_changes = True
     column_types = {
         T.LongType: "BIGINT",
         T.IntegerType: "INT",
@@ -376,28 +385,24 @@ class MariaDBDialect(Dialect):
         order = column_list(upsert_keys)
         return f"SELECT {column_list(columns)} FROM {stage.sql()} WHERE {where} ORDER BY {order}"
 
-    def move_from_stage_sql(
+    def upsert_sql(
         self,
         target: TableName,
-        stage: TableName,
         columns: list[str],
-        upsert_keys: tuple[str, ...],
+        keys: tuple[str, ...],
         version_column: str | None,
-        piece_count: int,
+        source: str,
     ) -> str:
+        """``INSERT ... SELECT ... ON DUPLICATE KEY UPDATE`` (no ``ON CONFLICT`` here). With
+        a version column every assignment is guarded by ``IF(stored is older, new, stored)``
+        and the version column is assigned last: MySQL evaluates assignments left to right,
+        so an earlier one would otherwise compare against the new version."""
         selected = column_list(columns)
-        where = self.pieces_filter(piece_count)
-        if not upsert_keys:
-            return (
-                f"INSERT INTO {target.sql()} ({selected})"
-                f" SELECT {selected} FROM {stage.sql()} WHERE {where}"
-            )
-        source = self.upsert_source(stage, columns, upsert_keys, version_column, where)
-        updated = [name for name in columns if name not in upsert_keys]
+        updated = [name for name in columns if name not in keys]
         if version_column in updated:
             updated = [name for name in updated if name != version_column] + [version_column]
         if not updated:
-            first = quote(upsert_keys[0])
+            first = quote(keys[0])
             action = f"{first} = {target.sql()}.{first}"
         elif version_column:
             stored = f"{target.sql()}.{quote(version_column)}"
@@ -409,6 +414,47 @@ class MariaDBDialect(Dialect):
         else:
             action = ", ".join(f"{quote(name)} = VALUES({quote(name)})" for name in updated)
         return f"INSERT INTO {target.sql()} ({selected}) {source} ON DUPLICATE KEY UPDATE {action}"
+
+    # Change streams: MySQL refuses a DELETE whose subquery reads the table it deletes from
+    # (error 1093; MariaDB allows it since 10.3), so deletes join instead.
+
+    def delete_rows_sql(
+        self, target: TableName, keys: tuple[str, ...], version_column: str, latest: str, op: str
+    ) -> str:
+        version = quote(version_column)
+        return (
+            f"DELETE eospack_t FROM {target.sql()} eospack_t JOIN ({latest}) eospack_w"
+            f" ON {self.keys_match(keys, 'eospack_t', 'eospack_w')}"
+            f" WHERE eospack_w.{op} = '{CHANGE_DELETE}' AND (eospack_t.{version} IS NULL OR"
+            f" eospack_t.{version} < eospack_w.{version})"
+        )
+
+    def drop_tombstones_sql(
+        self,
+        tombstones: TableName,
+        keys: tuple[str, ...],
+        version_column: str,
+        latest: str,
+        op: str,
+    ) -> str:
+        version = quote(version_column)
+        return (
+            f"DELETE eospack_b FROM {tombstones.sql()} eospack_b JOIN ({latest}) eospack_w"
+            f" ON {self.keys_match(keys, 'eospack_b', 'eospack_w')}"
+            f" WHERE eospack_w.{op} = '{CHANGE_UPSERT}' AND eospack_b.{version} <"
+            f" eospack_w.{version}"
+        )
+
+    def create_tombstones_sql(
+        self, tombstones: TableName, target: TableName, keys: tuple[str, ...], version_column: str
+    ) -> list[str]:
+        """The key and version columns with the target's types, unique on the keys, in one
+        statement (MySQL has no ``CREATE INDEX IF NOT EXISTS``)."""
+        return [
+            f"CREATE TABLE IF NOT EXISTS {tombstones.sql()} (UNIQUE KEY"
+            f" {quote(f'{tombstones.name[:48]}_key')} ({column_list(keys)})) ENGINE=InnoDB"
+            f" AS SELECT {column_list([*keys, version_column])} FROM {target.sql()} WHERE 1 = 0"
+        ]
 
     def vacuum_stage(self, connection: MariaDBConnection, stage: TableName) -> None:
         """Nothing to do: InnoDB purges deleted rows in the background."""

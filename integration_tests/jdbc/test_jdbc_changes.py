@@ -155,6 +155,55 @@ def test_a_disturbed_random_change_stream_ends_equal_to_its_source(
 
 
 @pytest.mark.timeout(300)
+def test_changes_on_mariadb_end_equal_to_the_source_and_replay_as_no_ops(
+    spark, mariadb, tmp_path, unique_name
+):
+    """MariaDB's own hooks (ON DUPLICATE KEY UPDATE, deletes by join, the tombstone DDL):
+    the hand-made batches, then a random disturbed stream into a second table."""
+    options = {
+        **changes_options(mariadb.endpoint.jdbc_url, unique_name),
+        "user": mariadb.endpoint.user,
+        "password": mariadb.endpoint.password,
+    }
+    write_change_files(tmp_path / "hand", HAND_BATCHES)
+    run_changes(spark, tmp_path / "hand", tmp_path / "cp-hand", options)
+    select = f'SELECT id, name, version FROM "{unique_name}" ORDER BY id'
+    tombstones = tombstone_table(TableName(None, unique_name)).sql()
+    stage = stage_table(TableName(None, unique_name)).sql()
+    ansi = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')"
+    with (
+        contextlib.closing(mariadb.endpoint.connect()) as connection,
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(ansi)
+        cursor.execute(select)
+        assert [tuple(row) for row in cursor.fetchall()] == HAND_EXPECTED
+        cursor.execute(f"SELECT id, version FROM {tombstones} ORDER BY id")
+        assert [tuple(row) for row in cursor.fetchall()] == [(4, 9)]
+        cursor.execute(f"SELECT count(*) FROM {stage}")
+        assert cursor.fetchone() == (0,)
+    write_change_files(tmp_path / "hand", HAND_BATCHES)
+    run_changes(spark, tmp_path / "hand", tmp_path / "cp-hand", options)
+
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    log = change_log(seed, count=400, keys=40)
+    write_change_files(tmp_path / "random", disturbed_batches(seed, log, batches=5))
+    other = f"{unique_name}_r"
+    run_changes(spark, tmp_path / "random", tmp_path / "cp-random", {**options, "dbtable": other})
+    with (
+        contextlib.closing(mariadb.endpoint.connect()) as connection,
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(ansi)
+        cursor.execute(select)
+        assert [tuple(row) for row in cursor.fetchall()] == HAND_EXPECTED, "replay moved"
+        cursor.execute(f'SELECT id, name, version FROM "{other}" ORDER BY id')
+        got = [tuple(row) for row in cursor.fetchall()]
+    assert got == expected_table(log), f"seed {seed}"
+
+
+@pytest.mark.timeout(300)
 def test_configured_operation_values_and_op_column(spark, postgres, tmp_path, unique_name):
     """Another stream's vocabulary: opColumn, insertOps, updateOps, deleteOps."""
     schema = "id BIGINT, name STRING, version BIGINT, kind STRING"
