@@ -318,7 +318,8 @@ def test_secrets_never_appear_in_repr_or_errors() -> None:
             "kafka.group.id",
             "g1",
             "Option kafka.group.id is not supported: this source uses no consumer group:"
-            " offsets live in Spark's checkpoint",
+            " offsets live in Spark's checkpoint (for lag tools, set"
+            " commitOffsetsToGroup=<group id>)",
         ),
         (
             "kafka.auto.offset.reset",
@@ -658,3 +659,13 @@ def test_a_range_beyond_the_last_stable_offset_waits_for_the_transaction(
     with caplog.at_level(logging.WARNING):
         assert read_fake(log, OffsetRange("t", 3, 4, 12), fail=False) == [4, 5, 6, 7]
     assert "ends at offset 8 now" in caplog.text
+
+
+def test_commit_offsets_to_group_is_parsed_and_a_blank_or_long_group_refused() -> None:
+    assert parse().commit_offsets_to_group is None
+    assert parse(commitOffsetsToGroup="orders-lag").commit_offsets_to_group == "orders-lag"
+    assert parse(commitoffsetstogroup="orders-lag").commit_offsets_to_group == "orders-lag"
+    assert parse(commitOffsetsToGroup="orders-lag").consumer_config()["group_id"] is None
+    for bad in ("  ", "g" * 256):
+        with pytest.raises(KafkaSourceOptionError, match="^Option commitOffsetsToGroup"):
+            parse(commitOffsetsToGroup=bad)

@@ -5,7 +5,8 @@ topic-partition it covers, fixed when the batch is planned and written to Spark'
 log, starts included (see ``planning.BatchOffsets``), before the batch runs. Reading a batch
 again (after a failure or a restart from the checkpoint, batch 0 included) returns exactly
 the same records, so with an idempotent or transactional sink every record is delivered
-exactly once. Offsets are owned by Spark: no consumer group, no commits to Kafka. Records
+exactly once. Offsets are owned by Spark: Kafka's committed offsets are never read
+(``commitOffsetsToGroup`` writes a copy for lag tools, see ``client.group_offsets``). Records
 are read with isolation.level=read_committed unless the user asks for read_uncommitted.
 Limits: with startingOffsets=latest, a query stopped before Spark logged its first batch
 resolves "latest" again on restart; records that Kafka deleted before they were read cannot
@@ -30,6 +31,7 @@ from pyspark.sql.types import StructType
 
 from eospack.core.spark_features import ADMISSION_CONTROL, require
 
+from ..client.group_offsets import GroupOffsetCommitter
 from ..errors import KafkaSourceOptionError
 from ..records import native_path
 from ..records.schema import spark_schema
@@ -225,6 +227,7 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         self._planned: OffsetsJson | None = None
         self._initial: OffsetsJson | None = None
         self._pacer = TriggerPacer(options.max_trigger_delay_ms)
+        self._group: GroupOffsetCommitter | None = None
 
     @property
     def planner(self) -> OffsetPlanner:
@@ -276,6 +279,8 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         if limit is None:
             limit = ReadAllAvailable()
         previous = BatchOffsets.from_json(start)
+        if start != self._initial:
+            self._commit_to_group(previous.ends)
         available_now = self._available_now_target is not None
         snapshot = self._available_now_target or self.planner.snapshot()
         self._latest = snapshot.latest
@@ -347,8 +352,30 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return read_ranges(self.options, offset_ranges_of(partition))
 
     def commit(self, end: OffsetsJson) -> None:
-        """Nothing to do: Spark's commit log is the only record of consumed offsets."""
+        """Spark's commit log is the only record of consumed offsets; with
+        commitOffsetsToGroup, a copy of ``end`` goes to the group (see ``_commit_to_group``)."""
+        self._commit_to_group(BatchOffsets.from_json(end).ends)
+
+    def _commit_to_group(self, ends: Mapping[TopicPartitionKey, int]) -> None:
+        """Copy a committed batch's end offsets to the commitOffsetsToGroup group.
+
+        Called from ``commit(end)`` and from ``latestOffset(start)``: Spark 4.x calls
+        ``commit`` for batch N only when it plans batch N+1 (measured: never after the last
+        batch before new data arrives), but it asks ``latestOffset(start)`` only after the
+        batch ending at ``start`` is in the commit log (a restart runs an uncommitted last
+        batch again before planning), so ``start`` is committed and lag tools see the last
+        batch within one trigger. Bounded by kafka.request.timeout.ms; never raises."""
+        group = self.options.commit_offsets_to_group
+        if group is None or not ends:
+            return
+        if self._group is None:
+            self._group = GroupOffsetCommitter(
+                group, self.options.metadata_consumer_config(), self.options.metadata_timeout_ms
+            )
+        self._group.commit(ends)
 
     def stop(self) -> None:
+        if self._group is not None:
+            self._group.close()
         if self._planner is not None:
             self._planner.metadata.close()

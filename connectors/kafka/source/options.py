@@ -36,7 +36,8 @@ TopicPartitionKey = tuple[str, int]
 
 # Kafka consumer settings this source owns or cannot honour, with the fix to offer.
 _REFUSED_KAFKA_OPTIONS = {
-    "group.id": "this source uses no consumer group: offsets live in Spark's checkpoint",
+    "group.id": "this source uses no consumer group: offsets live in Spark's checkpoint"
+    " (for lag tools, set commitOffsetsToGroup=<group id>)",
     "auto.offset.reset": "set the source option startingOffsets instead",
     "enable.auto.commit": "offsets live in Spark's checkpoint and are never committed to Kafka",
     "key.deserializer": "keys are returned as binary: cast or parse the key column instead",
@@ -139,6 +140,9 @@ class KafkaSourceOptions:
     include_headers: bool = False
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     metadata_timeout_ms: int = DEFAULT_METADATA_TIMEOUT_MS
+    # commitOffsetsToGroup: the consumer group that gets a copy of each committed batch's end
+    # offsets, for lag tools (``client.group_offsets``); never read back.
+    commit_offsets_to_group: str | None = None
     # kafka-python keyword arguments from kafka.* options (may hold secrets).
     kafka_params: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
@@ -218,8 +222,17 @@ def parse_options(raw: Mapping[str, str]) -> KafkaSourceOptions:
             "kafkaConsumer.pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS
         ),
         metadata_timeout_ms=_metadata_timeout(kafka_options),
+        commit_offsets_to_group=_group_id(options),
         kafka_params=_kafka_params(options, kafka_options),
     )
+
+
+def _group_id(options: OptionReader) -> str | None:
+    fix = "a consumer group id of its own (1 to 255 characters) that no running consumer uses"
+    value = options.identity("commitOffsetsToGroup", fix)
+    if value is not None and len(value) > 255:
+        raise options.refuse("commitOffsetsToGroup", fix)
+    return value
 
 
 def _subscription(options: OptionReader) -> Subscription:
