@@ -19,7 +19,8 @@ from kafka import KafkaAdminClient
 
 from eospack.lab.services.kafka_cluster import ADMIN_USER, SECURED_TRANSACTION_MAX_TIMEOUT_MS
 from eospack.lab.services.kafka_tools import Record, read_all
-from eospack.lab.testing import await_query
+from eospack.lab.testing import await_query, wait_until
+from integration_tests.kafka_source_parts import BatchRecorder, run_available_now
 from integration_tests.ops.secured_kafka_parts import (
     WRONG_PASSWORD,
     app_topic,
@@ -250,3 +251,51 @@ def test_the_secured_broker_restarts_after_a_kill_with_its_users_grants_and_data
         client=secured_kafka.client_config("app"),
     )
     assert [value for _, _, _, value in rows] == [b"before the kill"]
+
+
+@pytest.mark.production_kafka
+@pytest.mark.timeout(240)
+def test_commit_offsets_to_group_uses_the_sources_security_and_a_missing_group_acl_never_fails(
+    spark: Any, secured_kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """commitOffsetsToGroup over SASL_SSL: the admin user's group gets the end offsets; the
+    application user, granted nothing on groups, reads every row once all the same."""
+    topic = app_topic(unique_name, "in")
+    create_app_topic(secured_kafka, topic)
+    records = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(20)]
+    produce(secured_kafka, topic, records)
+    for user in ("app", ADMIN_USER):
+        group = f"{unique_name}-{user}-lag"
+        recorder = BatchRecorder()
+        run_available_now(
+            spark.readStream.format("replayable-kafka")
+            .options(**secured_kafka.client_options(user))
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("commitOffsetsToGroup", group),
+            tmp_path / f"checkpoint-{user}",
+            recorder,
+            timeout=180,
+        )
+        assert sorted(row[3] for row in recorder.all_rows()) == sorted(
+            r.value or b"" for r in records
+        )
+        wanted = {} if user == "app" else {0: 10, 1: 10}
+        wait_until(
+            lambda g=group, w=wanted: group_offsets(secured_kafka, g) == w, 30, "group offsets"
+        )
+
+
+def group_offsets(secured_kafka: Any, group: str) -> dict[int, int]:
+    """The group's committed offsets as the admin sees them; none while the broker still
+    creates its offsets topic (COORDINATOR_NOT_AVAILABLE) or the group does not exist."""
+    from kafka.errors import CoordinatorNotAvailableError
+
+    admin = secured_kafka.admin_client(ADMIN_USER)
+    try:
+        listed = admin.list_group_offsets({group: None}).get(group, {})
+    except CoordinatorNotAvailableError:
+        return {}
+    finally:
+        admin.close()
+    return {tp.partition: om.offset for tp, om in listed.items()}
