@@ -12,9 +12,16 @@ import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
 from eospack.core.fault_points import AFTER_PREPARE, fault_point
+from eospack.core.metrics import RECORDER
 from eospack.core.spark_features import STREAM_ARROW_WRITER
 
-from .coordinator import TwoPhaseCommitCoordinator, prepared_pieces_of
+from .coordinator import (
+    TwoPhaseCommitCoordinator,
+    prepared_pieces_of,
+    record_committed,
+    record_rolled_back,
+    record_rolled_forward,
+)
 from .identity import TaskIdentity, current_task, parse_attempt
 from .pieces import DECIDED, BatchDecision, PreparedPiece
 from .resource import DecidedPieceLostError, TransactionalResource
@@ -79,8 +86,20 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         return piece
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        try:
+            self._commit_batch(messages, batchId)
+        finally:
+            RECORDER.flush()
+
+    def _commit_batch(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if not self.exactly_once:
             self._recover_once_per_run(messages, batchId)
+            pieces = prepared_pieces_of(messages)
+            if pieces:
+                rows = sum(piece.rows for piece in pieces)
+                record_committed(
+                    self.sink_name, pieces[0].sink_id, "at_least_once", len(pieces), rows
+                )
             return
         resource = self.open_resource()
         try:
@@ -99,6 +118,7 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
             TwoPhaseCommitCoordinator(resource, self.sink_name).abort(messages, batchId)
         finally:
             resource.close()
+            RECORDER.flush()
 
     def _recover_once_per_run(
         self, messages: Sequence[WriterCommitMessage | None], batch_id: int
@@ -187,6 +207,8 @@ def recover_at_least_once(
     decided: dict[int, BatchDecision] = {}
     for decision in resource.unfinished_decisions(sink_id):
         _finish_or_mark_lost(resource, sink_name, decision, batch_id, mark_lost, query_id)
+        if decision.status == DECIDED:
+            record_rolled_forward(sink_name, sink_id)
         decided[decision.batch_id] = decision
     orphans = [piece for piece in resource.prepared_pieces(sink_id) if piece.batch_id <= batch_id]
     for piece in orphans:
@@ -194,6 +216,7 @@ def recover_at_least_once(
             # A decision is final: no later one can name this piece, no fence is needed
             # (and fencing would finish the decision again, lost pieces included).
             resource.rollback_piece(piece)
+            record_rolled_back(sink_name, sink_id)
             logger.warning(
                 "%s at-least-once recovery: rolled back orphaned piece %s of batch %d",
                 sink_name,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from eospack.core.metrics import RECORDER
 from eospack.core.spark_features import ADMISSION_CONTROL, require
 
 from ..client.group_offsets import GroupOffsetCommitter
@@ -278,6 +280,12 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             return self._latest_offset_without_start()
         if limit is None:
             limit = ReadAllAvailable()
+        started = time.perf_counter()
+        planned = self._plan_batch(start, limit)
+        self._record_metrics(BatchOffsets.from_json(start), planned, planned is not start, started)
+        return planned
+
+    def _plan_batch(self, start: OffsetsJson, limit: ReadLimit) -> OffsetsJson:
         previous = BatchOffsets.from_json(start)
         if start != self._initial:
             self._commit_to_group(previous.ends)
@@ -309,6 +317,34 @@ class ReplayableKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         else:
             self._planned = BatchOffsets(ends, plan.begins, plan.topic_ids).to_json()
         return self._planned
+
+    def _record_metrics(
+        self, previous: BatchOffsets, planned: OffsetsJson, new_batch: bool, started: float
+    ) -> None:
+        """Lag per partition (the broker's end offset minus the end offset of the last
+        committed batch, ``previous``: Spark plans only after a batch is in its commit log),
+        and the offsets and planning time of a newly planned batch. Off: nothing."""
+        if RECORDER.directory() is None or self._latest is None:
+            return
+        query = self.options.metrics_query
+        RECORDER.set_many(
+            "eospack_kafka_source_lag_records",
+            [
+                ({"query": query, "topic": tp[0], "partition": tp[1]}, max(0, end - consumed))
+                for tp, end in sorted(self._latest.items())
+                if (consumed := previous.ends.get(tp)) is not None
+            ],
+        )
+        if new_batch:
+            records = sum(r.size for r in BatchOffsets.from_json(planned).ranges())
+            RECORDER.add("eospack_kafka_source_records_total", {"query": query}, records)
+            RECORDER.set("eospack_kafka_source_batch_records", {"query": query}, records)
+        RECORDER.observe(
+            "eospack_kafka_source_planning_seconds",
+            {"query": query},
+            time.perf_counter() - started,
+        )
+        RECORDER.flush()
 
     def _latest_offset_without_start(self) -> OffsetsJson:
         """Spark 4.0 and 4.1: every partition's latest offset, ends only.

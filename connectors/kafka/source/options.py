@@ -143,6 +143,8 @@ class KafkaSourceOptions:
     # commitOffsetsToGroup: the consumer group that gets a copy of each committed batch's end
     # offsets, for lag tools (``client.group_offsets``); never read back.
     commit_offsets_to_group: str | None = None
+    # The ``query`` label of the source's metrics: option queryName, else the subscription.
+    metrics_query: str = ""
     # kafka-python keyword arguments from kafka.* options (may hold secrets).
     kafka_params: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
@@ -204,9 +206,10 @@ def parse_options(raw: Mapping[str, str]) -> KafkaSourceOptions:
         )
     kafka_options = dict(options.with_prefix("kafka."))
     kafka_options.pop("bootstrap.servers", None)
+    subscription = _subscription(options)
     return KafkaSourceOptions(
         bootstrap_servers=",".join(servers),
-        subscription=_subscription(options),
+        subscription=subscription,
         starting=_starting_bound(options),
         ending=_ending_bound(options),
         max_offsets_per_trigger=max_offsets,
@@ -223,6 +226,7 @@ def parse_options(raw: Mapping[str, str]) -> KafkaSourceOptions:
         ),
         metadata_timeout_ms=_metadata_timeout(kafka_options),
         commit_offsets_to_group=_group_id(options),
+        metrics_query=options.text("queryName") or subscription.describe(),
         kafka_params=_kafka_params(options, kafka_options),
     )
 

@@ -1,0 +1,155 @@
+"""The Prometheus endpoint of eospack's metrics (public as ``eospack.metrics.serve``).
+
+``serve(spark, port=9464)`` starts an HTTP endpoint in the user's process that, at each
+scrape, reads the snapshot files the pack's driver-side processes write
+(``eospack.core.metrics``: why files, and what they cost) and answers in Prometheus' text
+format. It points those processes at the directory by putting ``EOSPACK_METRICS_DIR`` into
+the environment Spark gives every Python process of each eospack format, so it must be
+called before the queries it should see start (a query started earlier records nothing).
+Setting ``EOSPACK_METRICS_DIR`` in the environment before Spark starts does the same for
+every process, Spark Connect servers and other sessions included; ``serve`` then reads
+that directory. Opt-in: ``prometheus_client`` is an optional extra
+(``pip install 'eospack[metrics]'``); nothing is recorded unless metrics are on.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eospack.core.errors import EospackError
+from eospack.core.metrics import METRICS, METRICS_DIR_VARIABLE, SECONDS_BUCKETS, read_directory
+from eospack.tools.formats import FORMATS
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+INSTALL_HINT = "pip install 'eospack[metrics]'"
+
+
+class MetricsUnavailableError(EospackError, ImportError):
+    """Metrics were asked for but prometheus_client is not installed."""
+
+
+@dataclass
+class MetricsEndpoint:
+    """A running endpoint: where it listens and which directory it reads."""
+
+    port: int
+    directory: str
+    _server: Any
+    _thread: Any
+    _spark: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving, and stop recording in the processes Spark starts from now on."""
+        self._server.shutdown()
+        self._server.server_close()
+        if os.environ.get(METRICS_DIR_VARIABLE) == self.directory:
+            del os.environ[METRICS_DIR_VARIABLE]
+        if self._spark is not None:
+            _point_formats_at(self._spark, None)
+
+
+def serve(
+    spark: SparkSession | None = None,
+    port: int = 9464,
+    addr: str = "127.0.0.1",
+    directory: str | None = None,
+) -> MetricsEndpoint:
+    """Start the endpoint on ``addr:port`` (0 picks a free port) and turn metrics on for
+    the queries ``spark`` starts from now on. ``directory``: where snapshots go (default
+    ``EOSPACK_METRICS_DIR`` if set, else a new temporary directory)."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise MetricsUnavailableError(
+            f"eospack metrics need the prometheus_client package: {INSTALL_HINT}"
+        ) from None
+    chosen = (
+        directory
+        or os.environ.get(METRICS_DIR_VARIABLE)
+        or tempfile.mkdtemp(prefix="eospack-metrics-")
+    )
+    os.makedirs(chosen, exist_ok=True)
+    os.environ[METRICS_DIR_VARIABLE] = chosen
+    if spark is not None:
+        _point_formats_at(spark, chosen)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SnapshotCollector(chosen))
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsEndpoint(server.server_port, chosen, server, thread, spark)
+
+
+def _point_formats_at(spark: SparkSession, directory: str | None) -> None:
+    """Put the directory into the environment map Spark hands every Python process of
+    each eospack format (the source runner, the commit runner, planners, tasks); None
+    takes it out."""
+    from eospack.tools.registration import is_spark_connect, register
+
+    if is_spark_connect(spark):
+        return  # the server's processes read the variable from the server's environment
+    register(spark)
+    manager = spark._jsparkSession.sessionState().dataSourceManager()  # type: ignore[attr-defined]
+    for entry in FORMATS.values():
+        name = entry.data_source.load().name()
+        environment = manager.lookupDataSource(name).dataSourceCls().envVars()
+        if directory is None:
+            environment.remove(METRICS_DIR_VARIABLE)
+        else:
+            environment.put(METRICS_DIR_VARIABLE, directory)
+
+
+class SnapshotCollector:
+    """A prometheus_client collector that reads the snapshot directory at each scrape."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        snapshot = read_directory(self.directory)
+        for name, info in METRICS.items():
+            if info.kind == "counter":
+                counter = CounterMetricFamily(name, info.help, labels=info.labels)
+                for (metric, labels), value in sorted(snapshot.counters.items()):
+                    if metric == name:
+                        counter.add_metric(_values(info.labels, labels), value)
+                yield counter
+            elif info.kind == "gauge":
+                gauge = GaugeMetricFamily(name, info.help, labels=info.labels)
+                for (metric, labels), (value, _) in sorted(snapshot.gauges.items()):
+                    if metric == name:
+                        gauge.add_metric(_values(info.labels, labels), value)
+                yield gauge
+            else:
+                histogram = HistogramMetricFamily(name, info.help, labels=info.labels)
+                for (metric, labels), observed in sorted(snapshot.histograms.items()):
+                    if metric != name:
+                        continue
+                    buckets, running = [], 0
+                    for bound, count in zip(SECONDS_BUCKETS, observed.counts, strict=True):
+                        running += count
+                        buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+                    histogram.add_metric(_values(info.labels, labels), buckets, observed.total)
+                yield histogram
+
+
+def _values(names: tuple[str, ...], labels: tuple[tuple[str, str], ...]) -> list[str]:
+    given = dict(labels)
+    return [given.get(name, "") for name in names]

@@ -1,0 +1,135 @@
+"""eospack.metrics against real queries, scraped over HTTP: values, not just names.
+
+replayable-kafka into 2pc-jdbc (SQLite): at the quiet point after 40 records the lag is 0,
+the sink's committed-batch counter and latency histograms count exactly the batches in
+Spark's commit log, and the rows and records counters equal the rows written; then the
+query, restarted and held back by minOffsetsPerTrigger, shows 15 new records per partition
+as the lag of each partition (the broker's end offset minus the consumed one).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import eospack.metrics
+from eospack.lab.services.kafka_tools import create_topic, produce_sealed
+from eospack.lab.testing import wait_until
+from integration_tests.kafka_source_parts import make_records, read_stream, servers_of
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the endpoint: (name, sorted labels) to value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: Any) -> float | None:
+    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
+
+
+def sink_rows(database: Path, table: str) -> int:
+    try:
+        with sqlite3.connect(database) as connection:
+            return int(connection.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+@pytest.mark.timeout(300)
+def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
+    spark: Any, kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    servers, topic, database = servers_of(kafka), unique_name, tmp_path / "sink.db"
+    create_topic(servers, topic, partitions=2)
+    produce_sealed(servers, topic, make_records(2, 20))
+    checkpoint = tmp_path / "checkpoint"
+    endpoint = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics"))
+
+    def start(**limits: str) -> Any:
+        return (
+            read_stream(spark, servers, subscribe=topic, startingOffsets="earliest")
+            .option("queryName", unique_name)
+            .options(**limits)
+            .load()
+            .selectExpr("offset AS id", "CAST(value AS STRING) AS name", "partition AS version")
+            .writeStream.format("2pc-jdbc")
+            .option("url", f"jdbc:sqlite:{database}")
+            .option("dbtable", unique_name)
+            .option("createTableIfNotExists", "true")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    def lag(partition: int) -> float | None:
+        return value(
+            scrape(endpoint.url),
+            "eospack_kafka_source_lag_records",
+            query=unique_name,
+            topic=topic,
+            partition=partition,
+        )
+
+    planning = "eospack_kafka_source_planning_seconds_count"
+    try:
+        query = start(maxOffsetsPerTrigger="10")
+        try:
+            wait_until(lambda: sink_rows(database, unique_name) == 40, 120, "40 rows")
+            wait_until(lambda: lag(0) == 0 and lag(1) == 0, 30, "no lag")
+        finally:
+            query.stop()
+        batches = len([p for p in (checkpoint / "commits").iterdir() if p.name.isdigit()])
+        assert batches >= 4
+        samples = scrape(endpoint.url)
+        sink = {"sink": "2pc-jdbc"}
+        sink_ids = {
+            dict(labels)["sink_id"]
+            for name, labels in samples
+            if name == "eospack_sink_batches_committed_total"
+        }
+        assert len(sink_ids) == 1
+        sink["sink_id"] = sink_ids.pop()
+        committed = "eospack_sink_batches_committed_total"
+        assert value(samples, committed, **sink, mode="exactly_once") == batches
+        rows = "eospack_sink_rows_committed_total"
+        assert value(samples, rows, **sink, mode="exactly_once") == 40
+        assert value(samples, "eospack_sink_commit_seconds_count", **sink) == batches
+        assert value(samples, "eospack_sink_decision_seconds_count", **sink) == batches
+        assert value(samples, "eospack_sink_pieces_committed_total", **sink) >= batches
+        records = "eospack_kafka_source_records_total"
+        assert value(samples, records, query=unique_name) == 40
+        rolled_back = "eospack_sink_recovery_rolled_back_pieces_total"
+        assert value(samples, rolled_back, **sink) is None
+
+        # Held back by minOffsetsPerTrigger (after the first trigger, which always runs):
+        # new records wait, and the lag is the broker's end offset minus the consumed one.
+        planned_before = value(samples, planning, query=unique_name) or 0
+        held = start(minOffsetsPerTrigger="1000", maxTriggerDelay="1h")
+        try:
+            wait_until(
+                lambda: (
+                    (value(scrape(endpoint.url), planning, query=unique_name) or 0) > planned_before
+                ),
+                90,
+                "the held query's first trigger",
+            )
+            produce_sealed(servers, topic, make_records(2, 15, "w"))
+            wait_until(lambda: lag(0) == 15 and lag(1) == 15, 60, "a lag of 15 per partition")
+        finally:
+            held.stop()
+        assert sink_rows(database, unique_name) == 40
+    finally:
+        endpoint.close()

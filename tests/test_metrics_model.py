@@ -1,0 +1,66 @@
+"""eospack.core.metrics without Spark: the snapshot files, their merge across processes,
+recording off by default, and serve() refused in one line without prometheus_client."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from eospack.core import metrics
+from eospack.core.metrics import METRICS_DIR_VARIABLE, Recorder, read_directory
+
+
+def test_recording_is_off_without_the_directory(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(METRICS_DIR_VARIABLE, raising=False)
+    recorder = Recorder()
+    recorder.add("eospack_sink_batches_committed_total", {"sink": "s"})
+    assert recorder.snapshot.counters == {}
+
+
+def test_processes_merge_counters_histograms_add_and_the_newest_gauge_wins(
+    monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(METRICS_DIR_VARIABLE, str(tmp_path))
+    first, second = Recorder(), Recorder()
+    second._file_name = "other.json"
+    labels = {"sink": "2pc-jdbc", "sink_id": "a"}
+    first.add("eospack_sink_rows_committed_total", labels, 10)
+    second.add("eospack_sink_rows_committed_total", labels, 5)
+    first.observe("eospack_sink_commit_seconds", labels, 0.003)
+    second.observe("eospack_sink_commit_seconds", labels, 7.0)
+    first.set("eospack_kafka_source_lag_records", {"partition": 0}, 9)
+    first.flush()
+    second.set("eospack_kafka_source_lag_records", {"partition": 0}, 0)
+    second.flush()
+    merged = read_directory(tmp_path)
+    key = ("eospack_sink_rows_committed_total", tuple(sorted(labels.items())))
+    assert merged.counters[key] == 15
+    histogram = merged.histograms[("eospack_sink_commit_seconds", key[1])]
+    assert histogram.count == 2 and histogram.total == pytest.approx(7.003)
+    assert histogram.counts[0] == 1 and histogram.counts[metrics.SECONDS_BUCKETS.index(10.0)] == 1
+    assert merged.gauges[("eospack_kafka_source_lag_records", (("partition", "0"),))][0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first._file_name, "other.json"])
+    assert json.loads((tmp_path / "other.json").read_text())["counters"]
+
+
+def test_an_unwritable_directory_never_raises(monkeypatch, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(METRICS_DIR_VARIABLE, str(blocker / "metrics"))
+    recorder = Recorder()
+    recorder.add("eospack_sink_batches_committed_total", {"sink": "s"})
+    recorder.flush()
+
+
+def test_serve_without_prometheus_client_names_the_install_command(monkeypatch) -> None:
+    from eospack.tools.metrics import MetricsUnavailableError, serve
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(MetricsUnavailableError) as raised:
+        serve(None, port=0)
+    assert str(raised.value) == (
+        "eospack metrics need the prometheus_client package: pip install 'eospack[metrics]'"
+    )
