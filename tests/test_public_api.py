@@ -5,7 +5,8 @@ block): ``from eospack import X`` only for X in ``eospack.__all__``; ``import eo
 (then ``eospack.X`` with X in ``__all__``); ``from eospack.stateful_ops import X`` only
 for X in that package's own ``__all__`` (documented as public in docs/stateful-operators.md
 section); and ``import eospack.metrics`` or ``from eospack.metrics import X`` with X in its
-``__all__`` (docs/metrics.md). Any other ``eospack.*`` module is internal and may change without notice.
+``__all__`` (docs/metrics.md). Any other ``eospack.*`` module is internal and may change
+without notice.
 """
 
 from __future__ import annotations
