@@ -31,8 +31,6 @@ pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).resolve().parents[1] / "drivers" / "jdbc_changes_driver.py"
 DRIVER_TIMEOUT = 300.0
 STAGING_POINTS = ("after_prepare", "before_decision", "after_decision", "after_commit")
-DEFAULT_LANE_POINTS = ("after_decision", "between_piece_commits")
-"""The default lane's subset (one driver start each); the chaos lane runs every point."""
 
 
 def pg_table(url: str, table: str, version: str = "version") -> list[tuple[Any, ...]]:
@@ -58,7 +56,6 @@ def done_batches(url: str, tables: list[str]) -> int:
 @pytest.mark.parametrize(
     ("protocol", "points"),
     [
-        pytest.param("prepared", DEFAULT_LANE_POINTS, id="prepared-some-points"),
         pytest.param("prepared", ALL_FAULT_POINTS, id="prepared", marks=pytest.mark.chaos),
         pytest.param("staging", STAGING_POINTS, id="staging", marks=pytest.mark.chaos),
     ],

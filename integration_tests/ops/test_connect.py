@@ -176,5 +176,6 @@ def test_a_failed_query_reaches_the_client_with_eospacks_error_line(
     assert type(failure).__module__ == "pyspark.errors.exceptions.connect"
     assert is_permanent(failure)
     assert first_line(failure) == (
-        "JdbcSinkOptionError: Option writeMode is 'sideways': use append (default) or upsert"
+        "JdbcSinkOptionError: Option writeMode is 'sideways':"
+        " use append (default), upsert or changes"
     )
