@@ -323,13 +323,13 @@ class Dialect(ABC):
         """Write the rows into ``table`` in the open transaction (tagged with ``piece``,
         for the staging table); return the row count."""
 
-    @abstractmethod
     def pieces_filter(self, count: int) -> str:
         """``WHERE`` condition selecting staging rows of ``count`` pieces (see
-        ``pieces_params``)."""
+        ``pieces_params``): one parameter per piece by default."""
+        return f"{quote(PIECE_COLUMN)} IN ({', '.join(self.placeholder for _ in range(count))})"
 
-    @abstractmethod
-    def pieces_params(self, pieces: list[str]) -> list[object]: ...
+    def pieces_params(self, pieces: list[str]) -> list[object]:
+        return list(pieces)
 
     @abstractmethod
     def upsert_source(

@@ -366,12 +366,6 @@ class MariaDBDialect(Dialect):
             )
         return rows
 
-    def pieces_filter(self, count: int) -> str:
-        return f"{quote(PIECE_COLUMN)} IN ({', '.join('%s' for _ in range(count))})"
-
-    def pieces_params(self, pieces: list[str]) -> list[object]:
-        return list(pieces)
-
     def upsert_source(
         self,
         stage: TableName,

@@ -243,12 +243,6 @@ class SqliteDialect(Dialect):
             rows += batch.num_rows
         return rows
 
-    def pieces_filter(self, count: int) -> str:
-        return f"{quote(PIECE_COLUMN)} IN ({', '.join('?' for _ in range(count))})"
-
-    def pieces_params(self, pieces: list[str]) -> list[object]:
-        return list(pieces)
-
     def upsert_source(
         self,
         stage: TableName,
