@@ -103,6 +103,9 @@ def write_change_files(directory: Path, batches: list[list[Change]]) -> None:
 # Debezium ------------------------------------------------------------------------------
 
 DEBEZIUM_TABLES = ("customers", "orders", "items")
+PASSWORD_VARIABLE = "EOSPACK_TEST_JDBC_PASSWORD"
+"""The crash driver's database password, from the environment (never on a command line
+that a failure prints)."""
 
 
 def debezium_event(table: str, change: Change, lsn: int) -> bytes:

@@ -13,6 +13,7 @@ Run with the same arguments again after a crash: it restarts from its checkpoint
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from pyspark.sql import functions as F
 
 from eospack.lab.testing import await_query
 from eospack.tools.spark import local_session
-from integration_tests.jdbc_changes_parts import CHANGE_SCHEMA_DDL
+from integration_tests.jdbc_changes_parts import CHANGE_SCHEMA_DDL, PASSWORD_VARIABLE
 
 ENVELOPE = (
     "before STRUCT<id BIGINT, name STRING>, after STRUCT<id BIGINT, name STRING>,"
@@ -55,7 +56,7 @@ def debezium_changes(spark: SparkSession, servers: str, topic: str, per_trigger:
 
 
 def sink_options(arguments: argparse.Namespace, table: str, version: str) -> dict[str, str]:
-    return {
+    options = {
         "url": arguments.url,
         "user": arguments.user,
         "dbtable": table,
@@ -65,6 +66,9 @@ def sink_options(arguments: argparse.Namespace, table: str, version: str) -> dic
         "versionColumn": version,
         "createTableIfNotExists": "true",
     }
+    if os.environ.get(PASSWORD_VARIABLE):
+        options["password"] = os.environ[PASSWORD_VARIABLE]
+    return options
 
 
 def start_queries(spark: SparkSession, arguments: argparse.Namespace) -> list[Any]:
