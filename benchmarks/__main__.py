@@ -3,9 +3,10 @@
 Every benchmark runs its contenders in the same process, on the same data and the same
 embedded services, and reports medians of the repetitions after one warm-up. Spark's own
 JVM connectors are the peers: ``format("kafka")`` for the source, Spark's JDBC writer for
-2pc-jdbc, the Parquet file sink on S3A for 2pc-s3 and ``format("kafka")`` for 2pc-kafka;
-their jars (``spark-kafka``, ``postgresql-jdbc``, ``hadoop-aws``) come through mvn on first
-use, and a peer whose jars cannot be resolved is left out with a note. Results go to
+2pc-jdbc (with MariaDB's driver into MariaDB), the Parquet file sink on S3A for 2pc-s3 and
+``format("kafka")`` for 2pc-kafka; their jars (``spark-kafka``, ``postgresql-jdbc``,
+``mariadb-jdbc``, ``hadoop-aws``) come through mvn on first use, and a peer whose jars
+cannot be resolved is left out with a note. Results go to
 ``benchmarks/results/<date>.md``; the run becomes the current one of its benchmarks in
 ``benchmarks/results/summary.json`` and ``docs/performance.md``'s tables are regenerated
 from the results files (``python -m benchmarks.report``; ``--no-docs`` leaves both alone).
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALL = (
     "source",
     "jdbc",
+    "jdbc-mariadb",
     "latency",
     "stateful",
     "recovery",
@@ -78,6 +80,7 @@ def main() -> int:
     started = time.monotonic()
     from benchmarks import (
         fixed_cost,
+        jdbc_mariadb,
         jdbc_sink,
         kafka_sink,
         kafka_source,
@@ -88,7 +91,7 @@ def main() -> int:
         s3_sink,
         stateful,
     )
-    from eospack.lab.services import start_kafka, start_postgres, start_s3
+    from eospack.lab.services import start_kafka, start_mariadb, start_postgres, start_s3
     from eospack.tools.spark import local_session
 
     workdir = Path(tempfile.mkdtemp(prefix="eospack-bench-"))
@@ -122,6 +125,7 @@ def main() -> int:
             ),
             ("hadoop-aws", {"s3"}),
             ("postgresql-jdbc", {"jdbc", "recovery", "micro-batch", "event-latency"}),
+            ("mariadb-jdbc", {"jdbc-mariadb"}),
         ):
             if wanted & selected:
                 jars[name] = peer_jars(name, report)
@@ -174,6 +178,18 @@ def main() -> int:
                 sizes,
                 repetitions,
                 spark_writer=bool(jars.get("postgresql-jdbc")),
+            )
+        if "jdbc-mariadb" in selected:
+            mariadb = start_mariadb()
+            services.append(mariadb)
+            jdbc_mariadb.run(
+                report,
+                spark,
+                mariadb,
+                workdir,
+                [100_000] if quick else [100_000, 300_000, 1_000_000],
+                repetitions,
+                spark_writer=bool(jars.get("mariadb-jdbc")),
             )
         if "latency" in selected:
             jdbc_sink.commit_latency(report, spark, postgres, workdir, 20 if quick else 100)

@@ -183,6 +183,25 @@ Contender = tuple[Callable[[], object], Callable[[], object] | None]
 """What a contender runs, and its untimed setup (a fresh table) or None."""
 
 
+def checked_write(
+    write: Callable[[], object],
+    *,
+    reset: Callable[[], object],
+    count: Callable[[], int],
+    rows: int,
+) -> Contender:
+    """A contender writing into a fresh table (``reset``, untimed) whose row count is
+    checked after each write: nothing lost, nothing doubled."""
+
+    def write_and_check() -> None:
+        write()
+        written = count()
+        if written != rows:
+            raise AssertionError(f"{written} rows written, expected {rows}")
+
+    return write_and_check, reset
+
+
 def interleaved(
     contenders: dict[str, Contender],
     repetitions: int,
@@ -216,18 +235,12 @@ def _run_size(
 ) -> dict[str, Figure]:
     table = f"bench_jdbc_{rows}"
     url = postgres.endpoint.url
-
-    def into_table(
-        write: Callable[[], object],
-    ) -> tuple[Callable[[], object], Callable[[], object]]:
-        def write_and_check() -> None:
-            write()
-            written = count_rows(url, table)
-            if written != rows:
-                raise AssertionError(f"{table}: {written} rows written, expected {rows}")
-
-        return write_and_check, lambda: reset_table(url, table)
-
+    into_table = partial(
+        checked_write,
+        reset=partial(reset_table, url, table),
+        count=partial(count_rows, url, table),
+        rows=rows,
+    )
     register_dropping_sink(spark)
     contenders: dict[str, Contender] = {}
     for label, options in CONTENDERS.items():

@@ -85,7 +85,7 @@ def is_cached(name: str) -> bool:
 
 def resolve_classpath(name: str, progress: TextIO | None = None) -> list[Path]:
     """The jars of the set ``name`` (``kafka-broker``, ``spark-kafka``, ``mariadb-server``,
-    ``hadoop-aws``, ``postgresql-jdbc``), fetching once.
+    ``hadoop-aws``, ``postgresql-jdbc``, ``mariadb-jdbc``), fetching once.
 
     ``progress`` receives mvn's output while a fetch runs (default: stderr).
     """
@@ -376,6 +376,12 @@ ON_DEMAND_SETS: dict[str, ArtifactSet] = {
     "postgresql-jdbc": ArtifactSet(
         name="postgresql-jdbc",
         pom="postgresql-jdbc.xml",
+        cache_inputs=dict,
+        choose_properties=_no_properties,
+    ),
+    "mariadb-jdbc": ArtifactSet(
+        name="mariadb-jdbc",
+        pom="mariadb-jdbc.xml",
         cache_inputs=dict,
         choose_properties=_no_properties,
     ),
