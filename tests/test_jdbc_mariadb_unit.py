@@ -9,7 +9,13 @@ from pyspark.sql import types as T
 
 from eospack.connectors.jdbc.dialect import TableName
 from eospack.connectors.jdbc.errors import JdbcSchemaError, JdbcSinkOptionError
-from eospack.connectors.jdbc.mariadb import MariaDBDialect, _prepared, _text_column
+from eospack.connectors.jdbc.mariadb import (
+    MariaDBDialect,
+    _gid_of,
+    _prepared,
+    _text_column,
+    _xid,
+)
 from eospack.connectors.jdbc.options import dialect_for, parse_options
 
 SECRET = "topsecret"
@@ -70,14 +76,35 @@ def test_bad_mariadb_urls_fail_in_one_line_without_the_password(url: str, messag
     assert SECRET not in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_protocol_prepared_is_refused_naming_protocol_and_the_fix() -> None:
-    with pytest.raises(JdbcSinkOptionError) as caught:
-        parse_options({"url": "jdbc:mariadb://h/db", "dbtable": "t", "protocol": "prepared"})
+def test_protocol_prepared_is_xa_on_mariadb_and_not_auto_s_choice() -> None:
+    prepared = parse_options({"url": "jdbc:mariadb://h/db", "dbtable": "t", "protocol": "prepared"})
+    assert prepared.protocol == "prepared"
+    assert MariaDBDialect.supports_prepared_transactions
+    assert not MariaDBDialect.auto_uses_prepared
 
-    assert str(caught.value) == (
-        "protocol=prepared needs PostgreSQL (2pc-jdbc does not drive MariaDB/MySQL XA"
-        " transactions): use protocol=staging or auto"
+
+def test_xa_refuses_upsert_in_one_line_naming_the_fix() -> None:
+    with pytest.raises(JdbcSinkOptionError) as caught:
+        parse_options(
+            {
+                "url": "jdbc:mysql://h/db",
+                "dbtable": "t",
+                "protocol": "prepared",
+                "writeMode": "upsert",
+                "upsertKeys": "id",
+            }
+        )
+    assert str(caught.value).startswith(
+        "protocol=prepared (XA) on MariaDB/MySQL takes writeMode=append only (got writeMode=upsert)"
     )
+    assert "protocol=staging" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_xa_ids_split_a_long_piece_id_into_gtrid_and_bqual_and_join_back() -> None:
+    gid = "eospack-" + "s" * 20 + "-123456-7-1x0123456789abx0123abcd-and-more-to-pass-64-bytes"
+    gtrid, bqual = _xid(gid)
+    assert len(gtrid) == 64 and gtrid + bqual == gid
+    assert _gid_of((1, 64, len(bqual), (gtrid + bqual).encode())) == gid
 
 
 def test_upsert_guards_every_column_by_the_version_and_assigns_the_version_last() -> None:

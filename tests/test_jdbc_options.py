@@ -147,8 +147,8 @@ def test_sqlite_url_is_made_absolute() -> None:
         ),
         (
             {"url": "jdbc:sqlite:/tmp/x.db", "protocol": "prepared"},
-            "protocol=prepared needs PostgreSQL (SQLite has no prepared transactions):"
-            " use protocol=staging or auto",
+            "protocol=prepared needs PostgreSQL, MariaDB or MySQL (SQLite has no prepared"
+            " transactions): use protocol=staging or auto",
         ),
         ({"batchsize": "0"}, "Option batchsize is '0': use a positive integer"),
         (

@@ -35,6 +35,7 @@ def test_install_command_makes_root_reachable_by_password(tmp_path: Path) -> Non
 
     assert command[:2] == ["/opt/m/scripts/mariadb-install-db", "--no-defaults"]
     assert "--auth-root-authentication-method=normal" in command
+    assert f"--tmpdir={tmp_path}" in command, "a private tmpdir: installs at once collided"
     assert command[-1] == "--user=root"
 
 

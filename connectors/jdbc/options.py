@@ -267,13 +267,16 @@ def parse_options(raw: Mapping[str, str]) -> JdbcSinkOptions:
         )
     protocol = options.choice("protocol", ("auto", "prepared", "staging"), "auto")
     if protocol == "prepared" and not dialect_for(url).supports_prepared_transactions:
-        reason = (
-            "2pc-jdbc does not drive MariaDB/MySQL XA transactions"
-            if url.dialect == "mariadb"
-            else "SQLite has no prepared transactions"
-        )
         raise JdbcSinkOptionError(
-            f"protocol=prepared needs PostgreSQL ({reason}): use protocol=staging or auto"
+            "protocol=prepared needs PostgreSQL, MariaDB or MySQL (SQLite has no prepared"
+            " transactions): use protocol=staging or auto"
+        )
+    if protocol == "prepared" and url.dialect == "mariadb" and write_mode != "append":
+        raise JdbcSinkOptionError(
+            f"protocol=prepared (XA) on MariaDB/MySQL takes writeMode=append only (got"
+            f" writeMode={write_mode}): an upsert inside a prepared XA transaction holds"
+            " InnoDB's next-key locks until the commit, so parallel tasks wait on each other;"
+            " use protocol=staging (or auto) for upsert and changes"
         )
 
     user = options.text("user") or url_user

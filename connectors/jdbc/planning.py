@@ -211,7 +211,10 @@ def with_batch_id_column(options: JdbcSinkOptions, schema: StructType) -> Struct
 def _protocol(options: JdbcSinkOptions, dialect: Dialect, connection: Connection) -> str:
     if not options.exactly_once:
         return "direct"
-    if not dialect.supports_prepared_transactions:
+    if not dialect.supports_prepared_transactions or options.protocol == "staging":
+        return "staging"
+    if options.protocol == "auto" and not dialect.auto_uses_prepared:
+        logger.info("2pc-jdbc %s: protocol=auto uses staging", options.describe())
         return "staging"
     limit = dialect.max_prepared_transactions(connection)
     if options.protocol == "prepared" and limit == 0:

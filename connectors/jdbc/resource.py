@@ -98,7 +98,9 @@ class JdbcResource(TransactionalResource):
         self.commits_atomically = plan.protocol == "staging"
         self.stage = plan.stage
         self.dialect = dialect_for(options.url)
-        self.orphans_can_block_commit = self.dialect.orphans_can_block_commit
+        self.orphans_can_block_commit = (
+            self.dialect.orphans_can_block_commit or plan.protocol == "prepared"
+        )
         self.connection = _idle_connections.take(options) or self.dialect.connect(
             options, autocommit=True
         )
@@ -267,6 +269,14 @@ class JdbcResource(TransactionalResource):
         if self.dialect.finish_prepared(self.connection, gid, "COMMIT"):
             return
         xid = piece.handle.get("xid")
+        if xid == "":
+            logger.info(
+                "2pc-jdbc: %s (batch %d) is gone after its decision: taken as committed (the"
+                " database keeps no outcome of finished XA transactions; a lost commit answer)",
+                gid,
+                piece.batch_id,
+            )
+            return
         if xid is None:
             logger.warning(
                 "2pc-jdbc cannot verify that %s (batch %d, written by an older eospack) was"

@@ -263,16 +263,11 @@ def test_values_come_back_as_spark_jdbc_writer_stores_them(spark, mariadb, tmp_p
             "url parameter 'useSSL' is not supported: use only user",
         ),
         (
-            {"protocol": "prepared"},
-            "protocol=prepared needs PostgreSQL (2pc-jdbc does not drive MariaDB/MySQL XA"
-            " transactions): use protocol=staging or auto",
-        ),
-        (
             {"writeMode": "upsert", "upsertKeys": "name", "createTableIfNotExists": "false"},
             "upsertKeys (name) match no primary key or unique index",
         ),
     ],
-    ids=["password-in-url", "url-parameter", "protocol-prepared", "upsert-key-without-index"],
+    ids=["password-in-url", "url-parameter", "upsert-key-without-index"],
 )
 @pytest.mark.timeout(180)
 def test_bad_urls_and_options_fail_at_query_start_in_one_line(
@@ -401,5 +396,48 @@ def test_a_server_refusing_local_files_gets_multi_row_inserts_with_the_same_rows
         assert rows(server, unique_name) == expected
         assert [status for *_, status in ledger(server, unique_name)] == ["done"] * 3
         assert staged_rows(server, unique_name) == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_an_xa_piece_prepared_before_a_mariadbd_sigkill_survives_it_and_commits(unique_name):
+    """What protocol=prepared relies on: a piece's ``XA PREPARE`` outlives its session and
+    a SIGKILL of the server; after the restart ``XA RECOVER`` lists it and ``XA COMMIT``
+    makes exactly its rows visible (a piece rolled back instead leaves none)."""
+    from eospack.connectors.jdbc.mariadb import SESSION_SETUP, MariaDBConnection, MariaDBDialect
+    from eospack.lab.services.mariadb import EmbeddedMariaDB
+
+    dialect = MariaDBDialect()
+    server = EmbeddedMariaDB()
+    try:
+        query(server, f"CREATE TABLE `{unique_name}` (id BIGINT, name LONGTEXT)")
+        gids = [f"eospack-{'a' * 20}-7-{p}-1x{'b' * 12}x{p:08d}" for p in (0, 1)]
+        for partition, gid in enumerate(gids):
+            raw = server.endpoint.connect(local_infile=True, init_command=SESSION_SETUP)
+            connection = MariaDBConnection(raw)
+            dialect.leave_autocommit(connection)
+            dialect.begin_prepared(connection, gid)
+            batch = pa.record_batch({"id": [partition, partition + 10], "name": ["x", "y"]})
+            table = TableName(None, unique_name)
+            assert dialect.write_rows(connection, table, ["id", "name"], [batch], 100) == 2
+            dialect.prepare(connection)
+            connection.close()
+        server.kill()
+        server.start()
+        raw = server.endpoint.connect(init_command=SESSION_SETUP)
+        connection = MariaDBConnection(raw)
+        try:
+            assert dialect.prepared_gids(connection, "eospack-") == sorted(gids)
+            assert dialect.finish_prepared(connection, gids[0], "COMMIT")
+            assert dialect.finish_prepared(connection, gids[1], "ROLLBACK")
+            assert not dialect.finish_prepared(connection, gids[0], "COMMIT"), "gone"
+            assert dialect.prepared_gids(connection, "eospack-") == []
+        finally:
+            connection.close()
+        assert query(server, f"SELECT id, name FROM `{unique_name}` ORDER BY id") == [
+            (0, "x"),
+            (10, "y"),
+        ]
     finally:
         server.stop()

@@ -35,7 +35,11 @@ from integration_tests.sink_contract.jdbc_adapters import (
     StagingPostgresSink,
 )
 from integration_tests.sink_contract.kafka_adapter import Kafka, KafkaSink
-from integration_tests.sink_contract.mariadb_adapter import MariaDBAdapter, MariaDBSink
+from integration_tests.sink_contract.mariadb_adapter import (
+    MariaDBAdapter,
+    MariaDBSink,
+    MariaDBXAAdapter,
+)
 from integration_tests.sink_contract.production_kafka_adapters import (
     KafkaCluster,
     KafkaClusterSink,
@@ -65,6 +69,7 @@ __all__ = [
     "KafkaSink",
     "MariaDBAdapter",
     "MariaDBSink",
+    "MariaDBXAAdapter",
     "OptionChange",
     "Options",
     "PostgresSink",
@@ -83,7 +88,15 @@ __all__ = [
 
 ADAPTERS: dict[str, type[SinkAdapter]] = {
     adapter.name: adapter
-    for adapter in (JdbcPrepared, JdbcStaging, JdbcSqlite, MariaDBAdapter, S3, Kafka)
+    for adapter in (
+        JdbcPrepared,
+        JdbcStaging,
+        JdbcSqlite,
+        MariaDBAdapter,
+        MariaDBXAAdapter,
+        S3,
+        Kafka,
+    )
 }
 """Every two-phase-commit sink; adding a sink means adding its adapter here."""
 

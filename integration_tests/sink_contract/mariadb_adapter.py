@@ -1,6 +1,7 @@
-"""The contract suite's 2pc-jdbc adapter for MariaDB (the embedded 10.11 server; the
-staging protocol, which ``protocol=auto`` picks there), modelled on the PostgreSQL staging
-adapter of ``jdbc_adapters.py``."""
+"""The contract suite's 2pc-jdbc adapters for MariaDB (the embedded 10.11 server): the
+staging protocol, which ``protocol=auto`` picks there (``jdbc-mariadb``), and XA
+(``protocol=prepared``, ``jdbc-mariadb-xa``), modelled on the PostgreSQL adapters of
+``jdbc_adapters.py``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from eospack.commit_protocols.pieces import sink_prefix
+from eospack.connectors.jdbc.mariadb import _gid_of
 from integration_tests.sink_contract.base import (
     EXACTLY_ONCE,
     BoundSink,
@@ -20,7 +23,7 @@ from integration_tests.sink_contract.base import (
     SinkAdapter,
     _switch,
 )
-from integration_tests.sink_contract.jdbc_adapters import JdbcSink, JdbcStaging
+from integration_tests.sink_contract.jdbc_adapters import JdbcPrepared, JdbcSink, JdbcStaging
 
 SESSION = (
     "SET SESSION sql_mode = CONCAT_WS(',', @@SESSION.sql_mode, 'ANSI_QUOTES'), time_zone = '+00:00'"
@@ -136,3 +139,49 @@ class MariaDBAdapter(SinkAdapter):
     )
     timeout_not_applicable = JdbcStaging.timeout_not_applicable
     bound = MariaDBSink
+
+
+class MariaDBXASink(MariaDBSink):
+    """``protocol=prepared``: its leftovers are the XA transactions ``XA RECOVER`` lists."""
+
+    def base_options(self) -> Options:
+        return {**super().base_options(), "protocol": "prepared"}
+
+    def leftovers(self, sink_ids: set[str], options: Options) -> list[str]:
+        prefixes = tuple(sink_prefix(sink_id) for sink_id in sink_ids)
+        prepared = [
+            f"XA transaction {gid}"
+            for gid in (_gid_of(row) for row in self.query("XA RECOVER"))
+            if gid.startswith(prefixes)
+        ]
+        return [*prepared, *super().leftovers(sink_ids, options)]
+
+
+class MariaDBXAAdapter(SinkAdapter):
+    name = "jdbc-mariadb-xa"
+    sink_format = "2pc-jdbc"
+    data_source = "eospack.connectors.jdbc.sink:TwoPhaseJdbcDataSource"
+    fixtures = ("mariadb",)
+    calls = JdbcPrepared.calls
+    documented_options = tuple(
+        DocumentedOption("protocol", "prepared") if option.name == "protocol" else option
+        for option in MariaDBAdapter.documented_options
+        if option.name not in {"writeMode", "upsertKeys", "versionColumn"}
+    )
+    """XA takes appends only (an upsert is refused at query start: ``options``)."""
+    option_changes = (
+        OptionChange("url_mysql_scheme", lambda s, o: _mariadb_url_forms(s, o, "mysql")),
+        OptionChange("url_localhost", lambda s, o: _mariadb_url_forms(s, o, "localhost")),
+        OptionChange("batchsize", _switch("batchsize", "3"), chaos_only=True),
+        OptionChange("protocol_to_staging", _switch("protocol", "staging")),
+        OptionChange(
+            "protocol_back_to_prepared",
+            _switch("protocol", "prepared"),
+            follows="protocol_to_staging",
+        ),
+    )
+    timeout_not_applicable = (
+        "a prepared XA transaction has no timeout: it waits for XA COMMIT however slow the"
+        " batch (lockTimeout bounds lock waits, not prepared work)"
+    )
+    bound = MariaDBXASink

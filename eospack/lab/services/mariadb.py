@@ -125,12 +125,16 @@ def server_command(basedir: Path, workdir: Path, port: int, run_as_root: bool) -
 
 
 def install_command(basedir: Path, workdir: Path, run_as_root: bool) -> list[str]:
-    """``mariadb-install-db``: the system tables, root reachable by password (empty)."""
+    """``mariadb-install-db``: the system tables, root reachable by password (empty). Its
+    bootstrap server gets the private ``--tmpdir`` too: in the shared /tmp two installs at
+    once (two test workers) failed on a temporary table ("Could not remove temporary
+    table", then "Unknown table 'mysql.tmp_user_sys'")."""
     command = [
         str(basedir / "scripts" / "mariadb-install-db"),
         "--no-defaults",
         f"--basedir={basedir}",
         f"--datadir={workdir / 'data'}",
+        f"--tmpdir={workdir}",
         "--auth-root-authentication-method=normal",
         "--skip-test-db",
         "--skip-name-resolve",
