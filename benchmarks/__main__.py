@@ -30,6 +30,7 @@ ALL = (
     "source",
     "jdbc",
     "jdbc-mariadb",
+    "jdbc-changes",
     "latency",
     "stateful",
     "recovery",
@@ -80,6 +81,7 @@ def main() -> int:
     started = time.monotonic()
     from benchmarks import (
         fixed_cost,
+        jdbc_changes,
         jdbc_mariadb,
         jdbc_sink,
         kafka_sink,
@@ -190,6 +192,10 @@ def main() -> int:
                 [100_000] if quick else [100_000, 300_000, 1_000_000],
                 repetitions,
                 spark_writer=bool(jars.get("mariadb-jdbc")),
+            )
+        if "jdbc-changes" in selected:
+            jdbc_changes.run(
+                report, spark, postgres, workdir, 100_000 if quick else 1_000_000, repetitions
             )
         if "latency" in selected:
             jdbc_sink.commit_latency(report, spark, postgres, workdir, 20 if quick else 100)
