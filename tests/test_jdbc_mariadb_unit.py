@@ -4,6 +4,7 @@ integration_tests/jdbc/test_jdbc_mariadb.py)."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pymysql
 import pytest
 from pyspark.sql import types as T
 
@@ -178,3 +179,17 @@ def test_names_with_a_percent_sign_are_refused_naming_them() -> None:
     with pytest.raises(JdbcSchemaError, match="name 'a%b' contains '%'"):
         MariaDBDialect().refuse_lossy_columns(options, schema, {})
     MariaDBDialect().refuse_lossy_columns(options, T.StructType(schema.fields[:1]), {})
+
+
+class _RefusingXaRecover:
+    def execute(self, statement: str, params: object = None) -> None:
+        raise pymysql.err.OperationalError(1227, "Access denied; you need XA_RECOVER_ADMIN")
+
+
+def test_a_user_refused_xa_recover_has_no_prepared_pieces_but_cannot_choose_xa() -> None:
+    """MySQL 8 without XA_RECOVER_ADMIN: recovery of staging and at-least-once (which list
+    prepared pieces too) must go on; protocol=prepared is refused at query start."""
+    connection = _RefusingXaRecover()
+    assert MariaDBDialect().prepared_gids(connection, "eospack-") == []  # type: ignore[arg-type]
+    with pytest.raises(JdbcSinkOptionError, match="XA_RECOVER_ADMIN"):
+        MariaDBDialect().max_prepared_transactions(connection)  # type: ignore[arg-type]

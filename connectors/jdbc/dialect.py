@@ -155,9 +155,9 @@ class Dialect(ABC):
     change hooks (``latest_changes_sql`` ... ``create_tombstones_sql``) speak its SQL;
     others refuse the mode at option parsing, in one line."""
     supports_prepared_transactions: ClassVar[bool] = False
+    """Whether pieces can be prepared transactions (``protocol=prepared``)."""
     auto_uses_prepared: ClassVar[bool] = True
     """Whether ``protocol=auto`` picks ``prepared`` when the server allows it."""
-    """Whether pieces can be prepared transactions (``protocol=prepared``)."""
     stage_keeps_column_types: ClassVar[bool] = False
     """Whether ``create_stage_sql`` copies the target's declared types (with their
     lengths and scales), so a stage made before an ALTER of the target is stale."""
