@@ -23,7 +23,14 @@ import pyarrow.parquet as pq
 
 from benchmarks.data import parquet_directory, parquet_stream
 from benchmarks.harness import Comparison, Figure, Report, say, scaling_note
-from benchmarks.jdbc_sink import MICRO_BATCHES, TIMEOUT, Contender, checked_write, interleaved
+from benchmarks.jdbc_sink import (
+    MICRO_BATCHES,
+    TIMEOUT,
+    Contender,
+    checked_write,
+    interleaved,
+    write_with_eospack,
+)
 from eospack.lab.testing import await_query
 
 TABLE_DDL = (
@@ -59,25 +66,6 @@ def reset_table(mariadb: Any, table: str) -> None:
 def count_rows(mariadb: Any, table: str) -> int:
     row = _execute(mariadb, f"SELECT count(*) FROM {table}")
     return int(row[0]) if row else 0
-
-
-def write_with_eospack(
-    spark: Any, directory: Path, mariadb: Any, table: str, options: dict[str, str]
-) -> None:
-    endpoint = mariadb.endpoint
-    query = (
-        parquet_stream(spark, directory)
-        .writeStream.format("2pc-jdbc")
-        .option("url", endpoint.jdbc_url)
-        .option("user", endpoint.user)
-        .option("password", endpoint.password)
-        .option("dbtable", table)
-        .options(**options)
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-mariadb-"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, TIMEOUT)
 
 
 def write_with_spark_jdbc(spark: Any, directory: Path, mariadb: Any, table: str) -> None:

@@ -39,13 +39,17 @@ def count_rows(url: str, table: str) -> int:
     return int(row[0]) if row else 0
 
 
-def write_with_eospack(spark, directory: Path, postgres, table: str, options: dict[str, str]):
-    endpoint = postgres.endpoint
+def write_with_eospack(spark, directory: Path, server, table: str, options: dict[str, str]):
+    """The stream into ``server`` (PostgreSQL or MariaDB: its endpoint's url, user and
+    password, if it has one) through 2pc-jdbc with ``options``."""
+    endpoint = server.endpoint
+    password = getattr(endpoint, "password", "")
     query = (
         parquet_stream(spark, directory)
         .writeStream.format("2pc-jdbc")
         .option("url", endpoint.jdbc_url)
         .option("user", endpoint.user)
+        .options(**({"password": password} if password else {}))
         .option("dbtable", table)
         .options(**options)
         .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-jdbc-"))
