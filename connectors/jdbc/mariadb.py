@@ -90,6 +90,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DDL_LOCK_NAME = "eospack_2pc_jdbc_ddl"
+LOCK_WAIT_ERRORS = frozenset({1205})
+"""ER_LOCK_WAIT_TIMEOUT: an InnoDB row lock or a metadata lock waited its whole timeout."""
 CONNECT_TIMEOUT_SECONDS = 10
 """As ``options.DEFAULT_CONNECT_TIMEOUT_SECONDS`` (not imported: options imports this)."""
 SESSION_SETUP = (
@@ -218,8 +220,13 @@ class MariaDBDialect(Dialect):
     ) -> Iterator[MariaDBConnection]:
         """A named lock (``GET_LOCK``) held while the sink's tables are checked and made:
         MySQL commits before each DDL statement, so a transaction would not serialise
-        them. Waits at most ``lockTimeout``."""
+        them. It and every statement inside wait at most ``lockTimeout`` (whole seconds): a
+        prepared XA piece left by a crashed run holds its row locks for ever, and query start
+        must fail with a message naming the sink's XA pieces rather than wait InnoDB's 50 s."""
         seconds = max(1, math.ceil(options.lock_timeout_ms / 1000))
+        connection.execute(
+            f"SET SESSION innodb_lock_wait_timeout = {seconds}, lock_wait_timeout = {seconds}"
+        )
         row = connection.execute("SELECT GET_LOCK(%s, %s)", (DDL_LOCK_NAME, seconds)).fetchone()
         if row is None or row[0] != 1:
             raise JdbcWriteError(
@@ -230,11 +237,29 @@ class MariaDBDialect(Dialect):
             )
         try:
             yield connection
+        except pymysql.err.OperationalError as error:
+            if error.args[0] not in LOCK_WAIT_ERRORS:
+                raise
+            raise self._locked_tables_error(options, connection) from error
         finally:
             try:
                 connection.execute("SELECT RELEASE_LOCK(%s)", (DDL_LOCK_NAME,))
             except Exception as error:  # a lost session releases its locks
                 logger.debug("2pc-jdbc could not release the DDL lock: %s", error)
+
+    def _locked_tables_error(
+        self, options: JdbcSinkOptions, connection: MariaDBConnection
+    ) -> JdbcWriteError:
+        gids = self.prepared_gids(connection, "eospack-")
+        shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
+        return JdbcWriteError(
+            f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one"
+            f" is locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
+            + (f" (prepared XA pieces of eospack sinks: {shown})" if gids else "")
+            + ": restart the query with the columns it had before, so that its recovery"
+            " finishes what a crashed run left, or roll them back by hand (XA ROLLBACK"
+            " '<gtrid>', '<bqual>' with the parts XA RECOVER lists)"
+        )
 
     def limit_lock_wait(self, connection: MariaDBConnection, lock_timeout_ms: int) -> None:
         seconds = max(1, math.ceil(lock_timeout_ms / 1000))

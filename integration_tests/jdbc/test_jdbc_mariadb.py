@@ -19,7 +19,7 @@ from eospack.cli import main
 from eospack.connectors.jdbc.dialect import TableName, stage_table
 from eospack.core import faults
 from eospack.lab.testing import await_query, wait_until
-from integration_tests.jdbc_fixtures import stream_input, write_input_files
+from integration_tests.jdbc_fixtures import run_file_query, stream_input, write_input_files
 from integration_tests.sink_contract.harness import ContractRun
 from integration_tests.sink_contract.mariadb_adapter import MariaDBAdapter
 
@@ -441,3 +441,68 @@ def test_an_xa_piece_prepared_before_a_mariadbd_sigkill_survives_it_and_commits(
         ]
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_an_xa_leftover_on_the_table_fails_the_alter_after_lock_timeout_naming_it(
+    spark, mariadb, tmp_path, unique_name
+):
+    """A crashed run's prepared XA piece holds locks on the target that ``ADD COLUMN`` waits
+    for: the restart with ``mergeSchema`` and a new column fails after ``lockTimeout`` (not
+    InnoDB's 50 s) in one line naming the XA piece, and adds nothing; once the piece is
+    rolled back, the restart adds the column and writes every row once."""
+    from eospack.connectors.jdbc.mariadb import SESSION_SETUP, MariaDBConnection, MariaDBDialect
+
+    options = sink_options(mariadb, unique_name, protocol="prepared")
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    old = pa.table({"id": pa.array([1, 2], pa.int64()), "name": pa.array(["a", "b"])})
+    new = pa.table(
+        {"id": pa.array([3], pa.int64()), "name": ["c"], "note": pa.array(["x3"], pa.string())}
+    )
+    source.mkdir()
+    pq.write_table(old, source / "part-0000.parquet")
+    run_file_query(spark, source, checkpoint, "id BIGINT, name STRING", options)
+    pq.write_table(new, source / "part-0001.parquet")
+
+    dialect = MariaDBDialect()
+    gid = f"eospack-{'c' * 20}-9-0-1x{'d' * 12}x00000000"
+    leftover = MariaDBConnection(
+        mariadb.endpoint.connect(local_infile=True, init_command=SESSION_SETUP)
+    )
+    dialect.leave_autocommit(leftover)
+    dialect.begin_prepared(leftover, gid)
+    leftover.execute(f"INSERT INTO `{unique_name}` (id, name) VALUES (100, 'left')")
+    dialect.prepare(leftover)
+    leftover.close()
+    merged = {**options, "mergeSchema": "true", "lockTimeout": "1s"}
+    try:
+        with pytest.raises(Exception, match="locked by another session for over 1000ms") as caught:
+            run_file_query(spark, source, checkpoint, NEW_FILE_SCHEMA, merged)
+        assert f"(prepared XA pieces of eospack sinks: {gid})" in str(caught.value)
+        assert "XA ROLLBACK" in str(caught.value)
+        assert "note" not in [row[0] for row in _columns(mariadb, unique_name)]
+    finally:
+        checker = MariaDBConnection(mariadb.endpoint.connect(init_command=SESSION_SETUP))
+        try:
+            if gid in dialect.prepared_gids(checker, "eospack-"):
+                dialect.finish_prepared(checker, gid, "ROLLBACK")
+        finally:
+            checker.close()
+
+    run_file_query(spark, source, checkpoint, NEW_FILE_SCHEMA, merged)
+    assert query(mariadb, f"SELECT id, name, note FROM `{unique_name}` ORDER BY id") == [
+        (1, "a", None),
+        (2, "b", None),
+        (3, "c", "x3"),
+    ]
+
+
+NEW_FILE_SCHEMA = "id BIGINT, name STRING, note STRING"
+
+
+def _columns(server: Any, table: str) -> list[tuple[Any, ...]]:
+    return query(
+        server,
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_NAME = %s",
+        (table,),
+    )
