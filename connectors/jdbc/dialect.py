@@ -174,6 +174,11 @@ class Dialect(ABC):
         """The URL for logs and errors (never a credential)."""
 
     @abstractmethod
+    def default_schema(self, url: DatabaseUrl) -> str:
+        """The schema an unqualified table name of a new table lands in: ``dbtable`` with
+        it and without it name one table (``JdbcSinkOptions.target``)."""
+
+    @abstractmethod
     def connect(self, options: JdbcSinkOptions, *, autocommit: bool) -> Connection:
         """Open a connection or raise ``JdbcConnectionError`` naming the database and fix.
 

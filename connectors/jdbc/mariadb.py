@@ -183,6 +183,9 @@ class MariaDBDialect(Dialect):
     def display_url(self, url: DatabaseUrl) -> str:
         return f"jdbc:mariadb://{url.host}:{url.port}/{url.database}"
 
+    def default_schema(self, url: DatabaseUrl) -> str:
+        return url.database
+
     def connect(self, options: JdbcSinkOptions, *, autocommit: bool) -> MariaDBConnection:
         try:
             raw = pymysql.connect(

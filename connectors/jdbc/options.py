@@ -129,8 +129,18 @@ class JdbcSinkOptions:
 
     @property
     def target(self) -> str:
-        """What the sink id is derived from together with the query id: the table."""
-        return f"{self.url.database or self.url.path}/{self.table}"
+        """What the sink id is derived from together with the query id: the database and
+        the table, spelled one way however ``dbtable`` names it. A schema that is the
+        database's default (``public`` on PostgreSQL, the url's database on MariaDB/MySQL,
+        ``main`` on SQLite) is dropped, so a restart naming ``public.orders`` instead of
+        ``orders`` is the same sink and finds its decisions (else it would apply a replayed
+        batch a second time)."""
+        table = self.table
+        if table.schema is not None and table.schema == dialect_for(self.url).default_schema(
+            self.url
+        ):
+            table = TableName(None, table.name)
+        return f"{self.url.database or self.url.path}/{table}"
 
     def describe(self) -> str:
         """For logs and errors: where rows go, without any credential."""

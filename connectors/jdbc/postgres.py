@@ -100,6 +100,9 @@ class PostgresDialect(Dialect):
     def display_url(self, url: DatabaseUrl) -> str:
         return f"postgresql://{url.host}:{url.port}/{url.database}"
 
+    def default_schema(self, url: DatabaseUrl) -> str:
+        return "public"
+
     def connect(self, options: JdbcSinkOptions, *, autocommit: bool) -> psycopg.Connection:
         try:
             return psycopg.connect(autocommit=autocommit, **options.psycopg_kwargs())

@@ -62,6 +62,9 @@ class SqliteDialect(Dialect):
     def display_url(self, url: DatabaseUrl) -> str:
         return f"jdbc:sqlite:{url.path}"
 
+    def default_schema(self, url: DatabaseUrl) -> str:
+        return "main"
+
     def connect(self, options: JdbcSinkOptions, *, autocommit: bool) -> sqlite3.Connection:
         """Always in autocommit mode, whatever ``autocommit`` says: transactions are begun
         explicitly by ``transaction``."""

@@ -19,8 +19,10 @@ from eospack.connectors.jdbc.dialect import TableName, stage_table
 from eospack.core import faults
 from eospack.lab.testing import await_query
 from integration_tests.jdbc_fixtures import (
+    INPUT_SCHEMA_DDL,
     pg_leftovers,
     pg_rows,
+    run_file_query,
     stream_input,
     write_input_files,
 )
@@ -250,3 +252,38 @@ def test_query_start_fails_clearly_when_a_prepared_transaction_locks_the_stage(
     finally:
         with psycopg.connect(url, autocommit=True) as connection:
             connection.execute(f"ROLLBACK PREPARED '{gid}'")
+
+
+@pytest.mark.parametrize("server_name", ["postgres", "mariadb"])
+@pytest.mark.timeout(300)
+def test_a_restart_naming_the_table_with_its_default_schema_is_the_same_sink(
+    request, spark, tmp_path, unique_name, call_faults, server_name
+):
+    """Batch 1's decision applied but its answer was lost; the restart names the table
+    ``public.<table>`` (PostgreSQL) or ``<database>.<table>`` (MariaDB) instead of
+    ``<table>``: the same table, so the same sink, which finishes batch 1 from its ledger
+    instead of applying the replay a second time."""
+    server = request.getfixturevalue(server_name)
+    endpoint = server.endpoint
+    options = {"url": endpoint.jdbc_url, "user": endpoint.user, "dbtable": unique_name}
+    options["createTableIfNotExists"] = "true"
+    if endpoint.password:
+        options["password"] = endpoint.password
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    batches = [[(1, "a", 1)], [(2, "b", 1)], [(3, "c", 1)]]
+    write_input_files(source, batches)
+    faults.arm(call_faults, "jdbc.decide", "after", batch_id=1)
+    with pytest.raises(Exception, match="jdbc.decide"):
+        run_file_query(spark, source, checkpoint, INPUT_SCHEMA_DDL, options, files_per_trigger=1)
+
+    schema = "public" if server_name == "postgres" else "eospack"
+    restarted = {**options, "dbtable": f"{schema}.{unique_name}"}
+    run_file_query(spark, source, checkpoint, INPUT_SCHEMA_DDL, restarted, files_per_trigger=1)
+
+    connection = endpoint.connect() if server_name == "mariadb" else psycopg.connect(endpoint.url)
+    try:
+        cursor = connection.cursor()
+        cursor.execute(f"SELECT id FROM {unique_name} ORDER BY id")
+        assert [row[0] for row in cursor.fetchall()] == [1, 2, 3]
+    finally:
+        connection.close()
