@@ -3,8 +3,10 @@
 The same keyed stream through both modes, in one run, the contenders interleaved
 (``jdbc_sink.interleaved``): 1M changes (every one an update, ``op = 'u'``) over 100k keys in
 10 micro-batches, each key's version rising with the stream. ``upsert`` takes the stream
-without the op column. What the ratio prices is what ``changes`` adds to an upsert: the op
-column through the stage, the per-key latest change of a batch, the tombstone check.
+without the op column. The goal row compares each mode with ``protocol=auto`` (what a user
+gets: ``staging`` for changes, ``prepared`` for upsert); the two rows after it compare the
+modes under one protocol each, pricing only what ``changes`` adds to an upsert: the op column
+through the stage, the per-key latest change of a batch, the tombstone check.
 Each run ends with one row per key (checked).
 """
 
@@ -24,8 +26,10 @@ from benchmarks.jdbc_sink import MICRO_BATCHES, TIMEOUT, Contender, checked_writ
 from eospack.lab.testing import await_query
 
 SCHEMA = "id long, name string, version long, op string"
-CHANGES = "2pc-jdbc writeMode=changes"
-UPSERT = "2pc-jdbc writeMode=upsert"
+CHANGES = "2pc-jdbc writeMode=changes (auto: staging)"
+UPSERT = "2pc-jdbc writeMode=upsert (auto: prepared)"
+UPSERT_STAGING = "2pc-jdbc writeMode=upsert protocol=staging"
+CHANGES_PREPARED = "2pc-jdbc writeMode=changes protocol=prepared"
 
 
 def change_files(directory: Path, rows: int, keys: int) -> Path:
@@ -46,7 +50,9 @@ def change_files(directory: Path, rows: int, keys: int) -> Path:
     return directory
 
 
-def write(spark: Any, directory: Path, postgres: Any, table: str, mode: str) -> None:
+def write(
+    spark: Any, directory: Path, postgres: Any, table: str, mode: str, protocol: str = "auto"
+) -> None:
     frame = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(directory))
     if mode == "upsert":
         frame = frame.drop("op")
@@ -57,6 +63,7 @@ def write(spark: Any, directory: Path, postgres: Any, table: str, mode: str) -> 
         .option("user", endpoint.user)
         .option("dbtable", table)
         .option("writeMode", mode)
+        .option("protocol", protocol)
         .option("upsertKeys", "id")
         .option("versionColumn", "version")
         .option("createTableIfNotExists", "true")
@@ -80,15 +87,23 @@ def run(
     say(f"jdbc-changes: {rows:,} updates over {keys:,} keys into PostgreSQL, changes vs upsert")
     url = postgres.endpoint.url
     contenders: dict[str, Contender] = {}
-    for label, mode in ((CHANGES, "changes"), (UPSERT, "upsert")):
-        table = f"bench_{mode}_{rows}"
+    for label, mode, protocol in (
+        (CHANGES, "changes", "auto"),
+        (UPSERT, "upsert", "auto"),
+        (UPSERT_STAGING, "upsert", "staging"),
+        (CHANGES_PREPARED, "changes", "prepared"),
+    ):
+        table = f"bench_{mode}_{protocol}_{rows}"
         contenders[label] = checked_write(
-            partial(write, spark, directory, postgres, table, mode),
+            partial(write, spark, directory, postgres, table, mode, protocol),
             reset=partial(_execute, url, f"DROP TABLE IF EXISTS {table}"),
             count=lambda table=table: int(_execute(url, f"SELECT count(*) FROM {table}")[0]),
             rows=keys,
         )
     seconds = interleaved(contenders, repetitions)
     size = f"{rows:,} changes, {keys:,} keys"
-    changes, upsert = (Figure(label, seconds[label], rows) for label in (CHANGES, UPSERT))
-    report.add(Comparison("14. jdbc changes vs upsert", size, changes, upsert, 0.8))
+    figures = {label: Figure(label, seconds[label], rows) for label in contenders}
+    benchmark = "14. jdbc changes vs upsert"
+    report.add(Comparison(benchmark, size, figures[CHANGES], figures[UPSERT], 0.8))
+    report.add(Comparison(benchmark, size, figures[CHANGES], figures[UPSERT_STAGING]))
+    report.add(Comparison(benchmark, size, figures[CHANGES_PREPARED], figures[UPSERT]))
