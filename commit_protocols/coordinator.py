@@ -52,12 +52,14 @@ someone ran ROLLBACK PREPARED)                                        naming sin
 ======================================  ============================  ==========================
 
 Metrics (``eospack.core.metrics``, docs/metrics.md) are recorded here, once for every sink:
-decision and commit latency, committed batches, pieces and rows, batches rolled forward and
-pieces rolled back; with metrics off each costs one environment lookup.
+decision and commit latency, committed batches, pieces and rows, batches rolled forward,
+pieces rolled back, batches fenced, pieces left waiting; with metrics off each costs one
+environment lookup. Each commit also logs one JSON line on ``eospack.batches``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -79,6 +81,8 @@ from .pieces import DONE, BatchDecision, PreparedPiece
 from .resource import TransactionalResource
 
 logger = logging.getLogger(__name__)
+BATCH_LOG = logging.getLogger("eospack.batches")
+"""One JSON line per sink commit at INFO (docs/metrics.md, "Log line per batch")."""
 
 
 class CommitProtocolError(EospackError, RuntimeError):
@@ -143,6 +147,14 @@ def record_rolled_back(sink: str, sink_id: str) -> None:
     )
 
 
+def record_fenced(sink: str, sink_id: str) -> None:
+    RECORDER.add("eospack_sink_fenced_batches_total", {"sink": sink, "sink_id": sink_id})
+
+
+def record_waiting(sink: str, sink_id: str, pieces: int) -> None:
+    RECORDER.set("eospack_sink_pieces_waiting", {"sink": sink, "sink_id": sink_id}, pieces)
+
+
 class TwoPhaseCommitCoordinator:
     """Commits, aborts and recovers the batches of one sink against one resource."""
 
@@ -186,8 +198,24 @@ class TwoPhaseCommitCoordinator:
                 f" {', '.join(fenced)} were rolled back by an abort or a recovery before the"
                 " decision; restart the query from its checkpoint: Spark replays the batch"
             )
-        self.recover(sink_id, up_to_batch=batch_id, query_ids=ours.piece_query_ids())
+        waiting = self.recover(sink_id, up_to_batch=batch_id, query_ids=ours.piece_query_ids())
         fault_point(AFTER_COMMIT, batch_id)
+        BATCH_LOG.info(
+            json.dumps(
+                {
+                    "sink": self.sink_name,
+                    "sink_id": sink_id,
+                    "batch_id": batch_id,
+                    "outcome": "committed" if applied else "replay_rolled_back",
+                    "rows": slot.rows if applied else ours.rows,
+                    "pieces": len(pieces),
+                    "decision_seconds": round(decided - started, 6),
+                    "commit_seconds": round(time.perf_counter() - decided, 6),
+                    "pieces_waiting": waiting,
+                },
+                separators=(",", ":"),
+            )
+        )
         if not applied:
             logger.info(
                 "%s batch %d was committed before a restart: rolled back its replay (%d rows)",
@@ -252,6 +280,7 @@ class TwoPhaseCommitCoordinator:
                     slot.rows,
                 )
             else:
+                record_fenced(self.sink_name, sink_id)
                 self._roll_back(pieces)
                 logger.warning(
                     "%s aborted batch %d: rolled back %d prepared pieces",
@@ -298,9 +327,10 @@ class TwoPhaseCommitCoordinator:
         sink_id: str,
         up_to_batch: int | None = None,
         query_ids: Collection[str | None] = frozenset(),
-    ) -> None:
+    ) -> int:
         """Finish decided batches (roll forward); roll back orphans of batches <= up_to_batch,
-        and the leftovers without a batch that ``query_ids`` wrote.
+        and the leftovers without a batch that ``query_ids`` wrote. Returns the pieces
+        left waiting (of later batches).
 
         Pieces of later batches are left alone: they may belong to a batch still running.
         """
@@ -313,13 +343,15 @@ class TwoPhaseCommitCoordinator:
                 decision.batch_id,
                 len(decision.pieces),
             )
+        listed = list(self.resource.prepared_pieces(sink_id))
         orphans = [
-            piece
-            for piece in self.resource.prepared_pieces(sink_id)
-            if up_to_batch is None or piece.batch_id <= up_to_batch
+            piece for piece in listed if up_to_batch is None or piece.batch_id <= up_to_batch
         ]
         self.roll_back_orphans(sink_id, orphans)
         self.resource.roll_back_unattributed(sink_id, query_ids)
+        waiting = len(listed) - len(orphans)
+        record_waiting(self.sink_name, sink_id, waiting)
+        return waiting
 
     def roll_back_orphans(self, sink_id: str, pieces: Iterable[PreparedPiece]) -> None:
         """Fence each batch's pieces, then roll back those no decision names (decided ones
@@ -331,6 +363,8 @@ class TwoPhaseCommitCoordinator:
             slot = self.resource.fence(sink_id, batch_id, tuple(batch_pieces))
             if slot.is_decided:
                 self._finish(slot)
+            else:
+                record_fenced(self.sink_name, sink_id)
             for piece in self._not_named(batch_pieces, slot) if slot.is_decided else batch_pieces:
                 self.resource.rollback_piece(piece)
                 record_rolled_back(self.sink_name, sink_id)

@@ -320,3 +320,65 @@ def test_a_replay_of_the_same_query_is_still_skipped_quietly(resource: InMemoryR
 
     assert coordinator.commit([replay], 1) is None
     assert replay.transaction_id in resource.rolled_back
+
+
+def test_waiting_pieces_and_fences_are_recorded_as_recovery_leaves_them(monkeypatch, tmp_path):
+    """The gauge counts the pieces left after a commit's recovery (a later batch's), the
+    counter the batch slots fenced (the orphan's batch, then an aborted batch)."""
+    from eospack.core import metrics
+
+    monkeypatch.setenv(metrics.METRICS_DIR_VARIABLE, str(tmp_path))
+    recorder = metrics.Recorder()
+    monkeypatch.setattr("eospack.commit_protocols.coordinator.RECORDER", recorder)
+    resource = InMemoryResource()
+    resource.prepare("s1", 2, 0, attempt="crashed")
+    resource.prepare("s1", 9, 0)
+    coordinator = TwoPhaseCommitCoordinator(resource, "2pc-test")
+    labels = (("sink", "2pc-test"), ("sink_id", "s1"))
+
+    coordinator.commit([resource.prepare("s1", 3, 0)], 3)
+
+    assert recorder.snapshot.gauges[("eospack_sink_pieces_waiting", labels)][0] == 1
+    assert recorder.snapshot.counters[("eospack_sink_fenced_batches_total", labels)] == 1
+    rolled_back = ("eospack_sink_recovery_rolled_back_pieces_total", labels)
+    assert recorder.snapshot.counters[rolled_back] == 1
+
+    coordinator.abort([resource.prepare("s1", 10, 0)], 10)
+
+    assert recorder.snapshot.gauges[("eospack_sink_pieces_waiting", labels)][0] == 0
+    assert recorder.snapshot.counters[("eospack_sink_fenced_batches_total", labels)] == 3
+
+
+def test_each_commit_logs_one_json_line_with_what_it_did(caplog):
+    """``eospack.batches``: one parseable line per commit, the replay's included."""
+    import json
+
+    resource = InMemoryResource()
+    coordinator = TwoPhaseCommitCoordinator(resource, "2pc-test")
+    with caplog.at_level("INFO", logger="eospack.batches"):
+        coordinator.commit([resource.prepare("s1", 4, 0), resource.prepare("s1", 4, 1)], 4)
+        coordinator.commit([resource.prepare("s1", 4, 0, attempt="replay")], 4)
+
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "eospack.batches"]
+    timings = {"decision_seconds", "commit_seconds"}
+    assert [{k: v for k, v in line.items() if k not in timings} for line in lines] == [
+        {
+            "sink": "2pc-test",
+            "sink_id": "s1",
+            "batch_id": 4,
+            "outcome": "committed",
+            "rows": 20,
+            "pieces": 2,
+            "pieces_waiting": 0,
+        },
+        {
+            "sink": "2pc-test",
+            "sink_id": "s1",
+            "batch_id": 4,
+            "outcome": "replay_rolled_back",
+            "rows": 10,
+            "pieces": 1,
+            "pieces_waiting": 0,
+        },
+    ]
+    assert all(line[key] >= 0 for line in lines for key in timings)

@@ -12,6 +12,8 @@ import pytest
 from eospack.core import metrics
 from eospack.core.metrics import METRICS_DIR_VARIABLE, Recorder, read_directory
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_recording_is_off_without_the_directory(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv(METRICS_DIR_VARIABLE, raising=False)
@@ -64,3 +66,22 @@ def test_serve_without_prometheus_client_names_the_install_command(monkeypatch) 
     assert str(raised.value) == (
         "eospack metrics need the prometheus_client package: pip install 'eospack[metrics]'"
     )
+
+
+def test_the_grafana_dashboard_queries_exactly_the_recorded_metrics() -> None:
+    """docs/grafana-dashboard.json: every expression names metrics eospack records (a
+    histogram through its ``_bucket``/``_count``/``_sum``), and every metric has a panel."""
+    import re
+
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    expressions = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = set()
+    for name in re.findall(r"eospack_[a-z_]+", " ".join(expressions)):
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        info = metrics.METRICS.get(base)
+        assert info is not None, f"{name} is not a recorded metric"
+        assert base == name or info.kind == "histogram", name
+        used.add(base)
+    assert used == set(metrics.METRICS)
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    assert all(f"`{name}`" in documented for name in metrics.METRICS)

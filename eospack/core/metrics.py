@@ -149,6 +149,20 @@ METRICS = _metrics(
         ("sink", "sink_id"),
         "Prepared pieces no decision named, rolled back by a recovery or an abort",
     ),
+    MetricInfo(
+        "eospack_sink_pieces_waiting",
+        "gauge",
+        ("sink", "sink_id"),
+        "Prepared pieces (prepared transactions, staged pieces, open Kafka transactions,"
+        " staged objects) of the sink left after its last commit, abort or recovery",
+    ),
+    MetricInfo(
+        "eospack_sink_fenced_batches_total",
+        "counter",
+        ("sink", "sink_id"),
+        "Batch slots fenced by an abort or a recovery, so no late decision can name a"
+        " rolled-back piece",
+    ),
 )
 
 

@@ -113,6 +113,8 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
         assert value(samples, records, query=unique_name) == 40
         rolled_back = "eospack_sink_recovery_rolled_back_pieces_total"
         assert value(samples, rolled_back, **sink) is None
+        assert value(samples, "eospack_sink_fenced_batches_total", **sink) is None
+        assert value(samples, "eospack_sink_pieces_waiting", **sink) == 0
 
         # Held back by minOffsetsPerTrigger (after the first trigger, which always runs):
         # new records wait, and the lag is the broker's end offset minus the consumed one.

@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("subscribe", arguments.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", limit)
+        .option("queryName", arguments.name)
         .options(**dict(arguments.source_option))
         .load()
         .selectExpr("CAST(key AS STRING) AS key")

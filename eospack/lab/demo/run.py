@@ -90,6 +90,15 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jdbc-user", default=None)
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and checkpoints")
+    parser.add_argument(
+        "--metrics",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the pipelines' Prometheus metrics on 127.0.0.1:PORT while the demo runs"
+        " (0: a free port) and say at the end what a scrape shows; needs"
+        " pip install 'eospack[metrics]'",
+    )
 
 
 @dataclass
@@ -219,11 +228,28 @@ def _run(
         f" {arguments.crashes} crashes of count_1; {output.describe()}"
     )
     demo = DemoRun(arguments, timeline, say, workdir, bootstrap, topic, names, output)
+    endpoint = None
+    if arguments.metrics is not None:
+        from eospack.lab.demo.metrics_view import start_metrics
+        from eospack.tools.metrics import MetricsUnavailableError
+
+        try:
+            endpoint = start_metrics(arguments.metrics, workdir)
+        except MetricsUnavailableError as error:
+            say(f"--metrics: {error}")
+            return 2
+        cleanup.callback(endpoint.close)
+        say(f"metrics served at {endpoint.url} (Grafana: docs/grafana-dashboard.json)")
     producer = Producer(bootstrap, topic, arguments, seconds)
     producer.start()
     pipelines = start_pipelines(demo, cleanup)
     crashes = run_until_pipelines_finish(demo, producer, pipelines)
     results = verify_outputs(demo, producer, crashes)
+    if endpoint is not None:
+        from eospack.lab.demo.metrics_view import scrape
+
+        for line in scrape(endpoint.url).lines():
+            say(line)
     return report(demo, producer, results)
 
 
