@@ -40,6 +40,7 @@ ALL = (
     "kafka-sink",
     "fixed-cost",
     "micro-batch",
+    "metrics",
 )
 ON_DEMAND = ("rolling-restart",)
 """Benchmarks only ``--only`` runs: they start services of their own (a 3-node cluster)."""
@@ -78,6 +79,7 @@ def main() -> int:
     selected = set(arguments.only or ALL)
     if quick and arguments.only is None:
         selected.discard("e2e")
+        selected.discard("metrics")
     started = time.monotonic()
     from benchmarks import (
         fixed_cost,
@@ -245,10 +247,14 @@ def main() -> int:
         if "e2e" in selected:
             events = 20_000 if quick else 150_000
             pipeline.end_to_end(report, bootstrap, postgres, events, repetitions)
+        if "metrics" in selected:
+            events = 20_000 if quick else 150_000
+            pipeline.metrics_overhead(report, bootstrap, postgres, events, repetitions)
         elif quick and arguments.only is None:
             report.notes.append(
-                "end to end (7) is left out of quick runs: its two pipeline launches take"
-                " over a minute (`--quick --only e2e` runs it small)"
+                "end to end (7) and metrics overhead (15) are left out of quick runs: their"
+                " pipeline launches take over a minute each (`--quick --only e2e metrics` runs"
+                " them small)"
             )
     except _NothingShared:
         pass

@@ -45,8 +45,10 @@ def pipeline(
     per_trigger: int,
     done: bool,
     extra: Sequence[str] = (),
+    environment: dict[str, str] | None = None,
 ) -> DriverProcess:
-    """The demo's pipeline as its own driver process; ``extra`` are more of its arguments."""
+    """The demo's pipeline as its own driver process; ``extra`` are more of its arguments,
+    ``environment`` more variables of its environment."""
     done_file = workdir / f"{name}.done"
     if done:
         done_file.touch()
@@ -65,6 +67,7 @@ def pipeline(
     return DriverProcess(
         command.arguments(),
         log_path=workdir / f"{name}.log",
+        environment=environment,
     )
 
 
@@ -323,3 +326,55 @@ def end_to_end(
             "7. end to end", f"{events:,} events", figures["exactly-once"], figures["at-least-once"]
         )
     )
+
+
+def metrics_overhead(
+    report: Report, bootstrap: str, postgres: Any, events: int, repetitions: int
+) -> None:
+    """15. The demo's pipeline (benchmark 7's, exactly-once) with metrics on
+    (``EOSPACK_METRICS_DIR`` set: the source's lag, the sinks' counters and histograms,
+    a snapshot file per batch) and off, interleaved per repetition; events/s after the
+    first committed batch. Issue 40's goal: on >= 0.98x off."""
+    from eospack.core.metrics import METRICS_DIR_VARIABLE
+
+    topic = f"bench_metrics_{int(time.time())}"
+    say(f"metrics overhead: producing {events:,} keyed events")
+    fill_keyed_topic(bootstrap, topic, events)
+    batch = max(events // 10, 1_000)
+    seconds: dict[str, list[float]] = {"on": [], "off": []}
+    for repetition in range(repetitions):
+        for setting in ("on", "off") if repetition % 2 == 0 else ("off", "on"):
+            workdir = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
+            name = f"bench_metrics_{setting}_{repetition}"
+            environment = (
+                {METRICS_DIR_VARIABLE: str(workdir / "metrics")} if setting == "on" else {}
+            )
+            say(f"metrics overhead: metrics {setting}, repetition {repetition + 1}/{repetitions}")
+            driver = pipeline(
+                name,
+                bootstrap,
+                topic,
+                postgres,
+                workdir,
+                "exactly-once",
+                batch,
+                True,
+                environment=environment,
+            )
+            seconds_to_next_commit(driver, workdir / name, 0)
+            started = time.monotonic()
+            wait_until(lambda d=driver: d.poll() is not None, TIMEOUT, "the pipeline to drain")
+            if driver.poll() != 0:
+                raise RuntimeError(f"pipeline failed:\n{driver.output(3000)}")
+            seconds[setting].append(time.monotonic() - started)
+            if setting == "on" and not any((workdir / "metrics").iterdir()):
+                raise RuntimeError("metrics on, but the pipeline wrote no snapshot")
+    on, off = (
+        Figure(f"pipeline, metrics {setting}", tuple(seconds[setting]), events - batch, "events/s")
+        for setting in ("on", "off")
+    )
+    report.notes.append(
+        "metrics overhead: benchmark 7's pipeline (exactly-once, 10 batches), events/s after"
+        " the first committed batch, metrics on and off alternating"
+    )
+    report.add(Comparison("15. metrics overhead", f"{events:,} events", on, off, 0.98))
