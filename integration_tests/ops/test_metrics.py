@@ -4,7 +4,9 @@ replayable-kafka into 2pc-jdbc (SQLite): at the quiet point after 40 records the
 the sink's committed-batch counter and latency histograms count exactly the batches in
 Spark's commit log, and the rows and records counters equal the rows written; then the
 query, restarted and held back by minOffsetsPerTrigger, shows 15 new records per partition
-as the lag of each partition (the broker's end offset minus the consumed one).
+as the lag of each partition (the broker's end offset minus the consumed one), and Kafka's
+own ``kafka-consumer-groups --describe`` shows the same lag for the query's
+``commitOffsetsToGroup`` group.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import eospack.metrics
-from eospack.lab.services.kafka_tools import create_topic, produce_sealed
+from eospack.lab.services.kafka_tools import (
+    consumer_group_lag_by_kafka_tool,
+    create_topic,
+    produce_sealed,
+)
 from eospack.lab.testing import wait_until
 from integration_tests.kafka_source_parts import make_records, read_stream, servers_of
 
@@ -53,6 +59,7 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
     spark: Any, kafka: Any, unique_name: str, tmp_path: Path
 ) -> None:
     servers, topic, database = servers_of(kafka), unique_name, tmp_path / "sink.db"
+    group = f"{unique_name}-lag"
     create_topic(servers, topic, partitions=2)
     produce_sealed(servers, topic, make_records(2, 20))
     checkpoint = tmp_path / "checkpoint"
@@ -60,7 +67,13 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
 
     def start(**limits: str) -> Any:
         return (
-            read_stream(spark, servers, subscribe=topic, startingOffsets="earliest")
+            read_stream(
+                spark,
+                servers,
+                subscribe=topic,
+                startingOffsets="earliest",
+                commitOffsetsToGroup=group,
+            )
             .option("queryName", unique_name)
             .options(**limits)
             .load()
@@ -130,6 +143,13 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
             )
             produce_sealed(servers, topic, make_records(2, 15, "w"))
             wait_until(lambda: lag(0) == 15 and lag(1) == 15, 60, "a lag of 15 per partition")
+            if kafka.endpoint.kind == "kafka":  # Kafka's own lag tool reads the group
+                wait_until(
+                    lambda: consumer_group_lag_by_kafka_tool(servers, group) == {0: 15, 1: 15},
+                    60,
+                    "kafka-consumer-groups --describe to show the lag of the metric",
+                    2.0,
+                )
         finally:
             held.stop()
         assert sink_rows(database, unique_name) == 40

@@ -317,3 +317,27 @@ def read_all(
     finally:
         consumer.close()
     return sorted(rows)
+
+
+def consumer_group_lag_by_kafka_tool(bootstrap_servers: str, group: str) -> dict[int, int]:
+    """The LAG column of ``kafka-consumer-groups.sh --describe --group <group>`` per
+    partition, from Apache Kafka's own tool (``ConsumerGroupCommand``, in the broker's
+    Maven jars): what a user's lag check reads. Apache Kafka only."""
+    import subprocess
+
+    from eospack.lab.services.apache_kafka import java_executable
+    from eospack.lab.services.maven import resolve_classpath
+
+    classpath = ":".join(str(jar) for jar in resolve_classpath("kafka-broker"))
+    command = [java_executable(), "-cp", classpath]
+    command += ["org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"]
+    command += ["--bootstrap-server", bootstrap_servers, "--describe", "--group", group]
+    described = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    lag: dict[int, int] = {}
+    lines = [line.split() for line in described.stdout.splitlines() if line.strip()]
+    header = next(line for line in lines if "LAG" in line and "PARTITION" in line)
+    for line in lines[lines.index(header) + 1 :]:
+        row = dict(zip(header, line, strict=False))
+        if row.get("GROUP") == group:
+            lag[int(row["PARTITION"])] = int(row["LAG"])
+    return lag
