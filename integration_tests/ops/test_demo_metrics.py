@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +24,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(DEMO_TIMEOUT + INTERRUPTED_TIMEOUT + 30)
 def test_the_demos_scrape_shows_no_lag_commits_of_each_sink_and_nothing_waiting(
-    kafka: Any, postgres: Any
+    kafka: Any, postgres: Any, tmp_path: Path
 ) -> None:
+    plot = tmp_path / "demo.png"
     command = [sys.executable, "-m", "eospack.cli", "demo", "--metrics", "0"]
+    command += ["--plot", str(plot)]
     command += ["--bootstrap-servers", kafka.endpoint.bootstrap_servers]
     command += ["--jdbc-url", postgres.endpoint.jdbc_url, "--jdbc-user", postgres.endpoint.user]
     command += ["--events", "3000", "--crashes", "1", "--produce-seconds", "5"]
@@ -49,3 +52,5 @@ def test_the_demos_scrape_shows_no_lag_commits_of_each_sink_and_nothing_waiting(
     for batches, commits, waiting in sinks:
         assert int(batches) > 0 and int(commits) == int(batches), explain
         assert waiting == "0", explain
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", explain  # counts, lag, latency
+    assert re.search(r"plotted the source lag of 2 pipelines and \d+ commit latency", output)

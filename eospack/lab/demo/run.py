@@ -36,6 +36,7 @@ from pathlib import Path
 
 from eospack.core.checkpoint_files import LocalFiles
 from eospack.core.processes import DriverProcess
+from eospack.lab.demo.metrics_view import Scrape
 from eospack.lab.demo.outputs import JdbcOutput, KafkaOutput, Output, Sample
 from eospack.lab.demo.verify import PipelineResult, verification_table
 
@@ -113,10 +114,28 @@ class Timeline:
     def now(self) -> float:
         return time.monotonic() - self.started
 
+    lag: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """``--metrics``: per pipeline, the source lag summed over partitions."""
+    commit_ms: list[tuple[float, float]] = field(default_factory=list)
+    """``--metrics``: the sinks' mean commit latency since the previous scrape."""
+    _commits_seen: tuple[float, float] = (0.0, 0.0)
+
     def record(self, samples: dict[str, Sample]) -> None:
         for name, sample in samples.items():
             self.regressions[name] += sample.regressions
             self.totals.setdefault(name, []).append((self.now(), sample.counted))
+
+    def record_metrics(self, scraped: Scrape) -> None:
+        now = self.now()
+        for query, partitions in scraped.lag.items():
+            self.lag.setdefault(query, []).append((now, sum(partitions.values())))
+        commits = sum(sink.commits for sink in scraped.sinks.values())
+        seconds = sum(sink.commit_seconds for sink in scraped.sinks.values())
+        before_commits, before_seconds = self._commits_seen
+        if commits > before_commits:
+            mean = (seconds - before_seconds) / (commits - before_commits)
+            self.commit_ms.append((now, mean * 1000))
+        self._commits_seen = (commits, seconds)
 
 
 class Producer(threading.Thread):
@@ -227,7 +246,6 @@ def _run(
         f" ({arguments.partitions} partitions) during ~{seconds:.0f} s once both counters run;"
         f" {arguments.crashes} crashes of count_1; {output.describe()}"
     )
-    demo = DemoRun(arguments, timeline, say, workdir, bootstrap, topic, names, output)
     endpoint = None
     if arguments.metrics is not None:
         from eospack.lab.demo.metrics_view import start_metrics
@@ -240,6 +258,8 @@ def _run(
             return 2
         cleanup.callback(endpoint.close)
         say(f"metrics served at {endpoint.url} (Grafana: docs/grafana-dashboard.json)")
+    metrics_url = endpoint.url if endpoint is not None else None
+    demo = DemoRun(arguments, timeline, say, workdir, bootstrap, topic, names, output, metrics_url)
     producer = Producer(bootstrap, topic, arguments, seconds)
     producer.start()
     pipelines = start_pipelines(demo, cleanup)
@@ -287,6 +307,8 @@ class DemoRun:
     names: list[str]
     """The two pipelines: count_1 (the one crashed) and count_2."""
     output: Output
+    metrics_url: str | None = None
+    """``--metrics``: the endpoint, scraped with each progress line for the plot."""
 
     @property
     def done_file(self) -> Path:
@@ -398,6 +420,10 @@ def run_until_pipelines_finish(
         if demo.timeline.now() - last_report >= 2.0:
             last_report = demo.timeline.now()
             report_progress(demo, producer, schedule.crashes)
+            if demo.metrics_url is not None:
+                from eospack.lab.demo.metrics_view import scrape
+
+                demo.timeline.record_metrics(scrape(demo.metrics_url))
         time.sleep(0.25)  # polling cadence of the orchestrator
     return schedule.crashes
 
@@ -446,8 +472,14 @@ def report(demo: DemoRun, producer: Producer, results: list[PipelineResult]) -> 
         from eospack.lab.demo.plot import plot_timeline
 
         shorts = {name: _short(name) for name in demo.names}
+        shorts.update({name: _short(name) for name in demo.timeline.lag})
         plot_timeline(demo.timeline, shorts, demo.arguments.plot)
         demo.say(f"plot written to {demo.arguments.plot}")
+        if demo.timeline.lag:
+            demo.say(
+                f"plotted the source lag of {len(demo.timeline.lag)} pipelines and"
+                f" {len(demo.timeline.commit_ms)} commit latency samples beneath the counts"
+            )
     verified = all(result.verified for result in results)
     counts_equal = results[0].counted == results[1].counted == producer.sent
     ok = verified and counts_equal
