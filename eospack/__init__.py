@@ -33,11 +33,25 @@ from eospack.core.checkout_layout import serve_checkout_folders
 from eospack.core.errors import EospackError
 from eospack.core.version import __version__ as __version__
 from eospack.tools.formats import public_error_homes
-from eospack.tools.registration import register
+from eospack.tools.registration import register as register_formats
 
 serve_checkout_folders(Path(__file__).resolve().parent)
 
+
+def register(spark: SparkSession) -> None:
+    """Make eospack's formats usable in ``spark`` (``eospack.tools.registration.register``:
+    the module docstring above says why and what it checks). With the Spark conf
+    ``spark.eospack.metrics.port`` set, also serve the metrics there, once per process
+    (``eospack.tools.metrics.serve_from_conf``; docs/metrics.md)."""
+    from eospack.tools.metrics import serve_from_conf
+
+    register_formats(spark)
+    serve_from_conf(spark)
+
+
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from eospack.commit_protocols.identity import SinkIdentityError
     from eospack.commit_protocols.resource import DecidedPieceLostError
     from eospack.connectors.jdbc.errors import (

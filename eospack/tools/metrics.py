@@ -88,6 +88,39 @@ def serve(
     return MetricsEndpoint(server.server_port, chosen, server, thread, spark)
 
 
+PORT_CONF = "spark.eospack.metrics.port"
+"""A Spark conf (``--conf``, spark-defaults.conf, the session builder): ``eospack.register``
+then serves the metrics on that port, as ``serve(spark, port=...)`` would."""
+ADDRESS_CONF = "spark.eospack.metrics.address"
+"""Where the conf-started endpoint listens (default 127.0.0.1; 0.0.0.0 for a scraper on
+another host)."""
+_SERVED_FROM_CONF: dict[tuple[str, str], MetricsEndpoint] = {}
+
+
+class MetricsConfError(EospackError, ValueError):
+    """``spark.eospack.metrics.port`` is not a port."""
+
+
+def serve_from_conf(spark: SparkSession) -> MetricsEndpoint | None:
+    """When ``spark.eospack.metrics.port`` is set: the endpoint it asks for, started on the
+    first call in this process and returned again on later ones (``register`` calls this
+    each time). None when unset. A value that is no port fails in one line naming the conf,
+    before any query starts."""
+    value = (spark.conf.get(PORT_CONF, None) or "").strip()
+    if not value:
+        return None
+    address = (spark.conf.get(ADDRESS_CONF, None) or "127.0.0.1").strip()
+    if not value.isdigit() or int(value) > 65535:
+        raise MetricsConfError(
+            f"{PORT_CONF}={value!r} is not a port: set it to a number from 1 to 65535 (0: a"
+            " free one), or unset it"
+        )
+    key = (address, value)
+    if key not in _SERVED_FROM_CONF:
+        _SERVED_FROM_CONF[key] = serve(spark, port=int(value), addr=address)
+    return _SERVED_FROM_CONF[key]
+
+
 def _point_formats_at(spark: SparkSession, directory: str | None) -> None:
     """Put the directory into the environment map Spark hands every Python process of
     each eospack format (the source runner, the commit runner, planners, tasks); None

@@ -11,6 +11,7 @@ own ``kafka-consumer-groups --describe`` shows the same lag for the query's
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import urllib.request
 from pathlib import Path
@@ -19,7 +20,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import eospack
 import eospack.metrics
+from eospack.core.metrics import METRICS_DIR_VARIABLE
 from eospack.lab.services.kafka_tools import (
     consumer_group_lag_by_kafka_tool,
     create_topic,
@@ -155,3 +158,35 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
         assert sink_rows(database, unique_name) == 40
     finally:
         endpoint.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_spark_conf_port_serves_the_metrics_from_register_and_a_bad_one_fails_in_one_line(
+    spark: Any,
+) -> None:
+    """``spark.eospack.metrics.port``: ``eospack.register`` serves the endpoint there (once
+    per process: a second call returns the same endpoint); a value that is no port fails in
+    one line naming the conf."""
+    from eospack.tools import metrics as tools_metrics
+
+    try:
+        spark.conf.set(tools_metrics.PORT_CONF, "metrics")
+        with pytest.raises(tools_metrics.MetricsConfError) as caught:
+            eospack.register(spark)
+        assert str(caught.value) == (
+            "spark.eospack.metrics.port='metrics' is not a port: set it to a number from 1 to"
+            " 65535 (0: a free one), or unset it"
+        )
+        spark.conf.set(tools_metrics.PORT_CONF, "0")
+        eospack.register(spark)
+        eospack.register(spark)
+        (endpoint,) = tools_metrics._SERVED_FROM_CONF.values()
+        with urllib.request.urlopen(endpoint.url, timeout=10) as response:
+            assert response.status == 200
+        assert os.environ[METRICS_DIR_VARIABLE] == endpoint.directory
+    finally:
+        spark.conf.unset(tools_metrics.PORT_CONF)
+        for endpoint in tools_metrics._SERVED_FROM_CONF.values():
+            endpoint.close()
+        tools_metrics._SERVED_FROM_CONF.clear()
+    assert METRICS_DIR_VARIABLE not in os.environ
