@@ -10,6 +10,7 @@ options named ``password`` are not.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,6 +44,7 @@ URL_FORMS = (
     " jdbc:mariadb://host:port/database, jdbc:mysql://host:port/database or jdbc:sqlite:PATH"
 )
 MARIADB_SCHEMES = ("mariadb", "mysql")
+_PASSWORD_ASSIGNMENT = re.compile(r"password\s*=", re.IGNORECASE)
 MARIADB_DEFAULT_PORT = 3306
 _MARIADB_URL_PARAMETERS = frozenset({"user"})
 """What a jdbc:mariadb:// or jdbc:mysql:// url may carry besides the server and database
@@ -184,7 +186,13 @@ def parse_url(value: str) -> tuple[DatabaseUrl, str | None]:
         raise JdbcSinkOptionError(f"url scheme {shown!r} is not supported: use {URL_FORMS}")
     parts = urlsplit(rest)
     parameters = dict(parse_qsl(parts.query, keep_blank_values=True))
-    if parts.password is not None or "password" in {key.lower() for key in parameters}:
+    # Also MariaDB Connector/J's address=(...)(password=...) form and a ;password= suffix,
+    # which urlsplit reads as part of the host or the database name (both logged and shown).
+    if (
+        parts.password is not None
+        or "password" in {key.lower() for key in parameters}
+        or _PASSWORD_ASSIGNMENT.search(rest)
+    ):
         raise JdbcSinkOptionError(
             "url contains a password: remove it from url and set the password option instead"
             " (the url is shown in query plans)"
