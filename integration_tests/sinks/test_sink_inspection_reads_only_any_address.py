@@ -44,13 +44,15 @@ def postgres_sink(
 
 
 @pytest.mark.timeout(300)
-def test_a_decided_batch_is_never_hidden_as_nothing_to_clean_when_the_table_is_spelled_otherwise(
+def test_a_decided_batch_is_never_hidden_as_nothing_to_clean_when_the_sink_is_addressed_otherwise(
     postgres_sink: BoundSink, call_faults: Path
 ) -> None:
-    """The query wrote ``dbtable=<t>``; the user inspects with ``public.<t>``, the same
-    table to PostgreSQL but another sink id. Before: "nothing to clean" while batch 1 is
-    decided with its transactions prepared. After: the answer names the derived id as
-    unknown and says how to address the sink; with the query's spelling, batch 1 shows."""
+    """The query wrote ``dbtable=<t>``. Inspected as ``public.<t>`` (the same table to
+    PostgreSQL) it is the same sink, since the sink id drops the default schema: batch 1
+    shows decided. Inspected under another query id, the derived id is unknown: the answer
+    names it and says how to address the sink, never "nothing to clean" (the attack of
+    issue 29, where ``public.<t>`` still derived another id). With the query's own
+    address, the restart finishes batch 1 and nothing is left."""
     run = ContractRun(postgres_sink)
     run.leave_batch_one_decided(call_faults)
     query_id = run.query_id()
@@ -59,9 +61,12 @@ def test_a_decided_batch_is_never_hidden_as_nothing_to_clean_when_the_table_is_s
     as_written = inspect_sink("2pc-jdbc", query_id, run.options)
     assert [d.status for d in as_written.unfinished] == [DECIDED_STATUS]
 
-    spelled_otherwise = {**run.options, "dbtable": f"public.{run.options['dbtable']}"}
-    other = inspect_sink("2pc-jdbc", query_id, spelled_otherwise)
+    with_schema = {**run.options, "dbtable": f"public.{run.options['dbtable']}"}
+    same = inspect_sink("2pc-jdbc", query_id, with_schema)
+    assert same.sink_id == as_written.sink_id
+    assert [d.status for d in same.unfinished] == [DECIDED_STATUS]
 
+    other = inspect_sink("2pc-jdbc", "another-query-id", run.options)
     assert other.sink_id != as_written.sink_id
     assert other.cleanup != NOTHING_TO_CLEAN, "a decided batch hidden behind nothing to clean"
     assert f"no decision of sink {other.sink_id} found" in other.cleanup
