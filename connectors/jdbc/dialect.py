@@ -173,6 +173,24 @@ class Dialect(ABC):
     def display_url(self, url: DatabaseUrl) -> str:
         """The URL for logs and errors (never a credential)."""
 
+    prepared_leftovers: ClassVar[str] = "prepared transactions"
+    """What ``locked_tables_error`` calls a crashed run's prepared pieces here."""
+    manual_rollback: ClassVar[str] = ""
+    """The statement that rolls one back by hand, for ``locked_tables_error``."""
+
+    def locked_tables_error(self, options: JdbcSinkOptions, connection: Connection) -> Exception:
+        """Query-start DDL waited ``lockTimeout`` for a table lock: one line naming the
+        sink's prepared pieces (a crashed run's hold their locks for ever) and the fixes."""
+        gids = self.prepared_gids(connection, "eospack-")
+        shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
+        return JdbcWriteError(
+            f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one"
+            f" is locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
+            + (f" ({self.prepared_leftovers} of eospack sinks: {shown})" if gids else "")
+            + ": restart the query with the columns it had before, so that its recovery"
+            f" finishes what a crashed run left, or roll them back by hand ({self.manual_rollback})"
+        )
+
     @abstractmethod
     def default_schema(self, url: DatabaseUrl) -> str:
         """The schema an unqualified table name of a new table lands in: ``dbtable`` with

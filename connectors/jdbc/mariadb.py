@@ -180,6 +180,9 @@ class MariaDBDialect(Dialect):
 
     # Connections and transactions ------------------------------------------------------
 
+    prepared_leftovers = "prepared XA pieces"
+    manual_rollback = "XA ROLLBACK '<gtrid>', '<bqual>' with the parts XA RECOVER lists"
+
     def display_url(self, url: DatabaseUrl) -> str:
         return f"jdbc:mariadb://{url.host}:{url.port}/{url.database}"
 
@@ -243,26 +246,12 @@ class MariaDBDialect(Dialect):
         except pymysql.err.OperationalError as error:
             if error.args[0] not in LOCK_WAIT_ERRORS:
                 raise
-            raise self._locked_tables_error(options, connection) from error
+            raise self.locked_tables_error(options, connection) from error
         finally:
             try:
                 connection.execute("SELECT RELEASE_LOCK(%s)", (DDL_LOCK_NAME,))
             except Exception as error:  # a lost session releases its locks
                 logger.debug("2pc-jdbc could not release the DDL lock: %s", error)
-
-    def _locked_tables_error(
-        self, options: JdbcSinkOptions, connection: MariaDBConnection
-    ) -> JdbcWriteError:
-        gids = self.prepared_gids(connection, "eospack-")
-        shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
-        return JdbcWriteError(
-            f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one"
-            f" is locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
-            + (f" (prepared XA pieces of eospack sinks: {shown})" if gids else "")
-            + ": restart the query with the columns it had before, so that its recovery"
-            " finishes what a crashed run left, or roll them back by hand (XA ROLLBACK"
-            " '<gtrid>', '<bqual>' with the parts XA RECOVER lists)"
-        )
 
     def limit_lock_wait(self, connection: MariaDBConnection, lock_timeout_ms: int) -> None:
         seconds = max(1, math.ceil(lock_timeout_ms / 1000))

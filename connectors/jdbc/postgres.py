@@ -97,6 +97,9 @@ class PostgresDialect(Dialect):
 
     # Connections and transactions ------------------------------------------------------
 
+    prepared_leftovers = "prepared transactions"
+    manual_rollback = "ROLLBACK PREPARED '<gid>'"
+
     def display_url(self, url: DatabaseUrl) -> str:
         return f"postgresql://{url.host}:{url.port}/{url.database}"
 
@@ -128,21 +131,7 @@ class PostgresDialect(Dialect):
                 connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK_KEY,))
                 yield connection
         except psycopg.errors.LockNotAvailable as error:
-            raise self._locked_tables_error(options, connection) from error
-
-    def _locked_tables_error(
-        self, options: JdbcSinkOptions, connection: psycopg.Connection
-    ) -> JdbcWriteError:
-        gids = self.prepared_gids(connection, "eospack-")
-        shown = ", ".join(gids[:3]) + (f" and {len(gids) - 3} more" if len(gids) > 3 else "")
-        return JdbcWriteError(
-            f"2pc-jdbc could not prepare the tables of {options.describe()} at query start: one"
-            f" is locked by another session for over {options.lock_timeout_ms}ms (lockTimeout)"
-            + (f" (prepared transactions of eospack sinks: {shown})" if gids else "")
-            + ": restart the query with the columns it had before, so that its recovery"
-            " finishes what a crashed run left, or roll them back by hand (ROLLBACK PREPARED"
-            " '<gid>')"
-        )
+            raise self.locked_tables_error(options, connection) from error
 
     def limit_lock_wait(self, connection: psycopg.Connection, lock_timeout_ms: int) -> None:
         connection.execute(f"SET LOCAL lock_timeout = '{lock_timeout_ms}ms'")

@@ -3,17 +3,14 @@ once; the ones kept here held (or pin a hole with a strict xfail)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eospack.lab.testing import await_query
-from integration_tests.jdbc_fixtures import stream_input, write_input_files
+from integration_tests.jdbc_fixtures import INPUT_SCHEMA_DDL, run_file_query, write_input_files
 
 pytestmark = pytest.mark.integration
 
-QUERY_TIMEOUT = 120.0
 BATCHES = [[(1, "a", 1), (2, "b", 1)], [(3, "c", 1)]]
 
 
@@ -27,18 +24,6 @@ def _options(server: Any, url: str, table: str) -> dict[str, str]:
     if server.endpoint.password:
         options["password"] = server.endpoint.password
     return options
-
-
-def _run(spark: Any, source: Path, checkpoint: Path, options: dict[str, str]) -> None:
-    running = (
-        stream_input(spark, source)
-        .writeStream.format("2pc-jdbc")
-        .options(**options)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(running, QUERY_TIMEOUT)
 
 
 def _rows(server: Any, table: str) -> list[tuple[Any, ...]]:
@@ -62,7 +47,8 @@ def test_a_replayed_batch_under_another_url_spelling_is_not_applied_twice(
     endpoint = mariadb.endpoint
     source, checkpoint = tmp_path / "in", tmp_path / "cp"
     write_input_files(source, BATCHES)
-    _run(spark, source, checkpoint, _options(mariadb, endpoint.jdbc_url, unique_name))
+    options = _options(mariadb, endpoint.jdbc_url, unique_name)
+    run_file_query(spark, source, checkpoint, INPUT_SCHEMA_DDL, options, files_per_trigger=1)
     expected = [(1, "a", 1), (2, "b", 1), (3, "c", 1)]
     assert _rows(mariadb, unique_name) == expected
 
@@ -71,7 +57,8 @@ def test_a_replayed_batch_under_another_url_spelling_is_not_applied_twice(
     other_host = "localhost" if endpoint.host == "127.0.0.1" else endpoint.host
     url = f"jdbc:mysql://{other_host}:{endpoint.port}/{endpoint.database}"
     table = f"{endpoint.database}.{unique_name}"
-    _run(spark, source, checkpoint, _options(mariadb, url, table))
+    options = _options(mariadb, url, table)
+    run_file_query(spark, source, checkpoint, INPUT_SCHEMA_DDL, options, files_per_trigger=1)
 
     assert _rows(mariadb, unique_name) == expected
 
@@ -101,7 +88,7 @@ def test_a_password_in_another_jdbc_url_form_is_refused_without_showing_it(
     options = {"url": url.replace("SECRET", SECRET), "user": "root", "dbtable": unique_name}
     caplog.set_level("DEBUG", logger="eospack")
     with pytest.raises(Exception) as caught:
-        _run(spark, source, checkpoint, options)
+        run_file_query(spark, source, checkpoint, INPUT_SCHEMA_DDL, options, files_per_trigger=1)
     assert "url contains a password: remove it from url and set the password option" in str(
         caught.value
     )

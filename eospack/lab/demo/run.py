@@ -110,15 +110,14 @@ class Timeline:
     totals: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     crash_times: list[float] = field(default_factory=list)
     regressions: Counter[str] = field(default_factory=Counter)
-
-    def now(self) -> float:
-        return time.monotonic() - self.started
-
     lag: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """``--metrics``: per pipeline, the source lag summed over partitions."""
     commit_ms: list[tuple[float, float]] = field(default_factory=list)
     """``--metrics``: the sinks' mean commit latency since the previous scrape."""
     _commits_seen: tuple[float, float] = (0.0, 0.0)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
 
     def record(self, samples: dict[str, Sample]) -> None:
         for name, sample in samples.items():
