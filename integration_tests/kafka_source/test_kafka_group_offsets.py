@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.errors import CoordinatorNotAvailableError
+from kafka.errors import RetriableError
 from kafka.structs import OffsetAndMetadata
 
 from eospack.connectors.kafka.client.group_offsets import COMMIT_METADATA
@@ -31,12 +31,13 @@ pytestmark = pytest.mark.integration
 
 
 def listed_offsets(servers: str, group: str) -> dict[TopicPartition, OffsetAndMetadata]:
-    """The group's committed offsets; none while the broker still creates its offsets topic
-    (a fresh broker answers COORDINATOR_NOT_AVAILABLE until then)."""
+    """The group's committed offsets; none while the coordinator is not ready (a fresh broker
+    answers COORDINATOR_NOT_AVAILABLE while it creates its offsets topic, then
+    COORDINATOR_LOAD_IN_PROGRESS while it loads the group's partition): the caller asks again."""
     admin = KafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000)
     try:
         return dict(admin.list_group_offsets({group: None}).get(group, {}))
-    except CoordinatorNotAvailableError:
+    except RetriableError:
         return {}
     finally:
         admin.close()

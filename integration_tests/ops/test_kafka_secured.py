@@ -288,13 +288,14 @@ def test_commit_offsets_to_group_uses_the_sources_security_and_a_missing_group_a
 
 def group_offsets(secured_kafka: Any, group: str) -> dict[int, int]:
     """The group's committed offsets as the admin sees them; none while the broker still
-    creates its offsets topic (COORDINATOR_NOT_AVAILABLE) or the group does not exist."""
-    from kafka.errors import CoordinatorNotAvailableError
+    creates its offsets topic or loads it (retriable errors: the caller asks again) or the
+    group does not exist."""
+    from kafka.errors import RetriableError
 
     admin = secured_kafka.admin_client(ADMIN_USER)
     try:
         listed = admin.list_group_offsets({group: None}).get(group, {})
-    except CoordinatorNotAvailableError:
+    except RetriableError:
         return {}
     finally:
         admin.close()
