@@ -56,6 +56,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from eospack.core.metrics import RECORDER
 from eospack.core.spark_features import ARROW_UDF, arrow_type_utc
 
 from . import state_codec
@@ -87,6 +88,8 @@ MARKER_COLUMN = "__so_settings_marker"
 EVENT_TIME_COLUMN = "__so_event_time_us"
 # The local property Spark sets on a micro-batch's jobs (MicroBatchExecution.BATCH_ID_KEY).
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+# The query's id (StreamExecution.QUERY_ID_KEY): stable across restarts of a checkpoint.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # Key group of the settings markers; data rows get pmod(...) >= 0, so it never holds keys.
 SETTINGS_KEY_GROUP = -1
 # 2262-01-01 UTC, shortly before the last instant pandas holds: a marker's event time, never
@@ -204,6 +207,8 @@ class StatefulOperator:
         self.restored_watermarks: tuple[int | None, int | None] = (None, None)
         # False only to reproduce checkpoints written before settings markers existed (tests).
         self.emit_settings_markers = True
+        # Set by apply() when metrics are on in the defining process (see ``record_state``).
+        self.metrics_directory: str | None = None
         self.keys: tuple[str, ...] = ()
         self.key_schema = StructType()
         self.input_schema = StructType()
@@ -251,6 +256,10 @@ class StatefulOperator:
     def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
         return None
 
+    def keys_in(self, state: pd.DataFrame) -> int:
+        """How many keys ``state`` holds (one row per key unless a subclass keeps more)."""
+        return len(state)
+
     # Helpers for subclasses ----------------------------------------------------------------
 
     def empty_output(self) -> pd.DataFrame:
@@ -267,6 +276,7 @@ class StatefulOperator:
         keys = key_columns(self.name, df, self.key)
         self.keys = keys
         self.validate(df)
+        self.metrics_directory = RECORDER.directory()
         prepared = self.prepare(df)
         self.bind(keys, without_marker(prepared.schema))
         if self.initial_state is not None:
@@ -360,6 +370,8 @@ class StatefulOperator:
                 pass
             self.check_settings(state)
             return
+        if self.metrics_directory is not None:
+            RECORDER.point_at(self.metrics_directory)
         clock = self.clock(state)
         if self.bootstrap_directory is not None:
             frames = (rows_where(frame, ~frame[MARKER_COLUMN]) for frame in frames)
@@ -368,7 +380,7 @@ class StatefulOperator:
         if state.hasTimedOut:
             for _ in frames:
                 pass
-            new_state, output = self.on_timeout(self.load(state, bucket[0]), clock)
+            new_state, output = self.expire(self.load(state, bucket[0]), clock)
         else:
             rows = self.fold(frames)
             if len(rows):
@@ -379,16 +391,47 @@ class StatefulOperator:
                     return
                 stored = self.load(state, bucket[0])
                 if self.due(stored, clock):
-                    new_state, output = self.on_timeout(stored, clock)
+                    new_state, output = self.expire(stored, clock)
                 elif state.exists:
                     if len(stored):  # Spark clears the timeout on every call: set it again
                         self.set_timeout(state, stored, clock)
                     return
                 else:
                     new_state, output = stored, self.empty_output()
-        self.save(state, new_state, clock)
+        state_bytes = self.save(state, new_state, clock)
+        self.record_state(bucket[0], new_state, state_bytes)
         if len(output):
             yield output[list(self.out_schema.names)]
+
+    def expire(self, stored: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """``on_timeout``, counted: a fired timeout and the keys it removed."""
+        new_state, output = self.on_timeout(stored, clock)
+        if self.metrics_directory is not None:
+            labels = self.metrics_labels()
+            RECORDER.add("eospack_state_timeouts_fired_total", labels)
+            expired = max(0, self.keys_in(stored) - self.keys_in(new_state))
+            RECORDER.add("eospack_state_keys_expired_total", labels, expired)
+        return new_state, output
+
+    def metrics_labels(self) -> dict[str, str]:
+        """The operator's metric labels: the query's id (Spark's, kept across restarts) and
+        the operator's name."""
+        context = TaskContext.get()
+        query = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
+        return {"query": query or "", "operator": self.name}
+
+    def record_state(self, key_group: int, new_state: pd.DataFrame, state_bytes: int) -> None:
+        """With metrics on where the operator was defined: the key group's keys and encoded
+        bytes after this call, as gauges labelled by key group (the endpoint sums them per
+        operator; a key group's newest value wins, whichever worker wrote it), flushed once
+        per call. Spark starts this UDF's Python workers without the pack's environment, so
+        the directory travels with the operator (``metrics_directory``, set by ``apply``)."""
+        if self.metrics_directory is None:
+            return
+        labels = {**self.metrics_labels(), "key_group": str(key_group)}
+        RECORDER.set("eospack_state_keys", labels, self.keys_in(new_state))
+        RECORDER.set("eospack_state_bytes", labels, state_bytes)
+        RECORDER.flush()
 
     def clock(self, state: GroupState) -> Clock:
         """This call's clock; restored, the watermark is at least the old query's next one."""
@@ -464,16 +507,18 @@ class StatefulOperator:
         table = state_codec.decode(self.name, value, self.arrow_state_schema)
         return canonical(table, self.state_schema.fields)
 
-    def save(self, state: GroupState, new_state: pd.DataFrame, clock: Clock) -> None:
+    def save(self, state: GroupState, new_state: pd.DataFrame, clock: Clock) -> int:
         """Store ``new_state``; an empty one removes the row, except while bootstrapping,
-        where the row must stay to say that the bucket's initial state was loaded."""
+        where the row must stay to say that the bucket's initial state was loaded. Returns
+        the bytes stored (0 for a removed row)."""
         if not len(new_state) and self.bootstrap_directory is None:
             state.remove()
-            return
+            return 0
         blob = state_codec.encode(new_state[list(self.state_schema.names)], self.arrow_state_schema)
         state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
         if len(new_state):
             self.set_timeout(state, new_state, clock)
+        return len(blob)
 
     def set_timeout(self, state: GroupState, stored: pd.DataFrame, clock: Clock) -> None:
         wake_up = self.wake_up_ms(stored, clock)

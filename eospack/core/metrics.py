@@ -1,4 +1,8 @@
-"""Metrics of the pack's driver-side code, carried across processes as snapshot files.
+"""Metrics of the pack, carried across processes as snapshot files.
+
+Most are recorded by driver-side code (below); the source's read tasks and the stateful
+operators' UDF calls record theirs in the executors' Python workers the same way, one
+snapshot rewrite per task or key-group call (docs/metrics.md says which).
 
 Where the numbers are made: a Python data source's driver-side code (the stream reader's
 ``latestOffset``/``commit``, the stream writer's ``commit``/``abort``) runs in Python
@@ -106,6 +110,49 @@ METRICS = _metrics(
         "histogram",
         ("query",),
         "Time latestOffset took to plan a batch (broker metadata and end offsets included)",
+    ),
+    MetricInfo(
+        "eospack_kafka_source_fetch_seconds",
+        "histogram",
+        ("query",),
+        "Time a read task spent fetching and decoding its offset ranges (executor side)",
+    ),
+    MetricInfo(
+        "eospack_kafka_source_read_bytes_total",
+        "counter",
+        ("query",),
+        "Key and value bytes read tasks returned (executor side; retried tasks count again)",
+    ),
+    MetricInfo(
+        "eospack_state_keys",
+        "gauge",
+        ("query", "operator"),
+        "Keys a stateful operator holds after the last batch (summed over its key groups)",
+    ),
+    MetricInfo(
+        "eospack_state_bytes",
+        "gauge",
+        ("query", "operator"),
+        "Bytes of a stateful operator's encoded state after the last batch (summed over its"
+        " key groups)",
+    ),
+    MetricInfo(
+        "eospack_state_timeouts_fired_total",
+        "counter",
+        ("query", "operator"),
+        "Key-group timeouts that fired (processing time or watermark) and ran on_timeout",
+    ),
+    MetricInfo(
+        "eospack_state_keys_expired_total",
+        "counter",
+        ("query", "operator"),
+        "Keys fired timeouts removed from state",
+    ),
+    MetricInfo(
+        "eospack_state_late_rows_dropped_total",
+        "counter",
+        ("query",),
+        "Rows Spark dropped behind the watermark before the query's stateful operators",
     ),
     MetricInfo(
         "eospack_sink_decision_seconds",
@@ -250,6 +297,13 @@ class Recorder:
     @staticmethod
     def directory() -> str | None:
         return os.environ.get(METRICS_DIR_VARIABLE) or None
+
+    @staticmethod
+    def point_at(directory: str) -> None:
+        """Record into ``directory`` from now on: for a process Spark starts without the
+        pack's environment (a stateful operator's UDF worker), told by what it runs."""
+        if os.environ.get(METRICS_DIR_VARIABLE) != directory:
+            os.environ[METRICS_DIR_VARIABLE] = directory
 
     def add(self, name: str, labels: Mapping[str, Any], amount: float = 1.0) -> None:
         if self.directory() is None:

@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eospack.core.errors import EospackError
-from eospack.core.metrics import METRICS, METRICS_DIR_VARIABLE, SECONDS_BUCKETS, read_directory
+from eospack.core.metrics import (
+    METRICS,
+    METRICS_DIR_VARIABLE,
+    RECORDER,
+    SECONDS_BUCKETS,
+    Labels,
+    MetricInfo,
+    read_directory,
+)
 from eospack.tools.formats import FORMATS
 
 if TYPE_CHECKING:
@@ -43,6 +51,7 @@ class MetricsEndpoint:
     _server: Any
     _thread: Any
     _spark: Any = None
+    _listener: Any = None
 
     @property
     def url(self) -> str:
@@ -56,6 +65,8 @@ class MetricsEndpoint:
             del os.environ[METRICS_DIR_VARIABLE]
         if self._spark is not None:
             _point_formats_at(self._spark, None)
+            if self._listener is not None:
+                self._spark.streams.removeListener(self._listener)
 
 
 def serve(
@@ -80,12 +91,50 @@ def serve(
     )
     os.makedirs(chosen, exist_ok=True)
     os.environ[METRICS_DIR_VARIABLE] = chosen
+    listener = None
     if spark is not None:
         _point_formats_at(spark, chosen)
+        listener = _listen_to_progress(spark)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SnapshotCollector(chosen))
     server, thread = start_http_server(port, addr=addr, registry=registry)
-    return MetricsEndpoint(server.server_port, chosen, server, thread, spark)
+    return MetricsEndpoint(server.server_port, chosen, server, thread, spark, listener)
+
+
+def _listen_to_progress(spark: SparkSession) -> Any:
+    """A StreamingQueryListener recording what only Spark's progress knows: the rows its
+    stateful operators dropped behind the watermark (``numRowsDroppedByWatermark``, per
+    query id). None on Spark Connect, whose listeners run in the server."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from eospack.tools.registration import is_spark_connect
+
+    if is_spark_connect(spark):
+        return None
+
+    class ProgressListener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            dropped = sum(
+                operator.numRowsDroppedByWatermark for operator in progress.stateOperators
+            )
+            if dropped:
+                labels = {"query": str(progress.id)}
+                RECORDER.add("eospack_state_late_rows_dropped_total", labels, dropped)
+                RECORDER.flush()
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    listener = ProgressListener()
+    spark.streams.addListener(listener)
+    return listener
 
 
 PORT_CONF = "spark.eospack.metrics.port"
@@ -160,15 +209,15 @@ class SnapshotCollector:
         for name, info in METRICS.items():
             if info.kind == "counter":
                 counter = CounterMetricFamily(name, info.help, labels=info.labels)
-                for (metric, labels), value in sorted(snapshot.counters.items()):
-                    if metric == name:
-                        counter.add_metric(_values(info.labels, labels), value)
+                counters = ((key, value) for key, value in snapshot.counters.items())
+                for values, total in _summed(name, info, counters):
+                    counter.add_metric(values, total)
                 yield counter
             elif info.kind == "gauge":
                 gauge = GaugeMetricFamily(name, info.help, labels=info.labels)
-                for (metric, labels), (value, _) in sorted(snapshot.gauges.items()):
-                    if metric == name:
-                        gauge.add_metric(_values(info.labels, labels), value)
+                gauges = ((key, value) for key, (value, _) in snapshot.gauges.items())
+                for values, total in _summed(name, info, gauges):
+                    gauge.add_metric(values, total)
                 yield gauge
             else:
                 histogram = HistogramMetricFamily(name, info.help, labels=info.labels)
@@ -181,6 +230,20 @@ class SnapshotCollector:
                         buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
                     histogram.add_metric(_values(info.labels, labels), buckets, observed.total)
                 yield histogram
+
+
+def _summed(
+    name: str, info: MetricInfo, samples: Iterable[tuple[tuple[str, Labels], float]]
+) -> list[tuple[list[str], float]]:
+    """The samples of ``name`` by the metric's declared labels, in label order. A label
+    recorded but not declared (a stateful operator's ``key_group``) is summed away: each
+    key group's newest gauge value, added up per operator."""
+    totals: dict[tuple[str, ...], float] = {}
+    for (metric, labels), value in samples:
+        if metric == name:
+            values = tuple(_values(info.labels, labels))
+            totals[values] = totals.get(values, 0.0) + value
+    return [(list(values), total) for values, total in sorted(totals.items())]
 
 
 def _values(names: tuple[str, ...], labels: tuple[tuple[str, str], ...]) -> list[str]:

@@ -6,11 +6,13 @@ Spark's commit log, and the rows and records counters equal the rows written; th
 query, restarted and held back by minOffsetsPerTrigger, shows 15 new records per partition
 as the lag of each partition (the broker's end offset minus the consumed one), and Kafka's
 own ``kafka-consumer-groups --describe`` shows the same lag for the query's
-``commitOffsetsToGroup`` group.
+``commitOffsetsToGroup`` group. A sessionize query shows its keys, the keys its timeouts
+expired and the late row Spark dropped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import urllib.request
@@ -29,6 +31,7 @@ from eospack.lab.services.kafka_tools import (
     produce_sealed,
 )
 from eospack.lab.testing import wait_until
+from eospack.stateful_ops import sessionize
 from integration_tests.kafka_source_parts import make_records, read_stream, servers_of
 
 pytestmark = pytest.mark.integration
@@ -127,6 +130,13 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
         assert value(samples, "eospack_sink_pieces_committed_total", **sink) >= batches
         records = "eospack_kafka_source_records_total"
         assert value(samples, records, query=unique_name) == 40
+        # Executor side: the read tasks' key and value bytes, and one fetch time per task.
+        read_bytes = sum(len(r.key) + len(r.value) for r in make_records(2, 20))
+        assert value(samples, "eospack_kafka_source_read_bytes_total", query=unique_name) == (
+            read_bytes
+        )
+        fetches = value(samples, "eospack_kafka_source_fetch_seconds_count", query=unique_name)
+        assert fetches is not None and fetches >= batches
         rolled_back = "eospack_sink_recovery_rolled_back_pieces_total"
         assert value(samples, rolled_back, **sink) is None
         assert value(samples, "eospack_sink_fenced_batches_total", **sink) is None
@@ -190,3 +200,72 @@ def test_the_spark_conf_port_serves_the_metrics_from_register_and_a_bad_one_fail
             endpoint.close()
         tools_metrics._SERVED_FROM_CONF.clear()
     assert METRICS_DIR_VARIABLE not in os.environ
+
+
+def write_events(directory: Path, index: int, events: list[tuple[str, int]]) -> None:
+    """One JSON file of (key, event second) rows: one micro-batch (maxFilesPerTrigger=1)."""
+    path = directory / f"events-{index}.json"
+    path.write_text("\n".join(json.dumps({"k": key, "t": second}) for key, second in events))
+    os.utime(path, (1_000_000 + index, 1_000_000 + index))
+
+
+@pytest.mark.timeout(240)
+def test_a_stateful_operators_keys_expiries_and_late_rows_are_scraped(
+    spark: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """sessionize with a 10 s gap in one key group: keys a, b, c, then d 100 s later (the
+    watermark passes the first three sessions: one timeout fires and expires 3 keys,
+    leaving 1), then a late row (dropped by Spark, counted from its progress)."""
+    from pyspark.sql import functions as F
+
+    events = tmp_path / "events"
+    events.mkdir()
+    endpoint = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics"))
+    try:
+        stream = (
+            spark.readStream.schema("k string, t long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(events))
+            .withColumn("ts", F.timestamp_seconds("t"))
+            .withWatermark("ts", "0 seconds")
+        )
+        sessions = sessionize(stream, "k", "ts", "10 seconds", key_groups=1)
+        query = (
+            sessions.writeStream.format("memory")
+            .queryName(unique_name)
+            .outputMode("append")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        operator = {"query": str(query.id), "operator": "sessionize"}
+
+        def scraped(name: str, **labels: Any) -> float | None:
+            return value(scrape(endpoint.url), name, **{**operator, **labels})
+
+        try:
+            write_events(events, 0, [("a", 1000), ("b", 1001), ("c", 1002)])
+            wait_until(lambda: scraped("eospack_state_keys") == 3, 60, "3 keys in state")
+            write_events(events, 1, [("d", 1100)])
+            wait_until(
+                lambda: scraped("eospack_state_keys_expired_total") == 3, 60, "3 keys expired"
+            )
+            assert scraped("eospack_state_timeouts_fired_total") == 1
+            wait_until(lambda: scraped("eospack_state_keys") == 1, 30, "1 key left")
+            state_bytes = scraped("eospack_state_bytes")
+            assert state_bytes is not None and state_bytes > 0
+            write_events(events, 2, [("e", 1005)])
+            late = "eospack_state_late_rows_dropped_total"
+            wait_until(
+                lambda: value(scrape(endpoint.url), late, query=str(query.id)) == 1,
+                60,
+                "the late row counted",
+            )
+            assert scraped("eospack_state_keys") == 1
+            assert sorted(
+                row["k"] for row in spark.sql(f"SELECT k FROM {unique_name}").collect()
+            ) == ["a", "b", "c"]
+        finally:
+            query.stop()
+    finally:
+        endpoint.close()

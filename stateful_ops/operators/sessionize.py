@@ -80,6 +80,10 @@ class Sessionize(StatefulOperator):
     def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
         return -(-int(state["session_end_us"].min()) // 1000)
 
+    def keys_in(self, state: pd.DataFrame) -> int:
+        """A key may hold several open sessions (one state row each)."""
+        return len(state[list(self.keys)].drop_duplicates())
+
 
 def merge_sessions(intervals: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Merge half-open intervals [session_start_us, session_end_us) that overlap, per key."""

@@ -86,11 +86,44 @@ log = logging.getLogger(__name__)
 def read_ranges(
     options: KafkaSourceOptions, offset_ranges: Sequence[OffsetRange]
 ) -> Iterator[pa.RecordBatch]:
-    """The executor's reader (imported where a task first reads), range after range."""
+    """The executor's reader (imported where a task first reads), range after range; with
+    metrics on, metered (``metered_batches``)."""
     from . import reader
 
-    for offset_range in offset_ranges:
-        yield from reader.read_range(options, offset_range)
+    batches = (
+        batch
+        for offset_range in offset_ranges
+        for batch in reader.read_range(options, offset_range)
+    )
+    if RECORDER.directory() is None or not offset_ranges:
+        return batches
+    return metered_batches(batches, options.metrics_query)
+
+
+def metered_batches(batches: Iterator[pa.RecordBatch], query: str) -> Iterator[pa.RecordBatch]:
+    """``batches``, recording the task's fetch time (the time spent producing batches, from
+    the brokers and the decoder, not the time Spark spends between them) and the key and
+    value bytes read. Recorded once, when the task's read ends, however it ends (a failed
+    or retried task's reads count: they were fetched), and flushed then: one snapshot
+    rewrite per task, in the executor's Python worker. A task of an empty batch records
+    nothing."""
+    import pyarrow.compute as compute
+
+    fetch_seconds, read_bytes = 0.0, 0
+    try:
+        while True:
+            started = time.perf_counter()
+            batch = next(batches, None)
+            fetch_seconds += time.perf_counter() - started
+            if batch is None:
+                return
+            for column in (batch.column(0), batch.column(1)):
+                read_bytes += compute.sum(compute.binary_length(column)).as_py() or 0
+            yield batch
+    finally:
+        RECORDER.observe("eospack_kafka_source_fetch_seconds", {"query": query}, fetch_seconds)
+        RECORDER.add("eospack_kafka_source_read_bytes_total", {"query": query}, read_bytes)
+        RECORDER.flush()
 
 
 class KafkaInputPartition(InputPartition):
