@@ -423,15 +423,17 @@ class StatefulOperator:
     def record_state(self, key_group: int, new_state: pd.DataFrame, state_bytes: int) -> None:
         """With metrics on where the operator was defined: the key group's keys and encoded
         bytes after this call, as gauges labelled by key group (the endpoint sums them per
-        operator; a key group's newest value wins, whichever worker wrote it), flushed once
-        per call. Spark starts this UDF's Python workers without the pack's environment, so
-        the directory travels with the operator (``metrics_directory``, set by ``apply``)."""
+        operator; a key group's newest value wins, whichever worker wrote it), written to
+        the worker's snapshot shortly after (``flush_soon``: once for the calls that come
+        meanwhile, so a batch's many key groups cost one rewrite). Spark starts this UDF's
+        Python workers without the pack's environment, so the directory travels with the
+        operator (``metrics_directory``, set by ``apply``)."""
         if self.metrics_directory is None:
             return
         labels = {**self.metrics_labels(), "key_group": str(key_group)}
         RECORDER.set("eospack_state_keys", labels, self.keys_in(new_state))
         RECORDER.set("eospack_state_bytes", labels, state_bytes)
-        RECORDER.flush()
+        RECORDER.flush_soon()
 
     def clock(self, state: GroupState) -> Clock:
         """This call's clock; restored, the watermark is at least the old query's next one."""

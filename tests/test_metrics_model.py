@@ -85,3 +85,25 @@ def test_the_grafana_dashboard_queries_exactly_the_recorded_metrics() -> None:
     assert used == set(metrics.METRICS)
     documented = (ROOT / "docs" / "metrics.md").read_text()
     assert all(f"`{name}`" in documented for name in metrics.METRICS)
+
+
+def test_flush_soon_rewrites_the_file_once_for_the_recordings_that_come_meanwhile(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """Executor-side recordings (many key groups per batch) ask flush_soon: one rewrite,
+    within the delay, holding all of them."""
+    from eospack.lab.testing import wait_until
+
+    monkeypatch.setenv(METRICS_DIR_VARIABLE, str(tmp_path))
+    recorder = Recorder()
+    writes: list[int] = []
+    flush = recorder.flush
+    monkeypatch.setattr(recorder, "flush", lambda: (writes.append(1), flush()))
+    for key_group in range(50):
+        labels = {"query": "q", "operator": "running_count", "key_group": str(key_group)}
+        recorder.set("eospack_state_keys", labels, key_group)
+        recorder.flush_soon(delay_seconds=0.2)
+    wait_until(lambda: len(writes) == 1, 10, "the delayed flush")
+    gauges = read_directory(tmp_path).gauges
+    assert sorted(value for (name, _), (value, _) in gauges.items()) == list(range(50))
+    assert len(writes) == 1

@@ -1,8 +1,9 @@
 """Metrics of the pack, carried across processes as snapshot files.
 
 Most are recorded by driver-side code (below); the source's read tasks and the stateful
-operators' UDF calls record theirs in the executors' Python workers the same way, one
-snapshot rewrite per task or key-group call (docs/metrics.md says which).
+operators' UDF calls record theirs in the executors' Python workers the same way, their
+snapshot rewritten on a timer shortly after (``Recorder.flush_soon``), once for all the
+tasks or key-group calls that record meanwhile (docs/metrics.md says which).
 
 Where the numbers are made: a Python data source's driver-side code (the stream reader's
 ``latestOffset``/``commit``, the stream writer's ``commit``/``abort``) runs in Python
@@ -66,6 +67,10 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     math.inf,
 )
 """Upper bounds of every ``*_seconds`` histogram (Prometheus' ``le``), the last one +Inf."""
+
+FLUSH_DELAY_SECONDS = 0.25
+"""How long an executor-side recording waits for others before its process's file is
+rewritten (``Recorder.flush_soon``): a scrape sees it at most this much later."""
 
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = tuple[tuple[str, str], ...]
@@ -293,6 +298,7 @@ class Recorder:
         self._failed = False
         self._dirty = False
         self._made: str | None = None
+        self._timer: threading.Timer | None = None
 
     @staticmethod
     def directory() -> str | None:
@@ -333,6 +339,20 @@ class Recorder:
                 seconds
             )
             self._dirty = True
+
+    def flush_soon(self, delay_seconds: float = FLUSH_DELAY_SECONDS) -> None:
+        """Flush within ``delay_seconds`` on a timer thread, once however many recordings
+        ask meanwhile: for executor-side recordings (a read task, a stateful operator's
+        key-group call), which come many per batch and per process and must not each
+        rewrite the file (its size grows with the key groups a worker served)."""
+        if self.directory() is None:
+            return
+        with self._lock:
+            if self._timer is not None and self._timer.is_alive():
+                return
+            self._timer = threading.Timer(delay_seconds, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
 
     def flush(self) -> None:
         """Rewrite this process's snapshot file atomically if anything changed since the

@@ -52,10 +52,14 @@ class MetricsEndpoint:
     _thread: Any
     _spark: Any = None
     _listener: Any = None
+    address: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
+        """Where this process scrapes it: the bound address, or loopback for a wildcard."""
+        host = "127.0.0.1" if self.address in ("", "0.0.0.0") else self.address
+        host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         """Stop serving, and stop recording in the processes Spark starts from now on."""
@@ -98,7 +102,9 @@ def serve(
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SnapshotCollector(chosen))
     server, thread = start_http_server(port, addr=addr, registry=registry)
-    return MetricsEndpoint(server.server_port, chosen, server, thread, spark, listener)
+    return MetricsEndpoint(
+        server.server_port, chosen, server, thread, spark, listener, address=addr
+    )
 
 
 def _listen_to_progress(spark: SparkSession) -> Any:

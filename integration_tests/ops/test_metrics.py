@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,20 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
         assert value(samples, "eospack_sink_pieces_committed_total", **sink) >= batches
         records = "eospack_kafka_source_records_total"
         assert value(samples, records, query=unique_name) == 40
-        # Executor side: the read tasks' key and value bytes, and one fetch time per task.
+        # Executor side (written shortly after each task): the read tasks' key and value
+        # bytes, and one fetch time per task.
         read_bytes = sum(len(r.key) + len(r.value) for r in make_records(2, 20))
-        assert value(samples, "eospack_kafka_source_read_bytes_total", query=unique_name) == (
-            read_bytes
+        wait_until(
+            lambda: (
+                value(
+                    scrape(endpoint.url), "eospack_kafka_source_read_bytes_total", query=unique_name
+                )
+                == read_bytes
+            ),
+            10,
+            f"{read_bytes} bytes read",
         )
+        samples = scrape(endpoint.url)
         fetches = value(samples, "eospack_kafka_source_fetch_seconds_count", query=unique_name)
         assert fetches is not None and fetches >= batches
         rolled_back = "eospack_sink_recovery_rolled_back_pieces_total"
@@ -175,8 +185,9 @@ def test_the_spark_conf_port_serves_the_metrics_from_register_and_a_bad_one_fail
     spark: Any,
 ) -> None:
     """``spark.eospack.metrics.port``: ``eospack.register`` serves the endpoint there (once
-    per process: a second call returns the same endpoint); a value that is no port fails in
-    one line naming the conf."""
+    per process: a second call returns the same endpoint), on the address
+    ``spark.eospack.metrics.address`` names (another loopback address here: the default one
+    refuses); a value that is no port fails in one line naming the conf."""
     from eospack.tools import metrics as tools_metrics
 
     try:
@@ -188,14 +199,19 @@ def test_the_spark_conf_port_serves_the_metrics_from_register_and_a_bad_one_fail
             " 65535 (0: a free one), or unset it"
         )
         spark.conf.set(tools_metrics.PORT_CONF, "0")
+        spark.conf.set(tools_metrics.ADDRESS_CONF, "127.0.0.2")
         eospack.register(spark)
         eospack.register(spark)
         (endpoint,) = tools_metrics._SERVED_FROM_CONF.values()
+        assert endpoint.url == f"http://127.0.0.2:{endpoint.port}/metrics"
         with urllib.request.urlopen(endpoint.url, timeout=10) as response:
             assert response.status == 200
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10)
         assert os.environ[METRICS_DIR_VARIABLE] == endpoint.directory
     finally:
         spark.conf.unset(tools_metrics.PORT_CONF)
+        spark.conf.unset(tools_metrics.ADDRESS_CONF)
         for endpoint in tools_metrics._SERVED_FROM_CONF.values():
             endpoint.close()
         tools_metrics._SERVED_FROM_CONF.clear()

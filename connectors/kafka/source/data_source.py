@@ -104,9 +104,9 @@ def metered_batches(batches: Iterator[pa.RecordBatch], query: str) -> Iterator[p
     """``batches``, recording the task's fetch time (the time spent producing batches, from
     the brokers and the decoder, not the time Spark spends between them) and the key and
     value bytes read. Recorded once, when the task's read ends, however it ends (a failed
-    or retried task's reads count: they were fetched), and flushed then: one snapshot
-    rewrite per task, in the executor's Python worker. A task of an empty batch records
-    nothing."""
+    or retried task's reads count: they were fetched), in the executor's Python worker,
+    whose snapshot is rewritten shortly after (``flush_soon``: once for the tasks that end
+    meanwhile). A task of an empty batch records nothing."""
     import pyarrow.compute as compute
 
     fetch_seconds, read_bytes = 0.0, 0
@@ -123,7 +123,7 @@ def metered_batches(batches: Iterator[pa.RecordBatch], query: str) -> Iterator[p
     finally:
         RECORDER.observe("eospack_kafka_source_fetch_seconds", {"query": query}, fetch_seconds)
         RECORDER.add("eospack_kafka_source_read_bytes_total", {"query": query}, read_bytes)
-        RECORDER.flush()
+        RECORDER.flush_soon()
 
 
 class KafkaInputPartition(InputPartition):
