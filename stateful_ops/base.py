@@ -67,7 +67,13 @@ from .initial_state import (
     load_key_group,
     split_by_key_group,
 )
-from .validation import INTEGRAL_TYPES, WATERMARK_METADATA_KEY, key_columns
+from .validation import (
+    INTEGRAL_TYPES,
+    OPERATOR_NAME_METADATA_KEY,
+    WATERMARK_METADATA_KEY,
+    key_columns,
+    operator_name,
+)
 
 # Spark's applyInPandasWithState worker pads its output with an all-NA frame before a
 # pd.concat, and pandas 2.x warns about that on every call: harmless noise from Spark's own
@@ -164,6 +170,16 @@ class StatefulOperator:
     The base class owns key-group assignment, GroupState timeouts, schema strings, the state
     encoding and pandas conversion. Rows reaching ``update`` keep their key and value columns
     (integers as nullable Int64, booleans as nullable boolean).
+
+    ``name`` (the constructor argument, kept as ``operator_name``; the class attribute
+    ``name`` is the operator's kind) is the operator's stable name, Flink's uid: stored in
+    every state row it writes (Arrow metadata ``operator_name``), listed by ``savepoint
+    create``, and what ``RestoredCheckpoint.initial_states`` maps a savepoint's state by,
+    whatever the operator's position in the query. Omitted (None, the default), the
+    operator is unnamed and maps by position (Spark's operator id) as before names
+    existed. A name is not checked against a running checkpoint's state: Spark addresses
+    that state by position, so renaming an operator between restarts of one checkpoint
+    only relabels it (its settings row takes the new name at the next batch with rows).
     """
 
     name: ClassVar[str] = "stateful_operator"
@@ -178,7 +194,9 @@ class StatefulOperator:
         key_groups: int = DEFAULT_KEY_GROUPS,
         output_mode: str | None = None,
         initial_state: InitialState | None = None,
+        name: str | None = None,
     ) -> None:
+        self.operator_name = operator_name(self.name, name)
         if output_mode is not None:
             if output_mode not in ("update", "append"):
                 raise OperatorDefinitionError(
@@ -197,6 +215,13 @@ class StatefulOperator:
             raise OperatorDefinitionError(
                 f"{self.name}: initial_state={initial_state!r}; pass"
                 " RestoredCheckpoint(checkpointLocation).initial_state() or None"
+            )
+        restored_name = initial_state.operator_name if initial_state is not None else None
+        if restored_name is not None and restored_name != self.operator_name:
+            raise OperatorDefinitionError(
+                f"{self.name}: initial_state holds the state of operator {restored_name!r},"
+                f" this operator is named {self.operator_name!r}; pass"
+                f" restored.initial_states([...])[{self.operator_name!r}]"
             )
         self.key = key
         self.key_groups = key_groups
@@ -313,6 +338,15 @@ class StatefulOperator:
             [arrow_field(f) for f in self.state_schema.fields],
             metadata={"key_groups": str(self.key_groups)},
         )
+
+    def stored_schema(self) -> pa.Schema:
+        """The schema state rows are written with: the state schema plus, for a named
+        operator, its name. Only ``key_groups`` is a checked setting (``decode``)."""
+        if self.operator_name is None:
+            return self.arrow_state_schema
+        metadata = dict(self.arrow_state_schema.metadata or {})
+        metadata[OPERATOR_NAME_METADATA_KEY] = self.operator_name.encode()
+        return self.arrow_state_schema.with_metadata(metadata)
 
     def watermarked_column(self) -> str | None:
         """The input's watermarked column when restored with a watermark, else None.
@@ -490,8 +524,11 @@ class StatefulOperator:
         """
         if state.exists:
             state_codec.decode(self.name, state.get, self.arrow_state_schema)
-            return
-        blob = state_codec.encode(self.empty_state(), self.arrow_state_schema)
+            if state_codec.stored_name(state.get) == self.operator_name:
+                return
+            # Renamed on this checkpoint: the settings row, which savepoints read the name
+            # from, takes the new name (it is otherwise never rewritten).
+        blob = state_codec.encode(self.empty_state(), self.stored_schema())
         state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
 
     def load(self, state: GroupState, key_group: int) -> pd.DataFrame:
@@ -516,7 +553,7 @@ class StatefulOperator:
         if not len(new_state) and self.bootstrap_directory is None:
             state.remove()
             return 0
-        blob = state_codec.encode(new_state[list(self.state_schema.names)], self.arrow_state_schema)
+        blob = state_codec.encode(new_state[list(self.state_schema.names)], self.stored_schema())
         state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
         if len(new_state):
             self.set_timeout(state, new_state, clock)

@@ -67,6 +67,7 @@ from pyspark.sql.types import (
 from eospack.core.checkpoint_files import checkpoint_files
 
 from .errors import OperatorDefinitionError
+from .state_codec import stored_name
 
 if TYPE_CHECKING:
     from .base import StatefulOperator
@@ -81,7 +82,13 @@ class InitialState:
     directory the restored query owns, where the per-key-group split is written.
     ``checkpoint_location`` and ``operator_id`` name the restored query's own state (to
     see whether bootstrapping is complete); the watermarks are the old query's (None when
-    unknown: a savepoint of format 1, or a query without a watermark)."""
+    unknown: a savepoint of format 1, or a query without a watermark).
+
+    ``operator_name``: set when the state was claimed by name
+    (``RestoredCheckpoint.initial_states``): the operator it is handed to must carry that
+    name, and the restored query's own state of it is found by that name, whatever its
+    position (``operator_id`` then only counts while no operator of the checkpoint holds
+    state under the name)."""
 
     path: str
     work_directory: str
@@ -89,6 +96,7 @@ class InitialState:
     next_batch_watermark_ms: int | None = None
     checkpoint_location: str | None = None
     operator_id: int = 0
+    operator_name: str | None = None
 
 
 def split_by_key_group(
@@ -195,10 +203,15 @@ def bootstrap_needed(spark: SparkSession, initial_state: InitialState, key_group
         name.isdigit() for name in checkpoint_files(checkpoint, spark).names("commits")
     ):
         return True
+    operator_id: int | None = initial_state.operator_id
+    if initial_state.operator_name is not None:
+        operator_id = operator_id_of(spark, checkpoint, initial_state.operator_name)
+        if operator_id is None:
+            return True
     try:
         rows = (
             spark.read.format("statestore")
-            .option("operatorId", initial_state.operator_id)
+            .option("operatorId", operator_id)
             .load(checkpoint)
             .selectExpr("key.*")
             .collect()
@@ -211,6 +224,27 @@ def bootstrap_needed(spark: SparkSession, initial_state: InitialState, key_group
     done.parent.mkdir(parents=True, exist_ok=True)
     done.touch()
     return False
+
+
+def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | None:
+    """The operator id under which ``checkpoint``'s last committed batch holds the state of
+    the operator named ``name`` (read from each operator's settings row), or None."""
+    files = checkpoint_files(checkpoint, spark)
+    for operator in sorted((entry for entry in files.names("state") if entry.isdigit()), key=int):
+        try:
+            rows = (
+                spark.read.format("statestore")
+                .option("operatorId", int(operator))
+                .load(checkpoint)
+                .selectExpr("key.*", "value.groupState.*")
+                .collect()
+            )
+        except Exception:  # not a stateful_ops operator, or nothing stored yet
+            continue
+        settings = [(version, kind, blob) for group, version, kind, blob in rows if group == -1]
+        if any(stored_name(row) == name for row in settings):
+            return int(operator)
+    return None
 
 
 def load_key_group(directory: str, key_group: int, schema: pa.Schema) -> pd.DataFrame | None:

@@ -3,7 +3,8 @@
 A key group keeps the state of all its keys in a single state row
 ``(format_version int, operator string, table binary)``; ``table`` is an Arrow IPC stream
 holding one row per key (key columns plus the operator's typed state fields), with the
-operator's fixed settings (``key_groups``) in the schema metadata. Arrow keeps
+operator's fixed settings (``key_groups``) and, for a named operator, its name
+(``operator_name``, informational: never checked) in the schema metadata. Arrow keeps
 every key type exact (nulls, composite keys, timestamps) and carries its own schema, so a
 row written by an incompatible operator is detected here and reported with what changed.
 """
@@ -14,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .errors import StateSchemaMismatchError
+from .validation import OPERATOR_NAME_METADATA_KEY
 
 STATE_FORMAT_VERSION = 1
 GROUP_STATE_DDL = "format_version int, operator string, table binary"
@@ -65,6 +67,17 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
             " restart from a new checkpoint location"
         )
     return arrow_table.to_pandas()
+
+
+def stored_name(row: tuple) -> str | None:
+    """The operator name a stored state row was written with (None: an unnamed operator,
+    or a row written before names existed); reads the Arrow schema only."""
+    blob = row[2] if len(row) == 3 else None
+    if blob is None:
+        return None
+    metadata = pa.ipc.open_stream(bytes(blob)).schema.metadata or {}
+    name = metadata.get(OPERATOR_NAME_METADATA_KEY)
+    return name.decode() if name is not None else None
 
 
 def describe_change(stored: pa.Schema, declared: pa.Schema) -> str:

@@ -110,3 +110,23 @@ def require_event_time(operator: str, df: DataFrame, column: str) -> None:
             f"{operator}: event_time column {column!r} has no watermark;"
             f' call df.withWatermark("{column}", "<delay>") before {operator}'
         )
+
+
+# Flink's uid: a stable operator name, stored with the operator's state (Arrow metadata).
+OPERATOR_NAME_METADATA_KEY = b"operator_name"
+OPERATOR_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def operator_name(operator: str, name: object) -> str | None:
+    """``name`` checked: None (an unnamed operator, mapped by position as before names
+    existed) or 1 to 128 characters of ``[A-Za-z0-9_.-]``, so it is safe in file names,
+    manifests, metric labels and CLI output. Uniqueness within a query is the user's job;
+    a savepoint holding two operators of one name is refused on restore."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not OPERATOR_NAME_PATTERN.fullmatch(name):
+        raise OperatorDefinitionError(
+            f"{operator}: name={name!r} is not a valid operator name; use 1 to 128 characters"
+            " of A-Z a-z 0-9 _ . - (e.g. name='counts-by-user'), or omit it"
+        )
+    return name

@@ -36,8 +36,9 @@ class Deduplicate(StatefulOperator):
         event_time: str | None = None,
         key_groups: int = DEFAULT_KEY_GROUPS,
         initial_state: InitialState | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(key, key_groups, initial_state=initial_state)
+        super().__init__(key, key_groups, initial_state=initial_state, name=name)
         self.ttl_us = duration_ms(self.name, "ttl", ttl) * 1000
         self.event_time = event_time
         self.timeout = "event" if event_time is not None else "processing"
@@ -104,8 +105,12 @@ def deduplicate(
     *,
     key_groups: int = DEFAULT_KEY_GROUPS,
     initial_state: InitialState | None = None,
+    name: str | None = None,
 ) -> DataFrame:
-    """First row per key within ``ttl`` (processing time, or event time with a watermark)."""
+    """First row per key within ``ttl`` (processing time, or event time with a watermark).
+
+    ``initial_state``, ``name``: as for ``running_count``.
+    """
     return Deduplicate(
-        key, ttl, event_time, key_groups=key_groups, initial_state=initial_state
+        key, ttl, event_time, key_groups=key_groups, initial_state=initial_state, name=name
     ).apply(df)

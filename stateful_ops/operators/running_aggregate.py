@@ -41,8 +41,9 @@ class RunningAggregate(StatefulOperator):
         key_groups: int = DEFAULT_KEY_GROUPS,
         output_mode: str | None = None,
         initial_state: InitialState | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(key, key_groups, output_mode, initial_state)
+        super().__init__(key, key_groups, output_mode, initial_state, name)
         if not isinstance(aggs, Mapping) or not aggs:
             raise OperatorDefinitionError(
                 f'{self.name}: aggs={aggs!r}; pass a mapping like {{"amount": ["sum", "max"]}}'
@@ -225,11 +226,17 @@ def running_aggregate(
     key_groups: int = DEFAULT_KEY_GROUPS,
     output_mode: str = "update",
     initial_state: InitialState | None = None,
+    name: str | None = None,
 ) -> DataFrame:
     """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
 
-    ``output_mode``, ``initial_state``: as for ``running_count``.
+    ``output_mode``, ``initial_state``, ``name``: as for ``running_count``.
     """
     return RunningAggregate(
-        key, aggs, key_groups=key_groups, output_mode=output_mode, initial_state=initial_state
+        key,
+        aggs,
+        key_groups=key_groups,
+        output_mode=output_mode,
+        initial_state=initial_state,
+        name=name,
     ).apply(df)

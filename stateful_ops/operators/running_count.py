@@ -109,6 +109,7 @@ def running_count(
     key_groups: int = DEFAULT_KEY_GROUPS,
     output_mode: str = "update",
     initial_state: InitialState | None = None,
+    name: str | None = None,
 ) -> DataFrame:
     """Key column(s), ``count`` and ``version`` per key changed in the batch.
 
@@ -118,8 +119,19 @@ def running_count(
     (key, count, version) fact that is never retracted.
 
     ``initial_state``: per-key state to start from, from a savepoint
-    (``RestoredCheckpoint(checkpointLocation).initial_state()``; see ``initial_state``).
+    (``RestoredCheckpoint(checkpointLocation).initial_state()``, or by name
+    ``.initial_states([...])[name]``; see ``initial_state``).
+
+    ``name``: the operator's stable name (Flink's uid), 1 to 128 characters of
+    ``[A-Za-z0-9_.-]``, unique within the query: a savepoint records it and a restore maps
+    state by it, wherever the operator sits in the new query. Omitted (default), the
+    operator is unnamed and its state maps by position (Spark's operator id), as before.
+    See docs/stateful-operators.md, Operator names.
     """
     return RunningCount(
-        key, key_groups=key_groups, output_mode=output_mode, initial_state=initial_state
+        key,
+        key_groups=key_groups,
+        output_mode=output_mode,
+        initial_state=initial_state,
+        name=name,
     ).apply(df)

@@ -38,8 +38,9 @@ class Sessionize(StatefulOperator):
         gap: object,
         key_groups: int = DEFAULT_KEY_GROUPS,
         initial_state: InitialState | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(key, key_groups, initial_state=initial_state)
+        super().__init__(key, key_groups, initial_state=initial_state, name=name)
         self.gap_us = duration_ms(self.name, "gap", gap) * 1000
         self.event_time = event_time
 
@@ -116,8 +117,12 @@ def sessionize(
     *,
     key_groups: int = DEFAULT_KEY_GROUPS,
     initial_state: InitialState | None = None,
+    name: str | None = None,
 ) -> DataFrame:
-    """Closed sessions per key: key column(s), ``session_start``, ``session_end``, ``count``."""
+    """Closed sessions per key: key column(s), ``session_start``, ``session_end``, ``count``.
+
+    ``initial_state``, ``name``: as for ``running_count``.
+    """
     return Sessionize(
-        key, event_time, gap, key_groups=key_groups, initial_state=initial_state
+        key, event_time, gap, key_groups=key_groups, initial_state=initial_state, name=name
     ).apply(df)
