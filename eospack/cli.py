@@ -441,15 +441,31 @@ def savepoint(arguments: argparse.Namespace) -> int:
             spark = None
             if not (is_local(arguments.source) and is_local(arguments.target)):
                 spark = local_session("eospack savepoint", conf=conf)
-            manifest = restore_savepoint(arguments.source, arguments.target, arguments.mode, spark)
+            manifest = restore_savepoint(
+                arguments.source, arguments.target, arguments.mode, spark, arguments.allow_missing
+            )
+            names = [o.operator_name for o in manifest.operators if o.operator_name]
+            if names:
+                state = (
+                    f"  states = restored.initial_states({names!r})\n"
+                    f"  running_count(..., name={names[0]!r}, initial_state=states[{names[0]!r}])"
+                )
+            else:
+                state = "  running_count(..., initial_state=restored.initial_state())"
+            allowed = (
+                "\nMissing state allowed: savepoint operators the query does not claim are"
+                " dropped, query operators without state start empty"
+                if arguments.allow_missing
+                else ""
+            )
             print(
                 f"{command}: {arguments.target} is ready ({arguments.mode})\n"
-                f"{describe(manifest)}\n"
+                f"{describe(manifest)}{allowed}\n"
                 "Start the query with checkpointLocation set to it, taking its starting"
                 " offsets and initial state from\n"
                 f"  restored = eospack.RestoredCheckpoint({str(arguments.target)!r})\n"
                 '  .option("startingOffsets", restored.starting_offsets())\n'
-                "  running_count(..., initial_state=restored.initial_state())",
+                f"{state}",
                 flush=True,
             )
     except (SavepointError, OSError) as error:
@@ -514,6 +530,13 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         default="no-claim",
         help="restore: no-claim copies the savepoint and never changes it (default); claim"
         " moves it into the new checkpoint, which owns it from then on",
+    )
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="restore: let the restored query drop the state of savepoint operators it does"
+        " not name and start its operators the savepoint has no state for empty (Flink's"
+        " --allowNonRestoredState); without it RestoredCheckpoint.initial_states refuses both",
     )
 
 

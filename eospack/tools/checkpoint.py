@@ -58,6 +58,8 @@ class OperatorState:
     """The rest is read through Spark (``inspect --state``), for stateful_ops operators."""
     keys: int | None = None
     key_groups: int | None = None
+    operator_name: str | None = None
+    """The operator's stable name (``name=``, Flink's uid); None when unnamed."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,9 @@ class CheckpointReport:
                 f"  operator {operator.operator_id}: {operator.partitions} partitions,"
                 f" last version {operator.last_version}, {operator.bytes:,} bytes"
                 + (
-                    f"; {operator.name}: {operator.keys} keys in {operator.key_groups} key groups"
+                    f"; {operator.name}"
+                    + (f" named {operator.operator_name}" if operator.operator_name else "")
+                    + f": {operator.keys} keys in {operator.key_groups} key groups"
                     if operator.name
                     else ""
                 )
@@ -251,6 +255,7 @@ def _with_keys(
         name=metadata.get(b"operator", b"").decode() or None,
         keys=table.num_rows,
         key_groups=int(metadata.get(b"key_groups", b"0")) or None,
+        operator_name=metadata.get(b"operator_name", b"").decode() or None,
     )
 
 

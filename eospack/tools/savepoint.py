@@ -10,7 +10,8 @@ such as ``s3a://``, read and written through Spark's Hadoop file system:
 
 The manifest holds the eospack version, the batch id, each source's offsets as Spark
 logged them, Spark's watermarks of the batch and of the next one (offset and commit log),
-and per stateful operator its name, columns and rows. The state is canonical:
+and per stateful operator its kind (``name``), its stable name if it has one
+(``operator_name``, Flink's uid), columns and rows. The state is canonical:
 one row per key, whatever ``key_groups``, ``spark.sql.shuffle.partitions`` or state store
 provider wrote it.
 
@@ -23,6 +24,15 @@ state (see ``eospack.stateful_ops.initial_state``). The offsets count only until
 first batch commits, the state only until every key group holds state; after that the
 checkpoint decides, as for any query. The old query's watermark counts as long as it is
 ahead of the new query's (Spark's watermark is in the checkpoint, which starts afresh).
+
+Operator names (Flink's uid): ``RestoredCheckpoint.initial_states(names)`` maps the
+savepoint's state to the new query's operators by name, whatever their positions; a
+savepoint operator without a name (written before names, or by an unnamed operator) maps
+by position as before. A savepoint operator no query operator claims, or a query operator
+the savepoint has no state for, is refused in one line unless missing state is allowed
+(``allow_missing=True``, or ``eospack savepoint restore --allow-missing``, Flink's
+``--allowNonRestoredState``): then the former's state is dropped and the latter starts
+empty. See ``map_operators``.
 
 Exactly-once across a restore: the new query starts where the savepoint's batch ended, so
 nothing the old query committed before the savepoint is read again. ``create_savepoint``
@@ -40,6 +50,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,13 +69,19 @@ from eospack.core.checkpoint_files import (
 from eospack.core.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.state_reader import read_state_table
+from eospack.stateful_ops.validation import OPERATOR_NAME_METADATA_KEY, operator_name
 from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
 
 FORMAT = "eospack-savepoint"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Version 2 adds the old query's watermarks; a version 1 savepoint restores without them."""
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Version 2 adds the old query's watermarks; a version 1 savepoint restores without them.
+Version 3 adds operator names (``OperatorSnapshot.operator_name``); older savepoints have
+none, so their operators map by position."""
 MANIFEST = "manifest.json"
+RESTORE_OPTIONS = "restore-options.json"
+"""Written by ``restore_savepoint`` next to the restored manifest: the restore's options
+(``allow_missing``), the default of ``RestoredCheckpoint``."""
 RESTORED_DIRECTORY = "eospack-savepoint"
 """Where ``restore_savepoint`` puts the savepoint inside the new checkpoint."""
 ClaimMode = Literal["no-claim", "claim"]
@@ -84,6 +101,15 @@ class OperatorSnapshot:
     columns: list[dict[str, str]]
     key_groups: int
     """What the old query used (informational: a restore may choose another)."""
+    operator_name: str | None = None
+    """The operator's stable name (Flink's uid); None for an unnamed operator or a
+    savepoint written before names (format version 1 and 2)."""
+
+    def label(self) -> str:
+        """How errors and the CLI name the operator: its name, else its position."""
+        if self.operator_name is not None:
+            return self.operator_name
+        return f"unnamed operator {self.operator_id}"
 
 
 @dataclass(frozen=True)
@@ -197,6 +223,7 @@ def create_savepoint(
                 file=relative,
                 columns=[{"name": f.name, "type": str(f.type)} for f in plain.schema],
                 key_groups=int(metadata.get(b"key_groups", b"0")),
+                operator_name=(metadata.get(OPERATOR_NAME_METADATA_KEY) or b"").decode() or None,
             )
         )
     manifest = Manifest(
@@ -231,13 +258,18 @@ def restore_savepoint(
     new_checkpoint: str | Path,
     mode: ClaimMode = "no-claim",
     spark: SparkSession | None = None,
+    allow_missing: bool = False,
 ) -> Manifest:
     """Prepare ``new_checkpoint`` (new or empty) for a query that continues from
     ``savepoint``. ``no-claim`` copies it: the savepoint is never changed and the new
     checkpoint shares nothing with it. ``claim`` moves it into the new checkpoint, which
     owns it from then on (no copy on one file system; the savepoint's old path is gone).
     Either may be a Hadoop file system URI: then ``spark`` (default: the active session)
-    copies or moves it through Hadoop's file systems."""
+    copies or moves it through Hadoop's file systems.
+
+    ``allow_missing`` (the CLI's ``--allow-missing``) is recorded in the new checkpoint
+    as the default of ``RestoredCheckpoint``: a restored query may then drop savepoint
+    operators it does not claim and start operators the savepoint lacks empty."""
     if mode not in ("no-claim", "claim"):
         raise SavepointError(f"--mode {mode!r}: use no-claim or claim")
     source_files = checkpoint_files(savepoint, spark)
@@ -258,6 +290,8 @@ def restore_savepoint(
             hadoop_target.rename(partial, RESTORED_DIRECTORY)
         else:
             hadoop_source.move_to("", hadoop_target, RESTORED_DIRECTORY)
+        if allow_missing:
+            target_files.write_text(f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}", RESTORE_ALLOW)
         return manifest
     source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
@@ -268,7 +302,92 @@ def restore_savepoint(
         os.rename(staging, restored)
     else:
         shutil.move(source, restored)
+    if allow_missing:
+        (restored / RESTORE_OPTIONS).write_text(RESTORE_ALLOW)
     return manifest
+
+
+RESTORE_ALLOW = json.dumps({"allow_missing": True})
+
+
+def map_operators(
+    snapshots: Sequence[OperatorSnapshot], names: Sequence[str], allow_missing: bool = False
+) -> dict[str, OperatorSnapshot | None]:
+    """Which savepoint operator each of the query's operators ``names`` continues from.
+
+    A named savepoint operator maps to the query operator of that name. An unnamed one
+    (a savepoint from before names, or an unnamed operator) maps by position: operator id
+    ``i`` to ``names[i]``, so ``names`` lists the query's operators in the order it defines
+    them (Spark's operator ids), which only matters for unnamed state. Refused, each in
+    one line naming the operators and the fix: an invalid or repeated name in ``names``,
+    a savepoint holding two operators of one name, and, unless ``allow_missing``, a
+    savepoint operator no name claims (its state would be lost) or a name the savepoint
+    has no state for (it would start empty). With ``allow_missing`` the former is dropped
+    and the latter maps to None (starts empty), as Flink's ``--allowNonRestoredState``.
+    Pure: no Spark, no files."""
+    for name in names:
+        try:
+            operator_name("RestoredCheckpoint.initial_states", name)
+        except ValueError as error:
+            raise SavepointError(str(error)) from None
+    repeated = sorted({name for name in names if list(names).count(name) > 1})
+    if repeated:
+        raise SavepointError(
+            f"operator name(s) {', '.join(repeated)} given more than once: give each"
+            " operator of the query its own name"
+        )
+    by_name: dict[str, list[OperatorSnapshot]] = {}
+    for snapshot in snapshots:
+        if snapshot.operator_name is not None:
+            by_name.setdefault(snapshot.operator_name, []).append(snapshot)
+    doubled = sorted(name for name, held in by_name.items() if len(held) > 1)
+    if doubled:
+        ids = "; ".join(
+            f"{name} (operators {', '.join(str(s.operator_id) for s in by_name[name])})"
+            for name in doubled
+        )
+        raise SavepointError(
+            f"the savepoint holds several operators named {ids}: names must be unique"
+            " within a query; restore it with initial_state(operator_id) by position, or"
+            " give the old query's operators distinct names and take a new savepoint"
+        )
+    mapping: dict[str, OperatorSnapshot | None] = {
+        name: by_name[name][0] for name in names if name in by_name
+    }
+    unclaimed = [
+        s for s in snapshots if s.operator_name is not None and s.operator_name not in mapping
+    ]
+    for snapshot in snapshots:
+        if snapshot.operator_name is not None:
+            continue
+        position = snapshot.operator_id
+        if position < len(names) and names[position] not in mapping:
+            mapping[names[position]] = snapshot
+        else:
+            unclaimed.append(snapshot)
+    missing = [name for name in names if name not in mapping]
+    if not allow_missing and (unclaimed or missing):
+        problems = []
+        if unclaimed:
+            problems.append(
+                f"savepoint operator(s) {', '.join(s.label() for s in unclaimed)} claimed by"
+                " no operator of this query (their state would be dropped)"
+            )
+        if missing:
+            problems.append(
+                f"operator(s) {', '.join(missing)} have no state in the savepoint (they"
+                " would start empty)"
+            )
+        raise SavepointError(
+            f"{'; '.join(problems)}: name the operators as in the savepoint"
+            f" ({describe_names(snapshots)}), or allow missing state with"
+            " allow_missing=True (CLI: eospack savepoint restore --allow-missing)"
+        )
+    return {name: mapping.get(name) for name in names}
+
+
+def describe_names(snapshots: Sequence[OperatorSnapshot]) -> str:
+    return ", ".join(f"{s.operator_id}: {s.label()}" for s in snapshots) or "no operators"
 
 
 class RestoredCheckpoint:
@@ -280,18 +399,29 @@ class RestoredCheckpoint:
     (default: the active session); its operators' state files are copied into
     ``work_directory``, where the operator splits them by key group and its tasks read
     them: a directory every executor can read (default: a directory of this checkpoint
-    under the local temporary directory, which serves local mode and one-host clusters)."""
+    under the local temporary directory, which serves local mode and one-host clusters).
+
+    ``allow_missing``: whether ``initial_states`` may drop savepoint operators the query
+    does not claim and start query operators the savepoint lacks empty; None (default)
+    takes what the restore recorded (``eospack savepoint restore --allow-missing``), else
+    False."""
 
     def __init__(
         self,
         checkpoint_location: str | Path,
         spark: SparkSession | None = None,
         work_directory: str | Path | None = None,
+        allow_missing: bool | None = None,
     ) -> None:
         self.checkpoint: CheckpointFiles = checkpoint_files(checkpoint_location, spark)
+        self.allow_missing = allow_missing
         if isinstance(self.checkpoint, LocalFiles):
             self.directory = self.checkpoint.root / RESTORED_DIRECTORY
             self.manifest = Manifest.read(self.directory) if self.directory.is_dir() else None
+            if self.allow_missing is None:
+                self.allow_missing = recorded_allow_missing(
+                    self.checkpoint, self.manifest is not None
+                )
             return
         location = self.checkpoint.location
         if work_directory is None:
@@ -300,6 +430,8 @@ class RestoredCheckpoint:
         self.directory = Path(work_directory) / RESTORED_DIRECTORY
         restored = self.checkpoint.is_directory(RESTORED_DIRECTORY)
         self.manifest = Manifest.read(self.checkpoint, RESTORED_DIRECTORY) if restored else None
+        if self.allow_missing is None:
+            self.allow_missing = recorded_allow_missing(self.checkpoint, restored)
 
     @property
     def restored(self) -> bool:
@@ -324,23 +456,73 @@ class RestoredCheckpoint:
 
     def initial_state(self, operator: int = 0) -> InitialState | None:
         """The ``initial_state`` of stateful operator ``operator`` (Spark's operator id: the
-        operators' order in the query), or None."""
+        operators' order in the query), or None: the mapping by position, for unnamed
+        operators. Named operators take theirs from ``initial_states``."""
         if self.manifest is None:
             return None
         for snapshot in self.manifest.operators:
             if snapshot.operator_id == operator:
-                state_file = self.directory / snapshot.file
-                if not isinstance(self.checkpoint, LocalFiles) and not state_file.is_file():
-                    self.checkpoint.get(f"{RESTORED_DIRECTORY}/{snapshot.file}", state_file)
-                return InitialState(
-                    path=str(state_file),
-                    work_directory=str(self.directory / f"operator-{operator}-split"),
-                    batch_watermark_ms=self.manifest.batch_watermark_ms,
-                    next_batch_watermark_ms=self.manifest.next_batch_watermark_ms,
-                    checkpoint_location=self.checkpoint.location,
-                    operator_id=operator,
-                )
+                return self.state_of(snapshot, f"operator-{operator}-split", operator, None)
         return None
+
+    def initial_states(
+        self, names: Sequence[str], allow_missing: bool | None = None
+    ) -> dict[str, InitialState | None]:
+        """Each of the query's operators ``names`` (its ``name=`` arguments, in the order
+        the query defines them) with its ``initial_state``: the savepoint operator of that
+        name (an unnamed savepoint operator by position), None for a name the savepoint
+        lacks, when allowed. On a checkpoint no restore prepared, every name gets None.
+
+        Refuses in one line (``SavepointError``) what ``map_operators`` refuses: a
+        savepoint operator no name claims, or a name without state, unless
+        ``allow_missing`` (default: the constructor's, else what the restore recorded)."""
+        if self.manifest is None:
+            return dict.fromkeys(map_operators([], names, allow_missing=True))
+        allowed = self.allow_missing if allow_missing is None else allow_missing
+        mapping = map_operators(self.manifest.operators, names, bool(allowed))
+        states: dict[str, InitialState | None] = {}
+        for position, name in enumerate(names):
+            snapshot = mapping[name]
+            states[name] = (
+                None
+                if snapshot is None
+                else self.state_of(snapshot, f"operator-{name}-split", position, name)
+            )
+        return states
+
+    def state_of(
+        self,
+        snapshot: OperatorSnapshot,
+        work_name: str,
+        operator_id: int,
+        name: str | None,
+    ) -> InitialState:
+        """``snapshot``'s state file (fetched from a remote checkpoint) as an InitialState."""
+        assert self.manifest is not None
+        state_file = self.directory / snapshot.file
+        if not isinstance(self.checkpoint, LocalFiles) and not state_file.is_file():
+            self.checkpoint.get(f"{RESTORED_DIRECTORY}/{snapshot.file}", state_file)
+        return InitialState(
+            path=str(state_file),
+            work_directory=str(self.directory / work_name),
+            batch_watermark_ms=self.manifest.batch_watermark_ms,
+            next_batch_watermark_ms=self.manifest.next_batch_watermark_ms,
+            checkpoint_location=self.checkpoint.location,
+            operator_id=operator_id,
+            operator_name=name,
+        )
+
+
+def recorded_allow_missing(checkpoint: CheckpointFiles, restored: bool) -> bool:
+    """What ``restore_savepoint(allow_missing=...)`` recorded in ``checkpoint`` (False when
+    nothing was recorded)."""
+    if not restored:
+        return False
+    text = checkpoint.read_text(f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}")
+    try:
+        return bool(json.loads(text or "{}").get("allow_missing", False))
+    except ValueError:
+        return False
 
 
 def logged_watermark(path: Path, line: int) -> int | None:
@@ -379,8 +561,9 @@ def describe(manifest: Manifest) -> str:
     if manifest.next_batch_watermark_ms:
         lines.append(f"  watermark {manifest.next_batch_watermark_ms} ms (next batch's)")
     for operator in manifest.operators:
+        named = f"name {operator.operator_name}" if operator.operator_name else "unnamed"
         lines.append(
-            f"  operator {operator.operator_id} ({operator.name}): {operator.rows} keys,"
-            f" written with key_groups={operator.key_groups}"
+            f"  operator {operator.operator_id} ({operator.name}, {named}): {operator.rows}"
+            f" keys, written with key_groups={operator.key_groups}"
         )
     return "\n".join(lines)
