@@ -4,6 +4,7 @@ restored checkpoint hands a query."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from eospack.tools.savepoint import (
     OperatorSnapshot,
     RestoredCheckpoint,
     SavepointError,
+    describe,
+    map_operators,
     restore_savepoint,
 )
 
@@ -144,3 +147,121 @@ def test_restored_checkpoint_hands_its_operators_the_old_watermarks(tmp_path: Pa
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "manifest.json").write_text(json.dumps(old))
     assert Manifest.read(tmp_path / "v1").next_batch_watermark_ms is None
+
+
+# Operator names (Flink's uid) -------------------------------------------------------------
+
+
+def snapshot(operator_id: int, name: str | None, kind: str = "running_count") -> OperatorSnapshot:
+    return OperatorSnapshot(
+        operator_id, kind, 1, f"state/operator-{operator_id}.parquet", [], 8, name
+    )
+
+
+def test_named_state_maps_by_name_whatever_the_positions() -> None:
+    saved = [snapshot(0, "by-a"), snapshot(1, "by-b", "deduplicate")]
+    mapping = map_operators(saved, ["by-b", "by-a"])
+    assert mapping == {"by-b": saved[1], "by-a": saved[0]}
+
+
+def test_unnamed_state_maps_by_position_as_before_names() -> None:
+    saved = [snapshot(0, None), snapshot(1, None)]
+    assert map_operators(saved, ["first", "second"]) == {"first": saved[0], "second": saved[1]}
+    mixed = [snapshot(0, None), snapshot(1, "counts")]
+    assert map_operators(mixed, ["old", "counts"]) == {"old": mixed[0], "counts": mixed[1]}
+
+
+@pytest.mark.parametrize(
+    ("saved", "names", "message"),
+    [
+        (
+            [snapshot(0, "by-a"), snapshot(1, "by-b")],
+            ["by-a"],
+            "savepoint operator(s) by-b claimed by no operator of this query (their state"
+            " would be dropped): name the operators as in the savepoint (0: by-a, 1: by-b),"
+            " or allow missing state with allow_missing=True (CLI: eospack savepoint"
+            " restore --allow-missing)",
+        ),
+        (
+            [snapshot(0, "by-a")],
+            ["by-a", "new"],
+            "operator(s) new have no state in the savepoint (they would start empty): name"
+            " the operators as in the savepoint (0: by-a), or allow missing state with"
+            " allow_missing=True (CLI: eospack savepoint restore --allow-missing)",
+        ),
+        (
+            [snapshot(0, None), snapshot(1, None)],
+            ["only"],
+            "savepoint operator(s) unnamed operator 1 claimed by no operator of this query",
+        ),
+        (
+            [snapshot(0, "twice"), snapshot(1, "twice")],
+            ["twice"],
+            "the savepoint holds several operators named twice (operators 0, 1): names must"
+            " be unique within a query",
+        ),
+        ([snapshot(0, "a")], ["a", "a"], "operator name(s) a given more than once"),
+        ([snapshot(0, "a")], ["a b"], "name='a b' is not a valid operator name"),
+    ],
+)
+def test_mapping_refusals_are_one_line(
+    saved: list[OperatorSnapshot], names: list[str], message: str
+) -> None:
+    with pytest.raises(SavepointError) as error:
+        map_operators(saved, names)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_allow_missing_drops_unclaimed_state_and_starts_new_operators_empty() -> None:
+    saved = [snapshot(0, "by-a"), snapshot(1, "by-b")]
+    assert map_operators(saved, ["by-b", "new"], allow_missing=True) == {
+        "by-b": saved[1],
+        "new": None,
+    }
+
+
+def test_restored_checkpoint_hands_state_by_name_and_records_allow_missing(
+    tmp_path: Path,
+) -> None:
+    savepoint = tmp_path / "savepoint"
+    write_savepoint(savepoint)
+    saved = json.loads((savepoint / "manifest.json").read_text())
+    saved["operators"] = [asdict(snapshot(0, "by-a")), asdict(snapshot(1, "by-b"))]
+    (savepoint / "manifest.json").write_text(json.dumps(saved))
+    (savepoint / "state" / "operator-1.parquet").write_bytes(b"state of b")
+
+    restore_savepoint(savepoint, tmp_path / "strict")
+    restored = RestoredCheckpoint(tmp_path / "strict")
+    states = restored.initial_states(["by-b", "by-a"])
+    by_b, by_a = states["by-b"], states["by-a"]
+    assert by_a is not None and by_b is not None
+    assert Path(by_b.path).read_bytes() == b"state of b"
+    assert (by_b.operator_name, by_b.operator_id, by_a.operator_id) == ("by-b", 0, 1)
+    assert by_a.work_directory != by_b.work_directory
+    with pytest.raises(SavepointError, match="by-a claimed by no operator"):
+        restored.initial_states(["by-b"])
+    assert restored.initial_states(["by-b"], allow_missing=True)["by-b"] == by_b
+    assert restored.initial_state(1) is not None  # by position, as before names
+
+    restore_savepoint(savepoint, tmp_path / "lenient", allow_missing=True)
+    lenient = RestoredCheckpoint(tmp_path / "lenient")
+    assert lenient.initial_states(["by-b", "new"])["new"] is None
+    with pytest.raises(SavepointError, match="by-a claimed by no operator"):
+        RestoredCheckpoint(tmp_path / "lenient", allow_missing=False).initial_states(["by-b"])
+    assert RestoredCheckpoint(tmp_path / "fresh").initial_states(["x"]) == {"x": None}
+
+
+def test_manifests_before_names_still_read(tmp_path: Path) -> None:
+    """A format 2 manifest (no operator_name) reads, its operators unnamed."""
+    manifest = write_savepoint(tmp_path / "savepoint")
+    saved = json.loads(manifest.to_json())
+    saved["format_version"] = 2
+    for operator in saved["operators"]:
+        operator.pop("operator_name")
+    (tmp_path / "savepoint" / "manifest.json").write_text(json.dumps(saved))
+    (operator,) = Manifest.read(tmp_path / "savepoint").operators
+    assert operator.operator_name is None
+    assert "operator 0 (running_count, unnamed): 3 keys" in describe(
+        Manifest.read(tmp_path / "savepoint")
+    )

@@ -742,3 +742,50 @@ def test_output_mode_is_checked_and_append_is_accepted():
         match=r"^running_count: output_mode='complete'; use 'update' or 'append'$",
     ):
         RunningCount("k", output_mode="complete")
+
+
+# Operator names (Flink's uid) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x/y", "é", "a" * 129, 7])
+def test_an_invalid_operator_name_is_refused_in_one_line(name: Any) -> None:
+    with pytest.raises(OperatorDefinitionError) as error:
+        RunningCount("k", name=name)
+    assert str(error.value).startswith(f"running_count: name={name!r} is not a valid")
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "make", [RunningCount, lambda key, name: Deduplicate(key, "1 minute", name=name)]
+)
+def test_every_operator_takes_a_name_default_none(make: Any) -> None:
+    assert make("k", name=None).operator_name is None
+    assert make("k", name="counts-by_user.v2").operator_name == "counts-by_user.v2"
+
+
+def test_a_named_operator_stores_its_name_and_a_rename_relabels_the_settings_row() -> None:
+    operator = bound(RunningCount("k", name="counts"), ["k"], KEYED)
+    data = Group(operator)
+    data.call([spark_frame({"k": ["a", "a"], "n": [1, 1], "v": [0.0, 0.0]})])
+    assert data.value is not None and state_codec.stored_name(data.value) == "counts"
+    settings = Group(operator, key_group=SETTINGS_KEY_GROUP)
+    settings.call([spark_frame({"k": ["a"], "n": [1], "v": [0.0]})])
+    assert settings.value is not None and state_codec.stored_name(settings.value) == "counts"
+
+    renamed = bound(RunningCount("k", name="tallies"), ["k"], KEYED)
+    settings.operator = renamed
+    settings.call([spark_frame({"k": ["a"], "n": [1], "v": [0.0]})])
+    assert settings.updated and state_codec.stored_name(settings.value) == "tallies"
+    data.operator = renamed  # a name is no checked setting: the stored keys load as before
+    assert rows(data.call([spark_frame({"k": ["a"], "n": [1], "v": [0.0]})])) == [("a", 3, 2)]
+    unnamed = Group(bound(RunningCount("k"), ["k"], KEYED))
+    unnamed.call([spark_frame({"k": ["a"], "n": [1], "v": [0.0]})])
+    assert unnamed.value is not None and state_codec.stored_name(unnamed.value) is None
+
+
+def test_initial_state_claimed_for_another_name_is_refused() -> None:
+    from eospack.stateful_ops import InitialState
+
+    state = InitialState("/x.parquet", "/work", operator_name="by-a")
+    with pytest.raises(OperatorDefinitionError, match="holds the state of operator 'by-a'"):
+        RunningCount("k", initial_state=state, name="by-b")
