@@ -26,7 +26,7 @@ from eospack.cli import main
 from eospack.lab.testing import await_query, session_settings
 from eospack.stateful_ops import running_count
 from eospack.stateful_ops.state_reader import read_state_table
-from eospack.tools.savepoint import RestoredCheckpoint, SavepointError
+from eospack.tools.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint, SavepointError
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +130,9 @@ def test_state_follows_operator_names_when_positions_swap(
     assert state_by_name(spark, tmp_path / "swapped", 2) == counts(
         first_round + second_round + third_round
     )
+    for name in COLUMNS:  # the third start found each operator's own state by its name
+        split = tmp_path / "swapped" / RESTORED_DIRECTORY / f"operator-{name}-split"
+        assert (split / "_bootstrapped-4").is_file()
     assert main(["checkpoint", "inspect", str(tmp_path / "swapped"), "--state"]) == 0
     out = capsys.readouterr().out
     assert "running_count named by-b" in out and "running_count named by-a" in out
