@@ -373,6 +373,7 @@ class Recorder:
                 file.write(text)
             os.replace(temporary, os.path.join(directory, self._file_name))
         except OSError as error:
+            self._made, self._dirty = None, True  # retried, the directory made again
             if not self._failed:
                 self._failed = True
                 log.warning("eospack metrics: cannot write to %s (%s)", directory, error)
@@ -384,11 +385,13 @@ RECORDER = Recorder()
 
 def read_directory(directory: str | Path) -> Snapshot:
     """Every process's snapshot in ``directory``, merged; unreadable files are skipped (a
-    file is replaced atomically, so a reader sees an old or a new one, never half)."""
+    file is replaced atomically, so a reader sees an old or a new one, never half), and so
+    is JSON of another shape (another tool's ``*.json``): a scrape never fails on a file."""
     merged = Snapshot()
     for path in sorted(Path(directory).glob("*.json")):
         try:
-            merged.merge(Snapshot.from_json(json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
+            one = Snapshot.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
             continue
+        merged.merge(one)
     return merged
