@@ -461,10 +461,18 @@ class StatefulOperator:
         the worker's snapshot shortly after (``flush_soon``: once for the calls that come
         meanwhile, so a batch's many key groups cost one rewrite). Spark starts this UDF's
         Python workers without the pack's environment, so the directory travels with the
-        operator (``metrics_directory``, set by ``apply``)."""
+        operator (``metrics_directory``, set by ``apply``). The key columns label the
+        gauges too (summed away by the endpoint like the key group), so two operators of
+        one kind in one query on different keys add up instead of overwriting each other's
+        key groups; the label is the same after a restart, so an old run's values are
+        replaced, not added."""
         if self.metrics_directory is None:
             return
-        labels = {**self.metrics_labels(), "key_group": str(key_group)}
+        labels = {
+            **self.metrics_labels(),
+            "key_group": str(key_group),
+            "key_columns": ",".join(self.keys),
+        }
         RECORDER.set("eospack_state_keys", labels, self.keys_in(new_state))
         RECORDER.set("eospack_state_bytes", labels, state_bytes)
         RECORDER.flush_soon()
