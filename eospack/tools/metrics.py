@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,22 @@ def serve(
     )
 
 
+_REPORTED: dict[str, int] = {}
+_REPORTED_LOCK = threading.Lock()
+
+
+def _first_report(query_id: str, batch_id: int) -> bool:
+    """True once per query and batch in this process: every endpoint served on a session
+    adds a listener, and each hears every progress event, so a batch's late rows would
+    count once per endpoint. Batch ids only grow within a query id (a restart from the
+    checkpoint continues them; a batch replayed after a crash reported no progress)."""
+    with _REPORTED_LOCK:
+        if _REPORTED.get(query_id, -1) >= batch_id:
+            return False
+        _REPORTED[query_id] = batch_id
+        return True
+
+
 def _listen_to_progress(spark: SparkSession) -> Any:
     """A StreamingQueryListener recording what only Spark's progress knows: the rows its
     stateful operators dropped behind the watermark (``numRowsDroppedByWatermark``, per
@@ -127,7 +144,7 @@ def _listen_to_progress(spark: SparkSession) -> Any:
             dropped = sum(
                 operator.numRowsDroppedByWatermark for operator in progress.stateOperators
             )
-            if dropped:
+            if dropped and _first_report(str(progress.id), progress.batchId):
                 labels = {"query": str(progress.id)}
                 RECORDER.add("eospack_state_late_rows_dropped_total", labels, dropped)
                 RECORDER.flush()

@@ -1,0 +1,278 @@
+"""Attacks on what docs/metrics.md promises, with real queries (issue 40's metrics).
+
+Each test breaks one promise if it can: metrics never change results (on, off, served
+after the operator is defined, a snapshot directory that became a file, snapshot files that
+became directories), values are right (state keys against the state really stored, read
+bytes against the produced bytes, late rows once per dropped row with two endpoints), and
+secrets (a JDBC password, a ``kafka.sasl.jaas.config``) never reach the snapshot files, the
+labels or the ``eospack.batches`` log line. Pure-logic attacks:
+``tests/test_metrics_attacks_model.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sqlite3
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import eospack
+import eospack.metrics
+from eospack.core.metrics import METRICS_DIR_VARIABLE
+from eospack.lab.services.kafka_tools import Record, create_topic, produce_sealed
+from eospack.lab.testing import wait_until
+from eospack.stateful_ops import read_state, running_count, sessionize
+from integration_tests.kafka_source_parts import read_stream, servers_of
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "s3cr3t-Pa55w0rd-jdbc"
+JAAS_SECRET = "s3cr3t-Pa55w0rd-jaas"
+JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required"
+    f' username="alice" password="{JAAS_SECRET}";'
+)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the endpoint: (name, sorted labels) to value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: Any) -> float | None:
+    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
+
+
+def table_rows(database: Path, table: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(database) as connection:
+        return sorted(connection.execute(f'SELECT k, "count", version FROM "{table}"').fetchall())
+
+
+def keyed_records(partitions: int, per_partition: int, keys: int) -> list[Record]:
+    """Records whose keys repeat (``u0`` .. ``u{keys-1}``), so a running count folds."""
+    return [
+        Record(p, f"u{(i * partitions + p) % keys}".encode(), f"v{p}-{i}".encode())
+        for i in range(per_partition)
+        for p in range(partitions)
+    ]
+
+
+class CapturedLog(logging.Handler):
+    """Every record of the loggers it is attached to, formatted."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.mark.timeout(400)
+def test_results_are_the_same_with_metrics_off_on_broken_and_served_after_the_operator(
+    spark: Any, kafka: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """replayable-kafka -> running_count -> 2pc-jdbc (SQLite), Trigger.AvailableNow with
+    10 offsets per trigger, five times over the same topic: metrics off; on (with a JDBC
+    password and a JAAS config in the options: neither reaches a snapshot file, a label or
+    the log; the scraped keys equal the keys read back from the state store, the read bytes
+    the produced key and value bytes); every snapshot file replaced by a directory; the
+    snapshot directory replaced by a file; served after the operator was defined (records
+    nothing for the operator, by the docs). The same rows every time."""
+    servers, topic = servers_of(kafka), unique_name
+    create_topic(servers, topic, partitions=2)
+    records = keyed_records(2, 20, keys=7)
+    produce_sealed(servers, topic, records)
+    metrics = tmp_path / "metrics"
+    captured = CapturedLog()
+    logging.getLogger("eospack").addHandler(captured)
+
+    def define(run: str) -> Any:
+        counts = running_count(
+            read_stream(spark, servers, subscribe=topic, startingOffsets="earliest")
+            .option("queryName", f"{unique_name}_{run}")
+            .option("maxOffsetsPerTrigger", "10")
+            .load()
+            .selectExpr("CAST(key AS STRING) AS k"),
+            "k",
+            key_groups=4,
+            output_mode="append",
+        )
+        return (
+            counts.writeStream.format("2pc-jdbc")
+            .option("url", f"jdbc:sqlite:{tmp_path / (run + '.db')}")
+            .option("password", PASSWORD)
+            .option("dbtable", run)
+            .option("createTableIfNotExists", "true")
+            .option("checkpointLocation", str(tmp_path / f"checkpoint-{run}"))
+            .trigger(availableNow=True)
+        )
+
+    def run(run: str, writer: Any = None) -> list[tuple[Any, ...]]:
+        query = (writer or define(run)).start()
+        try:
+            assert query.awaitTermination(180), f"run {run} did not finish"
+            assert query.exception() is None
+        finally:
+            query.stop()
+        return table_rows(tmp_path / f"{run}.db", run)
+
+    try:
+        expected = run("off")
+        assert len(expected) >= 7 and {row[0] for row in expected} == {
+            f"u{i}" for i in range(7)
+        }
+        endpoint = eospack.metrics.serve(spark, port=0, directory=str(metrics))
+        try:
+            assert run("on") == expected
+            on_query = f"{unique_name}_on"
+            produced = sum(len(r.key) + len(r.value) for r in records)
+            read_bytes = "eospack_kafka_source_read_bytes_total"
+            wait_until(
+                lambda: value(scrape(endpoint.url), read_bytes, query=on_query) == produced,
+                10,
+                f"{produced} bytes read",
+            )
+            stored = read_state(spark, str(tmp_path / "checkpoint-on"))
+            keys = [
+                v
+                for (name, labels), v in scrape(endpoint.url).items()
+                if name == "eospack_state_keys" and dict(labels)["operator"] == "running_count"
+            ]
+            assert keys == [len(stored)] == [7]
+            texts = [p.read_text() for p in metrics.glob("*.json")]
+            assert texts
+            for secret in (PASSWORD, JAAS_SECRET, "PlainLoginModule"):
+                assert not any(secret in text for text in texts), secret
+                assert not any(secret in line for line in captured.lines), secret
+                with urllib.request.urlopen(endpoint.url, timeout=10) as response:
+                    assert secret not in response.read().decode()
+
+            for snapshot in metrics.glob("*.json"):
+                snapshot.unlink()
+                snapshot.mkdir()
+            assert run("snapshots_are_directories") == expected
+
+            shutil.rmtree(metrics)
+            metrics.write_text("not a directory")
+            assert run("directory_is_a_file") == expected
+            scrape(endpoint.url)  # the endpoint still answers
+        finally:
+            endpoint.close()
+            if metrics.is_file():
+                metrics.unlink()
+        writer = define("served_after")
+        endpoint = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics2"))
+        try:
+            assert run("served_after", writer) == expected
+        finally:
+            endpoint.close()
+    finally:
+        logging.getLogger("eospack").removeHandler(captured)
+    assert METRICS_DIR_VARIABLE not in os.environ
+
+
+def write_events(directory: Path, index: int, events: list[tuple[str, int]]) -> None:
+    """One JSON file of (key, event second) rows: one micro-batch (maxFilesPerTrigger=1)."""
+    import json
+
+    path = directory / f"events-{index}.json"
+    path.write_text("\n".join(json.dumps({"k": key, "t": second}) for key, second in events))
+    os.utime(path, (1_000_000 + index, 1_000_000 + index))
+
+
+def sessions_query(spark: Any, events: Path, checkpoint: Path, name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    stream = (
+        spark.readStream.schema("k string, t long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(events))
+        .withColumn("ts", F.timestamp_seconds("t"))
+        .withWatermark("ts", "0 seconds")
+    )
+    return (
+        sessionize(stream, "k", "ts", "10 seconds", key_groups=4)
+        .writeStream.format("noop")
+        .queryName(name)
+        .outputMode("append")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+@pytest.mark.timeout(300)
+def test_late_rows_count_once_with_two_endpoints_and_keys_match_the_state_after_a_restart(
+    spark: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """sessionize (4 key groups, 10 s gap) with ``serve(spark)`` called twice (two
+    endpoints on one session): one late row is counted once, not once per endpoint. Then
+    the query restarts from its checkpoint (same query id): the scraped keys follow the
+    keys really in state (``read_state``) after new keys and after expiries."""
+    events = tmp_path / "events"
+    events.mkdir()
+    checkpoint = tmp_path / "checkpoint"
+    first = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics"))
+    second = eospack.metrics.serve(spark, port=0)  # the same directory, as documented
+    try:
+        query = sessions_query(spark, events, checkpoint, unique_name)
+        labels = {"query": str(query.id), "operator": "sessionize"}
+
+        def scraped(name: str, endpoint: Any = second, **more: Any) -> float | None:
+            return value(scrape(endpoint.url), name, **{**labels, **more})
+
+        def in_state() -> int:
+            return len(read_state(spark, str(checkpoint)))
+
+        late = "eospack_state_late_rows_dropped_total"
+        try:
+            write_events(events, 0, [("a", 1000), ("b", 1001), ("c", 1002), ("d", 1003)])
+            wait_until(lambda: scraped("eospack_state_keys") == 4, 60, "4 keys in state")
+            write_events(events, 1, [("e", 1100)])
+            wait_until(lambda: scraped("eospack_state_keys") == 1, 60, "1 key left")
+            write_events(events, 2, [("f", 1005)])
+            wait_until(
+                lambda: value(scrape(second.url), late, query=str(query.id)) is not None,
+                60,
+                "the late row counted",
+            )
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        assert scraped("eospack_state_keys") == in_state() == 1
+
+        restarted = sessions_query(spark, events, checkpoint, f"{unique_name}_again")
+        try:
+            assert str(restarted.id) == labels["query"]
+            write_events(events, 3, [("g", 1101), ("h", 1102), ("i", 1103)])
+            wait_until(lambda: scraped("eospack_state_keys") == 4, 60, "4 keys after restart")
+            restarted.processAllAvailable()
+            assert in_state() == 4
+            write_events(events, 4, [("j", 1200)])
+            wait_until(lambda: scraped("eospack_state_keys") == 1, 60, "1 key after expiry")
+            restarted.processAllAvailable()
+            assert in_state() == 1
+            assert scraped("eospack_state_keys_expired_total") == 4 + 4
+        finally:
+            restarted.stop()
+        # By now the listener bus delivered the late batch's progress to both listeners.
+        for endpoint in (first, second):
+            assert value(scrape(endpoint.url), late, query=labels["query"]) == 1
+            assert scraped("eospack_state_keys", endpoint) == 1
+    finally:
+        second.close()
+        first.close()
+
