@@ -137,7 +137,9 @@ def call(operator: RunningCount, key_group: int, keys: list[str]) -> None:
 
 def bound_operator(directory: Path, key: str) -> RunningCount:
     operator = RunningCount(key, key_groups=4)
-    operator.bind([key], StructType([StructField(key, StringType()), StructField("v", StringType())]))
+    operator.bind(
+        [key], StructType([StructField(key, StringType()), StructField("v", StringType())])
+    )
     operator.metrics_directory = str(directory)
     return operator
 
