@@ -209,3 +209,28 @@ def test_what_512_key_groups_cost_a_worker(
         )
     assert scraped[("eospack_state_keys", tuple(sorted(labels.items())))] == 5120
     assert len(json.loads(snapshot.read_text())["gauges"]) == 1024
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN: a key group's gauges are ordered by the writing worker's wall clock, so on"
+    " a cluster whose executors' clocks differ by more than a batch interval an older"
+    " batch's value written on a fast clock wins over the newer batch's (the fix: order"
+    " them by Spark's batch id, streaming.sql.batchId, which the UDF's task can read)",
+)
+def test_a_key_groups_newest_batch_wins_whatever_the_executors_clocks(tmp_path: Path) -> None:
+    """Key group 3 held 10 keys after batch 5 (worker A, clock 2 s ahead), then 4 after
+    batch 6 (worker B, right clock, 1 s later): the scrape should say 4."""
+    labels = {
+        "query": "q",
+        "operator": "running_count",
+        "key_group": "3",
+        "key_columns": "k",
+    }
+    now = time.time()
+    for worker, keys, at in (("a", 10, now + 2.0), ("b", 4, now + 1.0)):
+        (tmp_path / f"{worker}.json").write_text(
+            json.dumps({"gauges": [["eospack_state_keys", labels, keys, at]]})
+        )
+    scraped = samples(tmp_path)
+    assert scraped[("eospack_state_keys", (("operator", "running_count"), ("query", "q")))] == 4
