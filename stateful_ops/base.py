@@ -96,6 +96,7 @@ EVENT_TIME_COLUMN = "__so_event_time_us"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # The query's id (StreamExecution.QUERY_ID_KEY): stable across restarts of a checkpoint.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # Key group of the settings markers; data rows get pmod(...) >= 0, so it never holds keys.
 SETTINGS_KEY_GROUP = -1
 # 2262-01-01 UTC, shortly before the last instant pandas holds: a marker's event time, never
@@ -465,7 +466,9 @@ class StatefulOperator:
         gauges too (summed away by the endpoint like the key group), so two operators of
         one kind in one query on different keys add up instead of overwriting each other's
         key groups; the label is the same after a restart, so an old run's values are
-        replaced, not added."""
+        replaced, not added. A key group's values are ordered by Spark's batch id (kept
+        across restarts), not by the writing executor's clock: on a cluster whose clocks
+        differ, the newest batch's value still wins."""
         if self.metrics_directory is None:
             return
         labels = {
@@ -473,8 +476,11 @@ class StatefulOperator:
             "key_group": str(key_group),
             "key_columns": ",".join(self.keys),
         }
-        RECORDER.set("eospack_state_keys", labels, self.keys_in(new_state))
-        RECORDER.set("eospack_state_bytes", labels, state_bytes)
+        context = TaskContext.get()
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+        at = float(batch) if batch is not None and batch.isdigit() else None
+        RECORDER.set("eospack_state_keys", labels, self.keys_in(new_state), at)
+        RECORDER.set("eospack_state_bytes", labels, state_bytes, at)
         RECORDER.flush_soon()
 
     def clock(self, state: GroupState) -> Clock:

@@ -11,14 +11,16 @@ import json
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
+from eospack.core import metrics as core_metrics
 from eospack.core.metrics import METRICS_DIR_VARIABLE, RECORDER, Recorder, read_directory
-from eospack.stateful_ops import RunningCount
+from eospack.stateful_ops import RunningCount, base
 from eospack.tools.metrics import SnapshotCollector
 
 GROUP_STATE_SCHEMA = StructType(
@@ -211,26 +213,37 @@ def test_what_512_key_groups_cost_a_worker(
     assert len(json.loads(snapshot.read_text())["gauges"]) == 1024
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN: a key group's gauges are ordered by the writing worker's wall clock, so on"
-    " a cluster whose executors' clocks differ by more than a batch interval an older"
-    " batch's value written on a fast clock wins over the newer batch's (the fix: order"
-    " them by Spark's batch id, streaming.sql.batchId, which the UDF's task can read)",
-)
-def test_a_key_groups_newest_batch_wins_whatever_the_executors_clocks(tmp_path: Path) -> None:
+class FakeTaskContext:
+    """What ``record_state`` reads of Spark's TaskContext: the query and batch ids."""
+
+    def __init__(self, batch_id: int) -> None:
+        self.batch_id = batch_id
+
+    def get(self) -> FakeTaskContext:
+        return self
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return {"sql.streaming.queryId": "q", "streaming.sql.batchId": str(self.batch_id)}.get(key)
+
+
+def test_a_key_groups_newest_batch_wins_whatever_the_executors_clocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Key group 3 held 10 keys after batch 5 (worker A, clock 2 s ahead), then 4 after
-    batch 6 (worker B, right clock, 1 s later): the scrape should say 4."""
-    labels = {
-        "query": "q",
-        "operator": "running_count",
-        "key_group": "3",
-        "key_columns": "k",
-    }
+    batch 6 (worker B, right clock, 1 s later): the scrape says 4. Before the fix a key
+    group's values were ordered by the writing worker's wall clock, so on a cluster whose
+    executors' clocks differ by more than a batch interval the older batch's value won."""
+    monkeypatch.setenv(METRICS_DIR_VARIABLE, str(tmp_path))
+    operator = bound_operator(tmp_path, "k")
     now = time.time()
-    for worker, keys, at in (("a", 10, now + 2.0), ("b", 4, now + 1.0)):
-        (tmp_path / f"{worker}.json").write_text(
-            json.dumps({"gauges": [["eospack_state_keys", labels, keys, at]]})
-        )
+    for worker, keys, batch, clock in (("a", 10, 5, now + 2.0), ("b", 4, 6, now + 1.0)):
+        recorder = Recorder()
+        recorder._file_name = f"{worker}.json"
+        monkeypatch.setattr(base, "RECORDER", recorder)
+        monkeypatch.setattr(base, "TaskContext", FakeTaskContext(batch))
+        monkeypatch.setattr(core_metrics, "time", SimpleNamespace(time=lambda c=clock: c))
+        operator.record_state(3, pd.DataFrame({"k": [f"k{i}" for i in range(keys)]}), 100)
+        recorder.flush()
+    monkeypatch.undo()
     scraped = samples(tmp_path)
     assert scraped[("eospack_state_keys", (("operator", "running_count"), ("query", "q")))] == 4

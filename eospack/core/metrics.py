@@ -319,13 +319,23 @@ class Recorder:
             self.snapshot.counters[key] = self.snapshot.counters.get(key, 0.0) + amount
             self._dirty = True
 
-    def set(self, name: str, labels: Mapping[str, Any], value: float) -> None:
-        self.set_many(name, [(labels, value)])
+    def set(
+        self, name: str, labels: Mapping[str, Any], value: float, at: float | None = None
+    ) -> None:
+        self.set_many(name, [(labels, value)], at)
 
-    def set_many(self, name: str, values: Iterable[tuple[Mapping[str, Any], float]]) -> None:
+    def set_many(
+        self,
+        name: str,
+        values: Iterable[tuple[Mapping[str, Any], float]],
+        at: float | None = None,
+    ) -> None:
+        """Set gauges; ``at`` orders a gauge's values across processes (the newest wins):
+        this process's wall clock unless given (a stateful operator's key group gives its
+        batch id, which no executor's clock skew can reorder)."""
         if self.directory() is None:
             return
-        now = time.time()
+        now = time.time() if at is None else at
         with self._lock:
             for labels, value in values:
                 self.snapshot.gauges[(name, _labels(labels))] = (float(value), now)
