@@ -134,6 +134,23 @@ def test_results_are_the_same_with_metrics_off_on_broken_and_served_after_the_op
         endpoint = eospack.metrics.serve(spark, port=0, directory=str(metrics))
         try:
             assert run("on") == expected
+            # Two queries at once sharing the endpoint: the same rows, each sink its rows.
+            both = [define(name).start() for name in ("shared_a", "shared_b")]
+            try:
+                for query in both:
+                    assert query.awaitTermination(180)
+                    assert query.exception() is None
+            finally:
+                for query in both:
+                    query.stop()
+            for name in ("shared_a", "shared_b"):
+                assert table_rows(tmp_path / f"{name}.db", name) == expected
+            rows_committed = [
+                v
+                for (name, labels), v in scrape(endpoint.url).items()
+                if name == "eospack_sink_rows_committed_total"
+            ]
+            assert rows_committed == [len(expected)] * 3
             on_query = f"{unique_name}_on"
             produced = sum(len(r.key) + len(r.value) for r in records)
             read_bytes = "eospack_kafka_source_read_bytes_total"
@@ -143,12 +160,17 @@ def test_results_are_the_same_with_metrics_off_on_broken_and_served_after_the_op
                 f"{produced} bytes read",
             )
             stored = read_state(spark, str(tmp_path / "checkpoint-on"))
-            keys = [
-                v
-                for (name, labels), v in scrape(endpoint.url).items()
-                if name == "eospack_state_keys" and dict(labels)["operator"] == "running_count"
-            ]
-            assert keys == [len(stored)] == [7]
+            assert len(stored) == 7
+
+            def keys() -> list[float]:
+                return [
+                    v
+                    for (name, labels), v in scrape(endpoint.url).items()
+                    if name == "eospack_state_keys" and dict(labels)["operator"] == "running_count"
+                ]
+
+            # One series per query: "on" and the two shared queries, each its 7 stored keys.
+            wait_until(lambda: keys() == [7] * 3, 10, "7 keys per query")
             texts = [p.read_text() for p in metrics.glob("*.json")]
             assert texts
             for secret in (PASSWORD,):
@@ -361,7 +383,7 @@ def test_a_replayed_batch_reads_its_bytes_again_and_commits_nothing_twice(
         endpoint.close()
 
 
-@pytest.mark.chaos  # starts the SASL_SSL Apache Kafka broker (tens of seconds)
+@pytest.mark.production_kafka  # the SASL_SSL Apache Kafka broker (as test_kafka_secured)
 @pytest.mark.timeout(400)
 def test_a_jaas_config_and_a_jdbc_password_reach_no_snapshot_label_or_scrape(
     spark: Any, secured_kafka: Any, unique_name: str, tmp_path: Path
