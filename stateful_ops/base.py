@@ -462,11 +462,11 @@ class StatefulOperator:
         the worker's snapshot shortly after (``flush_soon``: once for the calls that come
         meanwhile, so a batch's many key groups cost one rewrite). Spark starts this UDF's
         Python workers without the pack's environment, so the directory travels with the
-        operator (``metrics_directory``, set by ``apply``). The key columns label the
-        gauges too (summed away by the endpoint like the key group), so two operators of
-        one kind in one query on different keys add up instead of overwriting each other's
-        key groups; the label is the same after a restart, so an old run's values are
-        replaced, not added. A key group's values are ordered by Spark's batch id (kept
+        operator (``metrics_directory``, set by ``apply``). The key columns and the
+        operator's ``name`` label the gauges too (summed away by the endpoint like the key
+        group), so two operators of one kind in one query on different keys, or named
+        apart, add up instead of overwriting each other's key groups; both labels are the
+        same after a restart, so an old run's values are replaced, not added. A key group's values are ordered by Spark's batch id (kept
         across restarts), not by the writing executor's clock: on a cluster whose clocks
         differ, the newest batch's value still wins."""
         if self.metrics_directory is None:
@@ -475,6 +475,7 @@ class StatefulOperator:
             **self.metrics_labels(),
             "key_group": str(key_group),
             "key_columns": ",".join(self.keys),
+            "operator_name": self.operator_name or "",
         }
         context = TaskContext.get()
         batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
