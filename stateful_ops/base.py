@@ -466,9 +466,10 @@ class StatefulOperator:
         operator's ``name`` label the gauges too (summed away by the endpoint like the key
         group), so two operators of one kind in one query on different keys, or named
         apart, add up instead of overwriting each other's key groups; both labels are the
-        same after a restart, so an old run's values are replaced, not added. A key group's values are ordered by Spark's batch id (kept
-        across restarts), not by the writing executor's clock: on a cluster whose clocks
-        differ, the newest batch's value still wins."""
+        same after a restart, so an old run's values are replaced, not added. A key
+        group's values are ordered by Spark's batch id (kept across restarts), not by the
+        writing executor's clock: on a cluster whose clocks differ, the newest batch's value
+        still wins."""
         if self.metrics_directory is None:
             return
         labels = {
