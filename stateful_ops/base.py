@@ -67,10 +67,13 @@ from .initial_state import (
     load_key_group,
     split_by_key_group,
 )
+from .operators.shared import key_codes
+from .state_codec import EXPIRES_COLUMN
 from .validation import (
     INTEGRAL_TYPES,
     OPERATOR_NAME_METADATA_KEY,
     WATERMARK_METADATA_KEY,
+    duration_ms,
     key_columns,
     operator_name,
 )
@@ -196,6 +199,7 @@ class StatefulOperator:
         output_mode: str | None = None,
         initial_state: InitialState | None = None,
         name: str | None = None,
+        ttl: object | None = None,
     ) -> None:
         self.operator_name = operator_name(self.name, name)
         if output_mode is not None:
@@ -224,6 +228,15 @@ class StatefulOperator:
                 f" this operator is named {self.operator_name!r}; pass"
                 f" restored.initial_states([...])[{self.operator_name!r}]"
             )
+        self.ttl_ms: int | None = None
+        if ttl is not None:
+            if self.timeout != "none":
+                raise OperatorDefinitionError(
+                    f"{self.name}: ttl is not supported here (the operator expires its keys"
+                    " itself); leave ttl unset"
+                )
+            self.ttl_ms = duration_ms(self.name, "ttl", ttl)
+            self.timeout = "processing"
         self.key = key
         self.key_groups = key_groups
         self.initial_state = initial_state
@@ -335,10 +348,10 @@ class StatefulOperator:
         self.key_schema = StructType([input_schema[name] for name in self.keys])
         self.state_schema = self.state_schema_for(input_schema)
         self.out_schema = self.output_schema_for(input_schema)
-        self.arrow_state_schema = pa.schema(
-            [arrow_field(f) for f in self.state_schema.fields],
-            metadata={"key_groups": str(self.key_groups)},
-        )
+        fields = [arrow_field(f) for f in self.state_schema.fields]
+        if self.ttl_ms is not None:
+            fields.append(pa.field(EXPIRES_COLUMN, pa.int64(), nullable=True))
+        self.arrow_state_schema = pa.schema(fields, metadata={"key_groups": str(self.key_groups)})
 
     def stored_schema(self) -> pa.Schema:
         """The schema state rows are written with: the state schema plus, for a named
@@ -419,7 +432,7 @@ class StatefulOperator:
         else:
             rows = self.fold(frames)
             if len(rows):
-                new_state, output = self.update(rows, self.load(state, bucket[0]), clock)
+                new_state, output = self.update_live(rows, self.load(state, bucket[0]), clock)
             else:
                 # Only bootstrap markers or late rows: a visit without data, as Spark's.
                 if state.exists and self.timeout == "none":
@@ -438,8 +451,44 @@ class StatefulOperator:
         if len(output):
             yield output[list(self.out_schema.names)]
 
+    def update_live(
+        self, rows: pd.DataFrame, stored: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """``update``; with ``ttl``, on the keys not expired yet, and every key that
+        received rows expires ``ttl`` after this batch's processing time (the others keep
+        their expiry). A key that expired starts again from nothing, as if never seen."""
+        if self.ttl_ms is None:
+            return self.update(rows, stored, clock)
+        live = self.unexpired(stored, clock)
+        new_state, output = self.update(rows, live.drop(columns=[EXPIRES_COLUMN]), clock)
+        keys = list(self.keys)
+        codes, _ = key_codes(pd.concat([new_state[keys], live[keys], rows[keys]]), keys)
+        kept, live_codes = len(new_state), codes[len(new_state) : len(new_state) + len(live)]
+        expires = np.full(kept, clock.processing_time_ms + self.ttl_ms, dtype=np.int64)
+        untouched = np.ones(kept + 1, dtype=bool)
+        untouched[np.minimum(codes[kept + len(live) :], kept)] = False
+        known = live_codes < kept
+        carried = live[EXPIRES_COLUMN].to_numpy(dtype=np.int64)[known]
+        expires[live_codes[known]] = np.where(
+            untouched[live_codes[known]], carried, expires[live_codes[known]]
+        )
+        return new_state.assign(**{EXPIRES_COLUMN: expires}), output
+
+    def unexpired(self, stored: pd.DataFrame, clock: Clock) -> pd.DataFrame:
+        """The keys of ``stored`` whose ttl has not run out at this batch (counted)."""
+        live = stored[stored[EXPIRES_COLUMN].to_numpy(dtype=np.int64) > clock.processing_time_ms]
+        if len(live) < len(stored) and self.metrics_directory is not None:
+            labels = self.metrics_labels()
+            RECORDER.add("eospack_state_keys_expired_total", labels, len(stored) - len(live))
+        return live.reset_index(drop=True)
+
     def expire(self, stored: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """``on_timeout``, counted: a fired timeout and the keys it removed."""
+        """``on_timeout`` (with ``ttl``: dropping the keys whose ttl ran out), counted: a
+        fired timeout and the keys it removed."""
+        if self.ttl_ms is not None:
+            if self.metrics_directory is not None:
+                RECORDER.add("eospack_state_timeouts_fired_total", self.metrics_labels())
+            return self.unexpired(stored, clock), self.empty_output()
         new_state, output = self.on_timeout(stored, clock)
         if self.metrics_directory is not None:
             labels = self.metrics_labels()
@@ -450,10 +499,10 @@ class StatefulOperator:
 
     def metrics_labels(self) -> dict[str, str]:
         """The operator's metric labels: the query's id (Spark's, kept across restarts) and
-        the operator's name."""
+        the operator's name (its kind when unnamed)."""
         context = TaskContext.get()
         query = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
-        return {"query": query or "", "operator": self.name}
+        return {"query": query or "", "operator": self.operator_name or self.name}
 
     def record_state(self, key_group: int, new_state: pd.DataFrame, state_bytes: int) -> None:
         """With metrics on where the operator was defined: the key group's keys and encoded
@@ -513,7 +562,7 @@ class StatefulOperator:
         """Whether a key of ``stored`` must expire now (Spark's timeout would fire)."""
         if self.timeout == "none" or not len(stored):
             return False
-        wake_up = self.wake_up_ms(stored, clock)
+        wake_up = self.next_wake_up_ms(stored, clock)
         now = clock.processing_time_ms if self.timeout == "processing" else clock.watermark_ms
         return wake_up is not None and now is not None and wake_up <= now
 
@@ -569,14 +618,21 @@ class StatefulOperator:
         if not len(new_state) and self.bootstrap_directory is None:
             state.remove()
             return 0
-        blob = state_codec.encode(new_state[list(self.state_schema.names)], self.stored_schema())
+        blob = state_codec.encode(new_state[self.arrow_state_schema.names], self.stored_schema())
         state.update((state_codec.STATE_FORMAT_VERSION, self.name, blob))
         if len(new_state):
             self.set_timeout(state, new_state, clock)
         return len(blob)
 
+    def next_wake_up_ms(self, stored: pd.DataFrame, clock: Clock) -> int | None:
+        """When the group must be visited again: the first key's expiry with ``ttl``,
+        else the operator's ``wake_up_ms``."""
+        if self.ttl_ms is not None:
+            return int(stored[EXPIRES_COLUMN].min())
+        return self.wake_up_ms(stored, clock)
+
     def set_timeout(self, state: GroupState, stored: pd.DataFrame, clock: Clock) -> None:
-        wake_up = self.wake_up_ms(stored, clock)
+        wake_up = self.next_wake_up_ms(stored, clock)
         if wake_up is None:
             return
         if self.timeout == "processing":

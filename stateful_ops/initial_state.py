@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,7 +68,7 @@ from pyspark.sql.types import (
 from eospack.core.checkpoint_files import checkpoint_files
 
 from .errors import OperatorDefinitionError
-from .state_codec import stored_name
+from .state_codec import EXPIRES_COLUMN, stored_name
 
 if TYPE_CHECKING:
     from .base import StatefulOperator
@@ -116,6 +117,8 @@ def split_by_key_group(
             f"{operator.name}: initial_state {initial_state.path} cannot be read ({error});"
             " give the state file of a savepoint restored with eospack savepoint restore"
         ) from None
+    table = pq.read_table(initial_state.path)
+    table, found = with_expiry_of(operator, table, found)
     if [(field.name, field.type) for field in found] != [
         (field.name, field.type) for field in expected
     ]:
@@ -125,7 +128,7 @@ def split_by_key_group(
             " the savepoint into a query with the same key columns and operator"
         )
     key_group = "__so_initial_key_group"
-    split = typed_key_groups(spark, pq.read_table(initial_state.path), operator, key_group)
+    split = typed_key_groups(spark, table, operator, key_group)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     groups = split.column(key_group).to_numpy(zero_copy_only=False)
@@ -245,6 +248,26 @@ def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | Non
         if any(stored_name(row) == name for row in settings):
             return int(operator)
     return None
+
+
+def with_expiry_of(
+    operator: StatefulOperator, table: pa.Table, found: pa.Schema
+) -> tuple[pa.Table, pa.Schema]:
+    """A savepoint's state as the operator keeps it with or without ``ttl``: turning ttl on
+    through a savepoint gives every restored key the full ttl from the restore (the split
+    is written once, so a restart replays with the same expiries); turning it off drops the
+    expiries."""
+    has_expiry = EXPIRES_COLUMN in found.names
+    if operator.ttl_ms is not None and not has_expiry:
+        expires = int(time.time() * 1000) + operator.ttl_ms
+        table = table.append_column(
+            pa.field(EXPIRES_COLUMN, pa.int64()), pa.array([expires] * table.num_rows, pa.int64())
+        )
+    elif operator.ttl_ms is None and has_expiry:
+        table = table.drop_columns([EXPIRES_COLUMN])
+    else:
+        return table, found
+    return table, table.schema
 
 
 def load_key_group(directory: str, key_group: int, schema: pa.Schema) -> pd.DataFrame | None:

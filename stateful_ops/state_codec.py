@@ -21,6 +21,11 @@ STATE_FORMAT_VERSION = 1
 GROUP_STATE_DDL = "format_version int, operator string, table binary"
 
 
+EXPIRES_COLUMN = "__so_expires_at_ms"
+"""With ``ttl``: the state field after the operator's own, when each key expires (the
+processing time, in ms, of its last batch with rows plus the ttl)."""
+
+
 def encode(table: pd.DataFrame, schema: pa.Schema) -> bytes:
     """Serialize ``table`` (columns named as in ``schema``) to Arrow IPC stream bytes."""
     arrow_table = pa.Table.from_pandas(

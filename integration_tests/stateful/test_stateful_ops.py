@@ -442,6 +442,49 @@ def test_deduplicate_processing_time_ttl_expires_keys(spark: SparkSession, tmp_r
     assert sorted(remembered["k"]) == ["x", "z"]  # y expired and left the state
 
 
+TTL_CASES = {
+    "running_count": (
+        lambda df, ttl: running_count(df, "k", key_groups=4, ttl=ttl),
+        [("x", 2, 1), ("y", 1, 1)],
+        [("x", 1, 1), ("z", 1, 1)],
+    ),
+    "running_aggregate": (
+        lambda df, ttl: running_aggregate(df, "k", {"v": "sum"}, key_groups=4, ttl=ttl),
+        [("x", 4.0, 1), ("y", 2.0, 1)],
+        [("x", 2.0, 1), ("z", 2.0, 1)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TTL_CASES))
+def test_ttl_forgets_a_key_idle_longer_than_ttl_and_it_starts_again(
+    spark: SparkSession, tmp_root: str, name: str
+) -> None:
+    """x and y, then (after the ttl) x and z: x counts from 1 again (version 1; without a
+    ttl it would be 3, version 2) and y left the state, whichever key group it is in."""
+    build, first_batch, second_batch = TTL_CASES[name]
+    directory = os.path.join(tmp_root, f"{name}-ttl-input")
+    checkpoint = os.path.join(tmp_root, f"{name}-ttl-checkpoint")
+    os.makedirs(directory)
+    ttl_ms = 1000
+    row = {"n": 1, "v": 2.0, "t": T0}
+    write_batch(directory, 0, [{**row, "k": k} for k in ("x", "y", "x")])
+    sink = Emitted()
+
+    def start() -> StreamingQuery:
+        with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+            return run(build(source(spark, directory), f"{ttl_ms} ms"), checkpoint, "update", sink)
+
+    first = start()
+    assert sink.final() == [(0, first_batch)]
+    batch_time = pd.Timestamp(first.lastProgress["timestamp"]).timestamp()
+    wait_until(lambda: time.time() > batch_time + 2 * ttl_ms / 1000, 10, "the ttl to pass")
+    write_batch(directory, 1, [{**row, "k": k} for k in ("x", "z")])
+    start()
+    assert sink.final()[1] == (1, second_batch)
+    assert sorted(read_state(spark, checkpoint)["k"]) == ["x", "z"]
+
+
 def test_bad_definitions_fail_before_the_query_starts(spark: SparkSession, tmp_root: str) -> None:
     directory = os.path.join(tmp_root, "errors-input")
     os.makedirs(directory)

@@ -42,8 +42,9 @@ class RunningAggregate(StatefulOperator):
         output_mode: str | None = None,
         initial_state: InitialState | None = None,
         name: str | None = None,
+        ttl: object | None = None,
     ) -> None:
-        super().__init__(key, key_groups, output_mode, initial_state, name)
+        super().__init__(key, key_groups, output_mode, initial_state, name, ttl)
         if not isinstance(aggs, Mapping) or not aggs:
             raise OperatorDefinitionError(
                 f'{self.name}: aggs={aggs!r}; pass a mapping like {{"amount": ["sum", "max"]}}'
@@ -227,10 +228,11 @@ def running_aggregate(
     output_mode: str = "update",
     initial_state: InitialState | None = None,
     name: str | None = None,
+    ttl: object | None = None,
 ) -> DataFrame:
     """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
 
-    ``output_mode``, ``initial_state``, ``name``: as for ``running_count``.
+    ``output_mode``, ``initial_state``, ``name``, ``ttl``: as for ``running_count``.
     """
     return RunningAggregate(
         key,
@@ -239,4 +241,5 @@ def running_aggregate(
         output_mode=output_mode,
         initial_state=initial_state,
         name=name,
+        ttl=ttl,
     ).apply(df)

@@ -110,6 +110,7 @@ def running_count(
     output_mode: str = "update",
     initial_state: InitialState | None = None,
     name: str | None = None,
+    ttl: object | None = None,
 ) -> DataFrame:
     """Key column(s), ``count`` and ``version`` per key changed in the batch.
 
@@ -127,6 +128,10 @@ def running_count(
     state by it, wherever the operator sits in the new query. Omitted (default), the
     operator is unnamed and its state maps by position (Spark's operator id), as before.
     See docs/stateful-operators.md, Operator names.
+
+    ``ttl`` (a duration: ``"30 minutes"`` or a ``timedelta``): forget a key that received
+    no row for that long in processing time (the batches' timestamps); it then counts from
+    1 again, version 1, if it comes back. Unset (default): keys are kept forever.
     """
     return RunningCount(
         key,
@@ -134,4 +139,5 @@ def running_count(
         output_mode=output_mode,
         initial_state=initial_state,
         name=name,
+        ttl=ttl,
     ).apply(df)
