@@ -68,3 +68,27 @@ def test_ttl_is_a_duration_and_refused_where_the_operator_expires_keys_itself() 
         RunningCount.__init__(Expiring("k", "1 minute"), "k", ttl="1 minute")
     assert RunningCount("k").ttl_ms is None and RunningCount("k").timeout == "none"
     assert bound("2 minutes").timeout == "processing"
+
+
+def test_a_savepoint_without_expiries_restored_with_ttl_gets_the_full_ttl_and_back() -> None:
+    """Turning ttl on or off goes through a savepoint (``with_expiry_of``, used by the
+    split of ``initial_state``): on, each key expires ttl after the restore; off, the
+    expiries are dropped."""
+    import time
+
+    import pyarrow as pa
+
+    from eospack.stateful_ops.initial_state import with_expiry_of
+
+    saved = pa.table({"k": ["a", "b"], "count": [2, 1], "version": [1, 1]})
+    before = int(time.time() * 1000)
+    restored, schema = with_expiry_of(bound("1 minute"), saved, saved.schema)
+    assert schema.names == ["k", "count", "version", EXPIRES_COLUMN]
+    expiries = restored.column(EXPIRES_COLUMN).to_pylist()
+    assert len(set(expiries)) == 1 and before + 60_000 <= expiries[0] <= time.time() * 1000 + 60_000
+    plain = RunningCount("k")
+    plain.bind(["k"], StructType([StructField("k", StringType())]))
+    back, schema = with_expiry_of(plain, restored, restored.schema)
+    assert schema.names == ["k", "count", "version"] and back.equals(saved)
+    same, _ = with_expiry_of(plain, saved, saved.schema)
+    assert same is saved
