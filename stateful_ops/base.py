@@ -99,7 +99,6 @@ EVENT_TIME_COLUMN = "__so_event_time_us"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # The query's id (StreamExecution.QUERY_ID_KEY): stable across restarts of a checkpoint.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # Key group of the settings markers; data rows get pmod(...) >= 0, so it never holds keys.
 SETTINGS_KEY_GROUP = -1
 # 2262-01-01 UTC, shortly before the last instant pandas holds: a marker's event time, never
