@@ -12,7 +12,6 @@ expired and the late row Spark dropped.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import urllib.error
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import eospack
 import eospack.metrics
@@ -34,23 +32,9 @@ from eospack.lab.services.kafka_tools import (
 from eospack.lab.testing import wait_until
 from eospack.stateful_ops import sessionize
 from integration_tests.kafka_source_parts import make_records, read_stream, servers_of
+from integration_tests.metrics_parts import scrape, value, write_events
 
 pytestmark = pytest.mark.integration
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the endpoint: (name, sorted labels) to value."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict, name: str, **labels: Any) -> float | None:
-    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
 
 
 def sink_rows(database: Path, table: str) -> int:
@@ -216,13 +200,6 @@ def test_the_spark_conf_port_serves_the_metrics_from_register_and_a_bad_one_fail
             endpoint.close()
         tools_metrics._SERVED_FROM_CONF.clear()
     assert METRICS_DIR_VARIABLE not in os.environ
-
-
-def write_events(directory: Path, index: int, events: list[tuple[str, int]]) -> None:
-    """One JSON file of (key, event second) rows: one micro-batch (maxFilesPerTrigger=1)."""
-    path = directory / f"events-{index}.json"
-    path.write_text("\n".join(json.dumps({"k": key, "t": second}) for key, second in events))
-    os.utime(path, (1_000_000 + index, 1_000_000 + index))
 
 
 @pytest.mark.timeout(240)

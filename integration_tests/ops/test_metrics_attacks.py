@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import eospack
 import eospack.metrics
@@ -30,27 +29,13 @@ from eospack.lab.services.kafka_tools import Record, create_topic, produce_seale
 from eospack.lab.testing import wait_until
 from eospack.stateful_ops import read_state, running_count, sessionize
 from integration_tests.kafka_source_parts import read_stream, servers_of
+from integration_tests.metrics_parts import scrape, value, write_events
 from integration_tests.ops.secured_kafka_parts import create_app_topic
 from integration_tests.ops.secured_kafka_parts import produce as produce_secured
 
 pytestmark = pytest.mark.integration
 
 PASSWORD = "s3cr3t-Pa55w0rd-jdbc"
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the endpoint: (name, sorted labels) to value."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict, name: str, **labels: Any) -> float | None:
-    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
 
 
 def table_rows(database: Path, table: str) -> list[tuple[Any, ...]]:
@@ -201,15 +186,6 @@ def test_results_are_the_same_with_metrics_off_on_broken_and_served_after_the_op
     finally:
         logging.getLogger("eospack").removeHandler(captured)
     assert METRICS_DIR_VARIABLE not in os.environ
-
-
-def write_events(directory: Path, index: int, events: list[tuple[str, int]]) -> None:
-    """One JSON file of (key, event second) rows: one micro-batch (maxFilesPerTrigger=1)."""
-    import json
-
-    path = directory / f"events-{index}.json"
-    path.write_text("\n".join(json.dumps({"k": key, "t": second}) for key, second in events))
-    os.utime(path, (1_000_000 + index, 1_000_000 + index))
 
 
 def sessions_query(spark: Any, events: Path, checkpoint: Path, name: str) -> Any:

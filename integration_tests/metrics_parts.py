@@ -1,0 +1,36 @@
+"""What the metrics tests share: a scrape of the endpoint as a dictionary, one sample of it,
+and a JSON file of timed events (one micro-batch of a file source)."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    """Every sample of the endpoint: (name, sorted labels) to value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: Any) -> float | None:
+    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
+
+
+def write_events(directory: Path, index: int, events: list[tuple[str, int]]) -> None:
+    """One JSON file of (key, event second) rows: one micro-batch (maxFilesPerTrigger=1)."""
+    path = directory / f"events-{index}.json"
+    path.write_text("\n".join(json.dumps({"k": key, "t": second}) for key, second in events))
+    os.utime(path, (1_000_000 + index, 1_000_000 + index))
