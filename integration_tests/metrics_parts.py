@@ -1,5 +1,6 @@
 """What the metrics tests share: a scrape of the endpoint as a dictionary, one sample of it,
-and a JSON file of timed events (one micro-batch of a file source)."""
+JSON files of timed events (one micro-batch each) and their watermarked stream, and a
+Kafka stream written into SQLite by 2pc-jdbc."""
 
 from __future__ import annotations
 
@@ -34,3 +35,30 @@ def write_events(directory: Path, index: int, events: list[tuple[str, int]]) -> 
     path = directory / f"events-{index}.json"
     path.write_text("\n".join(json.dumps({"k": key, "t": second}) for key, second in events))
     os.utime(path, (1_000_000 + index, 1_000_000 + index))
+
+
+def timed_events(spark: Any, events: Path) -> Any:
+    """The files of ``write_events`` as a stream of ``k``, ``t`` and ``ts`` (the event
+    time, watermarked with no delay), one file per micro-batch."""
+    from pyspark.sql import functions as F
+
+    return (
+        spark.readStream.schema("k string, t long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(events))
+        .withColumn("ts", F.timestamp_seconds("t"))
+        .withWatermark("ts", "0 seconds")
+    )
+
+
+def into_sqlite(stream: Any, database: Path, table: str, checkpoint: Path) -> Any:
+    """A replayable-kafka stream's offsets, values and partitions written by 2pc-jdbc into
+    ``table`` of the SQLite ``database`` (created if missing); the trigger is the caller's."""
+    return (
+        stream.selectExpr("offset AS id", "CAST(value AS STRING) AS name", "partition AS version")
+        .writeStream.format("2pc-jdbc")
+        .option("url", f"jdbc:sqlite:{database}")
+        .option("dbtable", table)
+        .option("createTableIfNotExists", "true")
+        .option("checkpointLocation", str(checkpoint))
+    )

@@ -32,7 +32,13 @@ from eospack.lab.services.kafka_tools import (
 from eospack.lab.testing import wait_until
 from eospack.stateful_ops import sessionize
 from integration_tests.kafka_source_parts import make_records, read_stream, servers_of
-from integration_tests.metrics_parts import scrape, value, write_events
+from integration_tests.metrics_parts import (
+    into_sqlite,
+    scrape,
+    timed_events,
+    value,
+    write_events,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +63,7 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
     endpoint = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics"))
 
     def start(**limits: str) -> Any:
-        return (
+        stream = (
             read_stream(
                 spark,
                 servers,
@@ -68,12 +74,9 @@ def test_scraped_lag_and_sink_counters_equal_what_the_queries_did(
             .option("queryName", unique_name)
             .options(**limits)
             .load()
-            .selectExpr("offset AS id", "CAST(value AS STRING) AS name", "partition AS version")
-            .writeStream.format("2pc-jdbc")
-            .option("url", f"jdbc:sqlite:{database}")
-            .option("dbtable", unique_name)
-            .option("createTableIfNotExists", "true")
-            .option("checkpointLocation", str(checkpoint))
+        )
+        return (
+            into_sqlite(stream, database, unique_name, checkpoint)
             .trigger(processingTime="200 milliseconds")
             .start()
         )
@@ -209,20 +212,11 @@ def test_a_stateful_operators_keys_expiries_and_late_rows_are_scraped(
     """sessionize with a 10 s gap in one key group: keys a, b, c, then d 100 s later (the
     watermark passes the first three sessions: one timeout fires and expires 3 keys,
     leaving 1), then a late row (dropped by Spark, counted from its progress)."""
-    from pyspark.sql import functions as F
-
     events = tmp_path / "events"
     events.mkdir()
     endpoint = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics"))
     try:
-        stream = (
-            spark.readStream.schema("k string, t long")
-            .option("maxFilesPerTrigger", 1)
-            .json(str(events))
-            .withColumn("ts", F.timestamp_seconds("t"))
-            .withWatermark("ts", "0 seconds")
-        )
-        sessions = sessionize(stream, "k", "ts", "10 seconds", key_groups=1)
+        sessions = sessionize(timed_events(spark, events), "k", "ts", "10 seconds", key_groups=1)
         query = (
             sessions.writeStream.format("memory")
             .queryName(unique_name)

@@ -29,7 +29,13 @@ from eospack.lab.services.kafka_tools import Record, create_topic, produce_seale
 from eospack.lab.testing import wait_until
 from eospack.stateful_ops import read_state, running_count, sessionize
 from integration_tests.kafka_source_parts import read_stream, servers_of
-from integration_tests.metrics_parts import scrape, value, write_events
+from integration_tests.metrics_parts import (
+    into_sqlite,
+    scrape,
+    timed_events,
+    value,
+    write_events,
+)
 from integration_tests.ops.secured_kafka_parts import create_app_topic
 from integration_tests.ops.secured_kafka_parts import produce as produce_secured
 
@@ -189,17 +195,8 @@ def test_results_are_the_same_with_metrics_off_on_broken_and_served_after_the_op
 
 
 def sessions_query(spark: Any, events: Path, checkpoint: Path, name: str) -> Any:
-    from pyspark.sql import functions as F
-
-    stream = (
-        spark.readStream.schema("k string, t long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(events))
-        .withColumn("ts", F.timestamp_seconds("t"))
-        .withWatermark("ts", "0 seconds")
-    )
     return (
-        sessionize(stream, "k", "ts", "10 seconds", key_groups=4)
+        sessionize(timed_events(spark, events), "k", "ts", "10 seconds", key_groups=4)
         .writeStream.format("noop")
         .queryName(name)
         .outputMode("append")
@@ -295,16 +292,13 @@ def test_a_replayed_batch_reads_its_bytes_again_and_commits_nothing_twice(
     endpoint = eospack.metrics.serve(spark, port=0, directory=str(tmp_path / "metrics"))
 
     def run() -> None:
-        query = (
+        stream = (
             read_stream(spark, servers, subscribe=topic, startingOffsets="earliest")
             .option("queryName", unique_name)
             .load()
-            .selectExpr("offset AS id", "CAST(value AS STRING) AS name", "partition AS version")
-            .writeStream.format("2pc-jdbc")
-            .option("url", f"jdbc:sqlite:{database}")
-            .option("dbtable", unique_name)
-            .option("createTableIfNotExists", "true")
-            .option("checkpointLocation", str(checkpoint))
+        )
+        query = (
+            into_sqlite(stream, database, unique_name, checkpoint)
             .trigger(availableNow=True)
             .start()
         )
@@ -380,19 +374,16 @@ def test_a_jaas_config_and_a_jdbc_password_reach_no_snapshot_label_or_scrape(
     endpoint = eospack.metrics.serve(spark, port=0, directory=str(metrics))
     database = tmp_path / "sink.db"
     try:
-        query = (
+        stream = (
             spark.readStream.format("replayable-kafka")
             .options(**secured_kafka.client_options())
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .load()
-            .selectExpr("offset AS id", "CAST(value AS STRING) AS name", "partition AS version")
-            .writeStream.format("2pc-jdbc")
-            .option("url", f"jdbc:sqlite:{database}")
+        )
+        query = (
+            into_sqlite(stream, database, "t", tmp_path / "checkpoint")
             .option("password", PASSWORD)
-            .option("dbtable", "t")
-            .option("createTableIfNotExists", "true")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
             .trigger(availableNow=True)
             .start()
         )
