@@ -107,3 +107,35 @@ def test_flush_soon_rewrites_the_file_once_for_the_recordings_that_come_meanwhil
     gauges = read_directory(tmp_path).gauges
     assert sorted(value for (name, _), (value, _) in gauges.items()) == list(range(50))
     assert len(writes) == 1
+
+
+def test_a_recording_that_comes_while_the_timer_writes_is_written_too(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """The last key group of a batch may record while the timer's flush is writing the
+    file (after it took its copy): that recording must get a flush of its own, or the
+    scrape shows the older value until the worker records again."""
+    from eospack.lab.testing import wait_until
+
+    monkeypatch.setenv(METRICS_DIR_VARIABLE, str(tmp_path))
+    recorder = Recorder()
+    labels = {"query": "q", "operator": "running_count", "key_group": "0"}
+    flush = recorder.flush
+    late: list[bool] = []
+
+    def flush_then_a_late_recording() -> None:
+        flush()
+        if not late:  # still on the timer's thread: a recording arrives now
+            late.append(True)
+            recorder.set("eospack_state_keys", labels, 2)
+            recorder.flush_soon(delay_seconds=0.05)
+
+    monkeypatch.setattr(recorder, "flush", flush_then_a_late_recording)
+    recorder.set("eospack_state_keys", labels, 1)
+    recorder.flush_soon(delay_seconds=0.05)
+
+    def written() -> float | None:
+        gauges = read_directory(tmp_path).gauges
+        return next((value for (name, _), (value, _) in gauges.items()), None)
+
+    wait_until(lambda: written() == 2, 10, "the late recording written")

@@ -298,6 +298,7 @@ class Recorder:
         self._failed = False
         self._dirty = False
         self._made: str | None = None
+        self._flush_scheduled = False
         self._timer: threading.Timer | None = None
 
     @staticmethod
@@ -358,11 +359,19 @@ class Recorder:
         if self.directory() is None:
             return
         with self._lock:
-            if self._timer is not None and self._timer.is_alive():
+            if self._flush_scheduled:
                 return
-            self._timer = threading.Timer(delay_seconds, self.flush)
-            self._timer.daemon = True
-            self._timer.start()
+            self._flush_scheduled = True
+        self._timer = threading.Timer(delay_seconds, self._scheduled_flush)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _scheduled_flush(self) -> None:
+        """The timer's flush. It clears the schedule before it copies the metrics, so a
+        recording that comes while it writes schedules a flush of its own."""
+        with self._lock:
+            self._flush_scheduled = False
+        self.flush()
 
     def flush(self) -> None:
         """Rewrite this process's snapshot file atomically if anything changed since the
