@@ -128,9 +128,11 @@ def test_a_group_the_broker_refuses_never_fails_the_query(
     other = f"{unique_name}_other"
     create_topic(servers, topic, partitions=1)
     create_topic(servers, other, partitions=1)
-    member = KafkaConsumer(
-        other, bootstrap_servers=servers, group_id=group, enable_auto_commit=False
-    )
+    member = KafkaConsumer(bootstrap_servers=servers, group_id=group, enable_auto_commit=False)
+    # Joined before its metadata knew the topic, the member was assigned nothing and kept
+    # waiting (a CI run timed out so): it subscribes once the topic's partitions are known.
+    wait_until(lambda: member.partitions_for_topic(other), 60, f"metadata of {other}")
+    member.subscribe([other])
     stop = threading.Event()
 
     def keep_membership() -> None:
