@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -65,7 +66,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eospack.core.checkpoint_files import checkpoint_files
+from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
 from .errors import OperatorDefinitionError
 from .state_codec import EXPIRES_COLUMN, stored_name
@@ -74,6 +75,12 @@ if TYPE_CHECKING:
     from .base import StatefulOperator
 
 SPLIT_COMPLETE = "_complete"
+KEY_GROUP_PARTITION = "key_group"
+"""The split's partition column: ``key_group=<n>/`` holds that key group's keys."""
+SETTINGS_ROW = -1
+"""The key group of an operator's settings row (``base.SETTINGS_KEY_GROUP``): its blob is
+an empty table, the only rows ``operator_id_of`` brings to the driver."""
+"""The split's partition column: ``key_group=<n>/`` holds that key group's keys."""
 BOOTSTRAP_COMPLETE = "_bootstrapped"
 
 
@@ -103,63 +110,61 @@ class InitialState:
 def split_by_key_group(
     spark: SparkSession, initial_state: InitialState, operator: StatefulOperator
 ) -> str:
-    """Write ``initial_state``'s keys into one Arrow file per key group of ``operator`` (once
-    per ``key_groups``) and return that directory. Refuses a file whose columns are not the
-    operator's state columns, before any query starts."""
+    """Write ``initial_state``'s keys into one Parquet directory per key group of
+    ``operator`` (once per ``key_groups``) and return the directory holding them. Refuses a
+    file whose columns are not the operator's state columns, before any query starts.
+
+    The split is a Spark job: executors read the savepoint (a local path or any Hadoop file
+    system URI), compute each key's group and write it, so the driver never holds the
+    state. The work directory must be one every executor can read and write (local mode,
+    one host, or a shared mount)."""
     directory = Path(initial_state.work_directory) / f"key-groups-{operator.key_groups}"
     if (directory / SPLIT_COMPLETE).exists():
         return str(directory)
-    expected = pa.schema([field.remove_metadata() for field in operator.arrow_state_schema])
     try:
-        found = pq.read_schema(initial_state.path)
-    except (OSError, pa.ArrowInvalid) as error:
+        frame = spark.read.parquet(spark_path(initial_state.path))
+    except AnalysisException as error:
+        reason = str(error).splitlines()[0]
         raise OperatorDefinitionError(
-            f"{operator.name}: initial_state {initial_state.path} cannot be read ({error});"
+            f"{operator.name}: initial_state {initial_state.path} cannot be read ({reason});"
             " give the state file of a savepoint restored with eospack savepoint restore"
         ) from None
-    table = pq.read_table(initial_state.path)
-    table, found = with_expiry_of(operator, table, found)
-    if [(field.name, field.type) for field in found] != [
-        (field.name, field.type) for field in expected
-    ]:
+    frame = with_expiry_of(operator, frame)
+    expected = [
+        (field.name, wall_clock_type(field.dataType)) for field in operator.state_schema.fields
+    ]
+    found = [(field.name, field.dataType) for field in frame.schema.fields]
+    if found != expected:
         raise OperatorDefinitionError(
             f"{operator.name}: initial_state {initial_state.path} holds columns"
             f" {describe(found)} but this operator's state is {describe(expected)}: restore"
             " the savepoint into a query with the same key columns and operator"
         )
-    key_group = "__so_initial_key_group"
-    split = typed_key_groups(spark, table, operator, key_group)
+    split = typed_key_groups(frame, operator, KEY_GROUP_PARTITION)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-    groups = split.column(key_group).to_numpy(zero_copy_only=False)
-    state = split.drop_columns([key_group]).cast(expected)
-    for group in sorted(set(groups.tolist())):
-        path = str(staging / f"{group}.arrow")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, expected) as writer:
-            writer.write_table(state.filter(pa.array(groups == group)))
-    (staging / SPLIT_COMPLETE).touch()
+    written = staging / "groups"
+    (
+        split.repartition(KEY_GROUP_PARTITION)
+        .write.partitionBy(KEY_GROUP_PARTITION)
+        .parquet(spark_path(written))
+    )
+    (written / SPLIT_COMPLETE).touch()
     try:
-        os.rename(staging, directory)
+        os.rename(written, directory)
     except OSError:  # another start split it first: theirs is the same
-        shutil.rmtree(staging, ignore_errors=True)
+        pass
+    shutil.rmtree(staging, ignore_errors=True)
     return str(directory)
 
 
-def typed_key_groups(
-    spark: SparkSession, table: pa.Table, operator: StatefulOperator, key_group: str
-) -> pa.Table:
-    """``table`` (state columns as stored) with ``key_group``: each key's group computed on
+def typed_key_groups(frame: DataFrame, operator: StatefulOperator, key_group: str) -> DataFrame:
+    """``frame`` (state columns as stored) with ``key_group``: each key's group computed on
     the key cast to the operator's own Spark type, with the stream's expression."""
-    stored = [f"__so_stored_{index}" for index in range(table.num_columns)]
-    as_stored = StructType(
-        [
-            StructField(name, wall_clock_type(field.dataType), True)
-            for name, field in zip(stored, operator.state_schema.fields, strict=True)
-        ]
-    )
-    frame = spark.createDataFrame(table.rename_columns(stored), schema=as_stored)
     names = operator.state_schema.names
-    typed = frame.select(
+    stored = [f"__so_stored_{index}" for index in range(len(names))]
+    renamed = frame.toDF(*stored)
+    typed = renamed.select(
         *stored,
         *[
             F.col(stored[names.index(key)]).cast(operator.state_schema[key].dataType).alias(key)
@@ -169,7 +174,7 @@ def typed_key_groups(
     return typed.select(
         operator.key_group_column().alias(key_group),
         *[F.col(column).alias(name) for column, name in zip(stored, names, strict=True)],
-    ).toArrow()
+    )
 
 
 def wall_clock_type(data_type: DataType) -> DataType:
@@ -240,44 +245,40 @@ def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | Non
                 .option("operatorId", int(operator))
                 .load(checkpoint)
                 .selectExpr("key.*", "value.groupState.*")
+                .toDF("key_group", "format_version", "operator", "blob")
+                .where(F.col("key_group") == SETTINGS_ROW)
                 .collect()
             )
         except Exception:  # not a stateful_ops operator, or nothing stored yet
             continue
-        settings = [(version, kind, blob) for group, version, kind, blob in rows if group == -1]
+        settings = [(version, kind, blob) for _, version, kind, blob in rows]
         if any(stored_name(row) == name for row in settings):
             return int(operator)
     return None
 
 
-def with_expiry_of(
-    operator: StatefulOperator, table: pa.Table, found: pa.Schema
-) -> tuple[pa.Table, pa.Schema]:
+def with_expiry_of(operator: StatefulOperator, frame: DataFrame) -> DataFrame:
     """A savepoint's state as the operator keeps it with or without ``ttl``: turning ttl on
     through a savepoint gives every restored key the full ttl from the restore (the split
     is written once, so a restart replays with the same expiries); turning it off drops the
     expiries."""
-    has_expiry = EXPIRES_COLUMN in found.names
+    has_expiry = EXPIRES_COLUMN in frame.columns
     if operator.ttl_ms is not None and not has_expiry:
         expires = int(time.time() * 1000) + operator.ttl_ms
-        table = table.append_column(
-            pa.field(EXPIRES_COLUMN, pa.int64()), pa.array([expires] * table.num_rows, pa.int64())
-        )
-    elif operator.ttl_ms is None and has_expiry:
-        table = table.drop_columns([EXPIRES_COLUMN])
-    else:
-        return table, found
-    return table, table.schema
+        return frame.withColumn(EXPIRES_COLUMN, F.lit(expires).cast("long"))
+    if operator.ttl_ms is None and has_expiry:
+        return frame.drop(EXPIRES_COLUMN)
+    return frame
 
 
 def load_key_group(directory: str, key_group: int, schema: pa.Schema) -> pd.DataFrame | None:
     """The initial state of ``key_group`` (None when the savepoint had none of its keys)."""
-    path = Path(directory) / f"{key_group}.arrow"
-    if not path.exists():
+    path = Path(directory) / f"{KEY_GROUP_PARTITION}={key_group}"
+    if not path.is_dir():
         return None
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all().cast(schema).to_pandas()
+    table = pq.read_table(str(path), partitioning=None)
+    return table.select(schema.names).cast(schema).to_pandas()
 
 
-def describe(schema: pa.Schema) -> str:
-    return ", ".join(f"{field.name} {field.type}" for field in schema)
+def describe(columns: list[tuple[str, DataType]]) -> str:
+    return ", ".join(f"{name} {data_type.simpleString()}" for name, data_type in columns)

@@ -64,6 +64,17 @@ def local_directory(location: str | Path) -> Path:
     return Path(text)
 
 
+def spark_path(location: str | Path) -> str:
+    """``location`` as Spark's readers and writers must be given it: a URI stays, a local
+    path becomes a ``file://`` URI (a bare path would mean the cluster's default file
+    system, HDFS on most clusters)."""
+    text = str(location)
+    scheme = urlsplit(text).scheme
+    if scheme and len(scheme) > 1:
+        return text
+    return Path(text).absolute().as_uri()
+
+
 def join(location: str, *parts: str) -> str:
     """``location`` with ``parts`` appended, ``/``-separated (a URI stays a URI)."""
     return "/".join([location.rstrip("/"), *(part.strip("/") for part in parts if part)])

@@ -239,23 +239,22 @@ def _with_keys(
     operators, whose state is not eospack's group-state table)."""
     from pyspark.errors import AnalysisException
 
-    from eospack.stateful_ops.state_reader import read_state_table
+    from eospack.stateful_ops.state_reader import state_frame
 
     if batch_id is None:
         return operator
     try:
-        table = read_state_table(spark, directory, batch_id, int(operator.operator_id))
+        stored = state_frame(spark, directory, batch_id, int(operator.operator_id))
     except AnalysisException:  # not a group-state table: another kind of operator
         return operator
-    if table is None:
+    if stored is None:
         return operator
-    metadata = table.schema.metadata or {}
     return replace(
         operator,
-        name=metadata.get(b"operator", b"").decode() or None,
-        keys=table.num_rows,
-        key_groups=int(metadata.get(b"key_groups", b"0")) or None,
-        operator_name=metadata.get(b"operator_name", b"").decode() or None,
+        name=stored.kind or None,
+        keys=stored.frame.count(),
+        key_groups=stored.key_groups or None,
+        operator_name=stored.operator_name,
     )
 
 

@@ -6,7 +6,15 @@ such as ``s3a://``, read and written through Spark's Hadoop file system:
 ``eospack.core.checkpoint_files``)::
 
     manifest.json              written last: a directory without it is no savepoint
-    state/operator-<id>.parquet  one row per key: key columns and state fields
+    state/operator-<id>/       Parquet, one row per key: key columns and state fields
+                               (a single file operator-<id>.parquet before distributed
+                               savepoints; both restore)
+
+Neither create nor restore passes the state through the driver: ``create_savepoint`` reads
+it with Spark's state data source, the executors decode the key groups and write the
+Parquet files straight to the savepoint's path (``state_reader.state_frame``); a restore
+splits it by key group in a Spark job (``initial_state.split_by_key_group``). The driver
+holds each key group's schema only, so its memory does not grow with the number of keys.
 
 The manifest holds the eospack version, the batch id, each source's offsets as Spark
 logged them, Spark's watermarks of the batch and of the next one (offset and commit log),
@@ -56,7 +64,6 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from eospack.connectors.kafka.source.options import UNLISTED
@@ -65,11 +72,12 @@ from eospack.core.checkpoint_files import (
     LocalFiles,
     as_hadoop,
     checkpoint_files,
+    spark_path,
 )
 from eospack.core.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.state_reader import read_state_table
-from eospack.stateful_ops.validation import OPERATOR_NAME_METADATA_KEY, operator_name
+from eospack.stateful_ops.state_reader import state_frame
+from eospack.stateful_ops.validation import operator_name
 from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
 
 FORMAT = "eospack-savepoint"
@@ -198,32 +206,33 @@ def create_savepoint(
         raise SavepointError(
             f"{target_files.location} exists: give a new directory for the savepoint"
         )
+    staging: Path | None = None
+    target: Path | None = None
     if isinstance(target_files, LocalFiles):
         target = target_files.root
         staging = target.with_name(f".{target.name}.partial")
         shutil.rmtree(staging, ignore_errors=True)
-    else:  # written locally, then uploaded: the state files first, the manifest last
-        staging = Path(tempfile.mkdtemp(prefix="eospack-savepoint-")) / "savepoint"
-    (staging / "state").mkdir(parents=True)
+        staging.mkdir(parents=True)
+        written: CheckpointFiles = LocalFiles(staging)
+    else:  # written in place: the state files first, the manifest last
+        written = target_files
     operators = []
     for operator in report.operators:
         operator_id = int(operator.operator_id)
-        table = read_state_table(spark, source, last.batch_id, operator_id)
-        if table is None:
+        stored = state_frame(spark, source, last.batch_id, operator_id)
+        if stored is None:
             continue
-        metadata = table.schema.metadata or {}
-        relative = f"state/operator-{operator_id}.parquet"
-        plain = table.replace_schema_metadata(None)
-        pq.write_table(plain, staging / relative)
+        relative = f"state/operator-{operator_id}"
+        stored.frame.write.parquet(spark_path(written.uri(relative)))
         operators.append(
             OperatorSnapshot(
                 operator_id=operator_id,
-                name=metadata.get(b"operator", b"").decode(),
-                rows=plain.num_rows,
+                name=stored.kind,
+                rows=spark.read.parquet(spark_path(written.uri(relative))).count(),
                 file=relative,
-                columns=[{"name": f.name, "type": str(f.type)} for f in plain.schema],
-                key_groups=int(metadata.get(b"key_groups", b"0")),
-                operator_name=(metadata.get(OPERATOR_NAME_METADATA_KEY) or b"").decode() or None,
+                columns=[{"name": f.name, "type": str(f.type)} for f in stored.schema],
+                key_groups=stored.key_groups,
+                operator_name=stored.operator_name,
             )
         )
     manifest = Manifest(
@@ -241,15 +250,9 @@ def create_savepoint(
             checkpoint_location.read_text(f"commits/{last.batch_id}"), 1
         ),
     )
-    if isinstance(target_files, LocalFiles):
-        (staging / MANIFEST).write_text(manifest.to_json())
+    written.write_text(MANIFEST, manifest.to_json())
+    if staging is not None and target is not None:
         os.rename(staging, target)
-        return manifest
-    try:
-        target_files.put(staging / "state", "state")
-        target_files.write_text(MANIFEST, manifest.to_json())
-    finally:
-        shutil.rmtree(staging.parent, ignore_errors=True)
     return manifest
 
 
@@ -499,11 +502,8 @@ class RestoredCheckpoint:
     ) -> InitialState:
         """``snapshot``'s state file (fetched from a remote checkpoint) as an InitialState."""
         assert self.manifest is not None
-        state_file = self.directory / snapshot.file
-        if not isinstance(self.checkpoint, LocalFiles) and not state_file.is_file():
-            self.checkpoint.get(f"{RESTORED_DIRECTORY}/{snapshot.file}", state_file)
         return InitialState(
-            path=str(state_file),
+            path=self.checkpoint.uri(f"{RESTORED_DIRECTORY}/{snapshot.file}"),
             work_directory=str(self.directory / work_name),
             batch_watermark_ms=self.manifest.batch_watermark_ms,
             next_batch_watermark_ms=self.manifest.next_batch_watermark_ms,

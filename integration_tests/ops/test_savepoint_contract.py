@@ -301,7 +301,7 @@ def test_restored_keys_land_in_the_key_group_a_running_query_sends_them_to(
     import pyarrow.parquet as pq
 
     from eospack.stateful_ops import InitialState, RunningCount
-    from eospack.stateful_ops.initial_state import split_by_key_group
+    from eospack.stateful_ops.initial_state import KEY_GROUP_PARTITION, split_by_key_group
 
     with session_settings(spark, {"spark.sql.session.timeZone": TIME_ZONE}):
         keys = spark.range(40).selectExpr(
@@ -319,11 +319,11 @@ def test_restored_keys_land_in_the_key_group_a_running_query_sends_them_to(
         initial = InitialState(str(tmp_path / "state.parquet"), str(tmp_path / "split"))
         directory = Path(split_by_key_group(spark, initial, operator))
         split = {}
-        for path in directory.glob("*.arrow"):
-            with pa.memory_map(str(path)) as source:
-                table = pa.ipc.open_file(source).read_all()
+        for path in directory.glob(f"{KEY_GROUP_PARTITION}=*"):
+            table = pq.read_table(str(path), partitioning=None)
+            group = int(path.name.split("=")[1])
             for user, n in zip(table["user"].to_pylist(), table["n"].to_pylist(), strict=True):
-                split[(user, n)] = int(path.stem)
+                split[(user, n)] = group
         assert len(split) == 40
         assert split == expected
 
