@@ -42,8 +42,9 @@ ALL = (
     "micro-batch",
     "metrics",
 )
-ON_DEMAND = ("rolling-restart",)
-"""Benchmarks only ``--only`` runs: they start services of their own (a 3-node cluster)."""
+ON_DEMAND = ("rolling-restart", "savepoints")
+"""Benchmarks only ``--only`` runs: they start services or Spark sessions of their own (a
+3-node cluster; a session per savepoint size, 10M keys take about 15 minutes)."""
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -93,6 +94,7 @@ def main() -> int:
         pipeline,
         rolling_restart,
         s3_sink,
+        savepoints,
         stateful,
     )
     from eospack.lab.services import start_kafka, start_mariadb, start_postgres, start_s3
@@ -108,6 +110,8 @@ def main() -> int:
         except Exception as error:  # the row reports what failed; the other rows still run
             report.notes.append(f"rolling restart: FAILED: {error}")
             say(f"rolling restart: FAILED: {error}")
+    if "savepoints" in selected:
+        savepoints.run(report, [100_000] if quick else [1_000_000, 10_000_000])
     shared = bool(selected - set(ON_DEMAND))
     if shared:
         say("starting services and Spark (local[2])")

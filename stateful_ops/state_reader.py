@@ -23,7 +23,7 @@ from .state_codec import STATE_FORMAT_VERSION
 from .validation import OPERATOR_NAME_METADATA_KEY
 
 GROUP_COLUMNS = ("key_group", "format_version", "operator", "blob")
-DESCRIPTION_DDL = "key_group long, format_version int, operator string, schema binary"
+DESCRIPTION_DDL = "key_group long, format_version int, operator string, schema binary, rows long"
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class StoredState:
     frame: DataFrame
     schema: pa.Schema
     metadata: dict[bytes, bytes]
+    rows: int
+    """The number of keys (what ``frame.count()`` gives, known without reading it again)."""
 
     @property
     def kind(self) -> str:
@@ -91,7 +93,9 @@ def state_frame(
     names: set[str | None] = set()
     columns: dict[pa.Schema, int] = {}
     metadata: dict[bytes, bytes] = {}
-    for key_group, format_version, operator, schema_bytes in descriptions:
+    rows = 0
+    for key_group, format_version, operator, schema_bytes, group_rows in descriptions:
+        rows += group_rows
         if format_version != STATE_FORMAT_VERSION:
             raise StateSchemaMismatchError(
                 f"{operator}: stored state has format version {format_version}; cannot read it"
@@ -122,7 +126,7 @@ def state_frame(
     schema = next(iter(columns))
     spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
     frame = groups.mapInArrow(decoded_rows(schema), spark_schema)
-    return StoredState(frame, schema, metadata)
+    return StoredState(frame, schema, metadata, rows)
 
 
 def stored_groups(
@@ -138,25 +142,29 @@ def stored_groups(
 
 
 def describe_groups(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Each state row's key group, format, kind and Arrow schema (serialized; empty for a
-    format this code cannot read): what the driver needs, not the keys."""
+    """Each state row's key group, format, kind, Arrow schema (serialized; empty for a
+    format this code cannot read) and number of keys: what the driver needs, not the keys."""
     for batch in batches:
         blobs = batch.column("blob")
         versions = batch.column("format_version").to_pylist()
-        schemas = [
-            pa.ipc.open_stream(blobs[index].as_buffer()).schema.serialize().to_pybytes()
-            if versions[index] == STATE_FORMAT_VERSION
-            else b""
-            for index in range(batch.num_rows)
-        ]
+        schemas, rows = [], []
+        for index in range(batch.num_rows):
+            if versions[index] != STATE_FORMAT_VERSION:
+                schemas.append(b"")
+                rows.append(0)
+                continue
+            table = pa.ipc.open_stream(blobs[index].as_buffer()).read_all()  # zero-copy
+            schemas.append(table.schema.serialize().to_pybytes())
+            rows.append(table.num_rows)
         yield pa.RecordBatch.from_arrays(
             [
                 batch.column("key_group"),
                 batch.column("format_version"),
                 batch.column("operator"),
                 pa.array(schemas, pa.binary()),
+                pa.array(rows, pa.int64()),
             ],
-            names=["key_group", "format_version", "operator", "schema"],
+            names=["key_group", "format_version", "operator", "schema", "rows"],
         )
 
 

@@ -252,7 +252,7 @@ def _with_keys(
     return replace(
         operator,
         name=stored.kind or None,
-        keys=stored.frame.count(),
+        keys=stored.rows,
         key_groups=stored.key_groups or None,
         operator_name=stored.operator_name,
     )

@@ -228,7 +228,7 @@ def create_savepoint(
             OperatorSnapshot(
                 operator_id=operator_id,
                 name=stored.kind,
-                rows=spark.read.parquet(spark_path(written.uri(relative))).count(),
+                rows=stored.rows,
                 file=relative,
                 columns=[{"name": f.name, "type": str(f.type)} for f in stored.schema],
                 key_groups=stored.key_groups,
