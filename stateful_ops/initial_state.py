@@ -1,12 +1,14 @@
 """Start an operator from given per-key state: what a savepoint restore runs on.
 
 Spark has no state writer, so a restored query cannot be handed a state store. Instead an
-operator given an ``InitialState`` (a Parquet file, one row per key: the key columns and
-the state fields, as ``eospack savepoint create`` writes it) bootstraps on first use:
+operator given an ``InitialState`` (Parquet, one row per key: the key columns and the
+state fields, as ``eospack savepoint create`` writes it) bootstraps on first use:
 
-- On the driver, before the query starts, the file is split by key group with the same
+- Before the query starts, a Spark job splits the savepoint by key group with the same
   Spark expression the stream uses (``pmod(xxhash64(keys), key_groups)``), so the split
-  follows this query's ``key_groups``, whatever the savepoint's were: rescaling.
+  follows this query's ``key_groups``, whatever the savepoint's were: rescaling. The
+  executors read the savepoint and write the split (one Parquet directory per key group);
+  the driver never holds the keys.
 - Every batch with input rows routes one bootstrap marker per input partition to every
   key group (next to the settings marker), so its first such batch visits all of them.
   A key group without state loads its keys from the split and goes on as usual; once
@@ -56,15 +58,8 @@ import pyarrow.parquet as pq
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    DataType,
-    MapType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import DataType
 
 from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
@@ -130,9 +125,8 @@ def split_by_key_group(
             " give the state file of a savepoint restored with eospack savepoint restore"
         ) from None
     frame = with_expiry_of(operator, frame)
-    expected = [
-        (field.name, wall_clock_type(field.dataType)) for field in operator.state_schema.fields
-    ]
+    stored = from_arrow_schema(operator.arrow_state_schema, prefer_timestamp_ntz=True)
+    expected = [(field.name, field.dataType) for field in stored.fields]
     found = [(field.name, field.dataType) for field in frame.schema.fields]
     if found != expected:
         raise OperatorDefinitionError(
@@ -159,9 +153,10 @@ def split_by_key_group(
 
 
 def typed_key_groups(frame: DataFrame, operator: StatefulOperator, key_group: str) -> DataFrame:
-    """``frame`` (state columns as stored) with ``key_group``: each key's group computed on
-    the key cast to the operator's own Spark type, with the stream's expression."""
-    names = operator.state_schema.names
+    """``frame`` (the state columns as stored: ``arrow_state_schema``'s, with ``ttl`` the
+    expiry too) with ``key_group``: each key's group computed on the key cast to the
+    operator's own Spark type, with the stream's expression."""
+    names = operator.arrow_state_schema.names
     stored = [f"__so_stored_{index}" for index in range(len(names))]
     renamed = frame.toDF(*stored)
     typed = renamed.select(
@@ -175,28 +170,6 @@ def typed_key_groups(frame: DataFrame, operator: StatefulOperator, key_group: st
         operator.key_group_column().alias(key_group),
         *[F.col(column).alias(name) for column, name in zip(stored, names, strict=True)],
     )
-
-
-def wall_clock_type(data_type: DataType) -> DataType:
-    """``data_type`` with every TIMESTAMP as TIMESTAMP_NTZ: how state holds it (a wall time)."""
-    if isinstance(data_type, TimestampType):
-        return TimestampNTZType()
-    if isinstance(data_type, ArrayType):
-        return ArrayType(wall_clock_type(data_type.elementType), data_type.containsNull)
-    if isinstance(data_type, MapType):
-        return MapType(
-            wall_clock_type(data_type.keyType),
-            wall_clock_type(data_type.valueType),
-            data_type.valueContainsNull,
-        )
-    if isinstance(data_type, StructType):
-        return StructType(
-            [
-                StructField(field.name, wall_clock_type(field.dataType), field.nullable)
-                for field in data_type.fields
-            ]
-        )
-    return data_type
 
 
 def bootstrap_needed(spark: SparkSession, initial_state: InitialState, key_groups: int) -> bool:
