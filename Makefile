@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eospack-installed
 
-.PHONY: install fetch demo test test-kafka-production test-kafka-production-smoke test-unit lint docs bench bench-quick bench-rolling-restart services clean wheel test-wheel
+.PHONY: install fetch demo test test-kafka-production test-kafka-production-smoke test-unit lint docs bench bench-quick bench-rolling-restart bench-savepoints services clean wheel test-wheel
 
 $(STAMP): pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ bench-quick: $(STAMP) fetch
 # (issue 37; a few minutes, ~2 GB). ARGS="--rate 2000" offers another rate.
 bench-rolling-restart: $(STAMP) fetch
 	$(PY) -m benchmarks --only rolling-restart $(ARGS)
+
+# Savepoints of 1M and 10M keys (benchmark 16, on demand, about 20 minutes): each size in a
+# Spark session of its own, so its driver memory figures start from an idle session.
+bench-savepoints: $(STAMP)
+	$(PY) -m benchmarks --only savepoints $(ARGS)
 
 # The binary wheel (Linux x86_64, manylinux2014, abi3: CPython 3.11+) into dist/: pip wheel
 # with the extension linked by zig against glibc 2.17, then auditwheel repair; the tools are

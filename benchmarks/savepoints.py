@@ -2,7 +2,8 @@
 
 Each size runs in a process of its own (``python -m benchmarks.savepoints --keys N``), so
 its memory figures start from an idle session: a ``running_count`` query builds the state
-of N keys (one row each), then, timed one after the other:
+of N keys (one row each) in RocksDB (what a state of millions of keys runs on: Spark's
+default store holds it on the JVM heap), then, timed one after the other:
 
 - the baseline: a full scan of that state by Spark's state data source (``statestore``
   rows into the ``noop`` sink), what any reader of the state pays;
@@ -84,10 +85,13 @@ def measure_size(keys: int, work: Path) -> dict[str, float]:
 
     from eospack.lab.testing import await_query, session_settings
     from eospack.stateful_ops import running_count
+    from eospack.stateful_ops.state_store import state_store_conf
     from eospack.tools.savepoint import RestoredCheckpoint, create_savepoint, restore_savepoint
     from eospack.tools.spark import local_session
 
-    spark = local_session("eospack-savepoint-benchmark")
+    spark = local_session(
+        "eospack-savepoint-benchmark", conf=state_store_conf("rocksdb", changelog=True)
+    )
     idle = PeakMemory().current()
     key = F.concat(F.lit("user-"), F.col("id").cast("string")).alias("key")
     spark.range(keys).select(key).write.parquet(str(work / "input-1"))
