@@ -34,7 +34,6 @@ from eospack.stateful_ops import (
     RunningAggregate,
     RunningCount,
     StatefulOperator,
-    StateSchemaMismatchError,
 )
 from eospack.stateful_ops.base import EXPIRES_COLUMN, Clock
 from eospack.stateful_ops.initial_state import (
@@ -334,38 +333,6 @@ def test_open_lowering_ttl_on_a_checkpoint_shortens_the_life_of_untouched_keys()
 
 
 # ttl across restarts ---------------------------------------------------------------------
-
-
-def test_held_turning_ttl_on_for_the_same_checkpoint_is_refused_by_the_stored_schema() -> None:
-    bucket = Bucket(counter())
-    bucket.call([pd.DataFrame({"k": ["a"]})], now_ms=1_000)
-    bucket.operator = counter("1 hour")
-    with pytest.raises(StateSchemaMismatchError) as refused:
-        bucket.call([pd.DataFrame({"k": ["a"]})], now_ms=2_000)
-    assert "\n" not in str(refused.value)
-    assert EXPIRES_COLUMN in str(refused.value)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/base.py or state_codec): turning ttl on or off for one"
-    " checkpoint is refused as 'stored state schema changed: declared columns missing from"
-    " stored state: __so_expires_at_ms; restart from a new checkpoint location': an"
-    " internal column, and a fix that throws the state away. Fix: when the schemas differ"
-    " only by EXPIRES_COLUMN, say 'ttl was turned on (off) for this checkpoint: keep"
-    " ttl as it was, or take a savepoint and restore it into the query with the new ttl'",
-)
-@pytest.mark.parametrize(("before", "after"), [(None, "1 hour"), ("1 hour", None)])
-def test_open_turning_ttl_on_or_off_for_one_checkpoint_names_ttl_and_the_savepoint_way(
-    before: str | None, after: str | None
-) -> None:
-    bucket = Bucket(counter(before))
-    bucket.call([pd.DataFrame({"k": ["a"]})], now_ms=1_000)
-    bucket.operator = counter(after)
-    with pytest.raises(StateSchemaMismatchError) as refused:
-        bucket.call([pd.DataFrame({"k": ["a"]})], now_ms=2_000)
-    assert "ttl" in str(refused.value).replace(EXPIRES_COLUMN, "")
-    assert "savepoint" in str(refused.value)
 
 
 def written_split(tmp_path: Path, operator: StatefulOperator) -> InitialState:
