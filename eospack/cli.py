@@ -445,14 +445,7 @@ def savepoint(arguments: argparse.Namespace) -> int:
             manifest = restore_savepoint(
                 arguments.source, arguments.target, mode, spark, arguments.allow_missing
             )
-            names = [o.operator_name for o in manifest.operators if o.operator_name]
-            if names:
-                state = (
-                    f"  states = restored.initial_states({names!r})\n"
-                    f"  running_count(..., name={names[0]!r}, initial_state=states[{names[0]!r}])"
-                )
-            else:
-                state = "  running_count(..., initial_state=restored.initial_state())"
+            state = restore_snippet(manifest.operators)
             allowed = (
                 "\nMissing state allowed: savepoint operators the query does not claim are"
                 " dropped, query operators without state start empty"
@@ -473,6 +466,24 @@ def savepoint(arguments: argparse.Namespace) -> int:
         print(f"{command}: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def restore_snippet(operators: Sequence[Any]) -> str:
+    """How a restored query takes each savepoint operator's state, one line per operator
+    with its own kind (``running_aggregate(...)``, not always ``running_count``): named ones
+    through ``initial_states``, unnamed ones by position."""
+    names = [operator.operator_name for operator in operators if operator.operator_name]
+    lines = [f"  states = restored.initial_states({names!r})"] if names else []
+    for operator in operators:
+        if operator.operator_name:
+            name = operator.operator_name
+            lines.append(f"  {operator.name}(..., name={name!r}, initial_state=states[{name!r}])")
+        else:
+            position = "" if operator.operator_id == 0 else str(operator.operator_id)
+            lines.append(
+                f"  {operator.name}(..., initial_state=restored.initial_state({position}))"
+            )
+    return "\n".join(lines) or "  running_count(..., initial_state=restored.initial_state())"
 
 
 def restore_mode(arguments: argparse.Namespace) -> Literal["no-claim", "claim"]:
