@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from eospack.tools.formats import entry_of, inspectable_sinks
 
@@ -425,6 +425,7 @@ def savepoint(arguments: argparse.Namespace) -> int:
     command = f"eospack savepoint {arguments.action}"
     try:
         conf = spark_settings(arguments.conf)
+        mode = restore_mode(arguments)
     except ValueError as error:
         print(f"{command}: {error}", file=sys.stderr)
         return 2
@@ -442,16 +443,9 @@ def savepoint(arguments: argparse.Namespace) -> int:
             if not (is_local(arguments.source) and is_local(arguments.target)):
                 spark = local_session("eospack savepoint", conf=conf)
             manifest = restore_savepoint(
-                arguments.source, arguments.target, arguments.mode, spark, arguments.allow_missing
+                arguments.source, arguments.target, mode, spark, arguments.allow_missing
             )
-            names = [o.operator_name for o in manifest.operators if o.operator_name]
-            if names:
-                state = (
-                    f"  states = restored.initial_states({names!r})\n"
-                    f"  running_count(..., name={names[0]!r}, initial_state=states[{names[0]!r}])"
-                )
-            else:
-                state = "  running_count(..., initial_state=restored.initial_state())"
+            state = restore_snippet(manifest.operators)
             allowed = (
                 "\nMissing state allowed: savepoint operators the query does not claim are"
                 " dropped, query operators without state start empty"
@@ -459,7 +453,7 @@ def savepoint(arguments: argparse.Namespace) -> int:
                 else ""
             )
             print(
-                f"{command}: {arguments.target} is ready ({arguments.mode})\n"
+                f"{command}: {arguments.target} is ready ({mode})\n"
                 f"{describe(manifest)}{allowed}\n"
                 "Start the query with checkpointLocation set to it, taking its starting"
                 " offsets and initial state from\n"
@@ -472,6 +466,39 @@ def savepoint(arguments: argparse.Namespace) -> int:
         print(f"{command}: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def restore_snippet(operators: Sequence[Any]) -> str:
+    """How a restored query takes each savepoint operator's state, one line per operator
+    with its own kind (``running_aggregate(...)``, not always ``running_count``): named ones
+    through ``initial_states``, unnamed ones by position."""
+    names = [operator.operator_name for operator in operators if operator.operator_name]
+    lines = [f"  states = restored.initial_states({names!r})"] if names else []
+    for operator in operators:
+        if operator.operator_name:
+            name = operator.operator_name
+            lines.append(f"  {operator.name}(..., name={name!r}, initial_state=states[{name!r}])")
+        else:
+            position = "" if operator.operator_id == 0 else str(operator.operator_id)
+            lines.append(
+                f"  {operator.name}(..., initial_state=restored.initial_state({position}))"
+            )
+    return "\n".join(lines) or "  running_count(..., initial_state=restored.initial_state())"
+
+
+def restore_mode(arguments: argparse.Namespace) -> Literal["no-claim", "claim"]:
+    """The restore's ``--mode`` (default no-claim). ``--mode`` and ``--allow-missing`` given
+    to create are refused: create has nothing to record them in, and a user who passed
+    them would believe the savepoint carries them."""
+    if arguments.action == "create":
+        if arguments.allow_missing:
+            raise ValueError(
+                "--allow-missing is an option of restore (it is recorded in the new"
+                " checkpoint); leave it out of create"
+            )
+        if arguments.mode is not None:
+            raise ValueError("--mode is an option of restore; leave it out of create")
+    return "claim" if arguments.mode == "claim" else "no-claim"
 
 
 OBJECT_STORAGE_HELP = (
@@ -527,7 +554,7 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=["no-claim", "claim"],
-        default="no-claim",
+        default=None,
         help="restore: no-claim copies the savepoint and never changes it (default); claim"
         " moves it into the new checkpoint, which owns it from then on",
     )

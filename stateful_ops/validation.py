@@ -44,6 +44,9 @@ _UNIT_MS = {
     "days": 86_400_000,
 }
 _DURATION = re.compile(r"^\s*(\d+)\s*([a-z]+)\s*$")
+# The longest duration taken: 100 years. Expiries are kept as int64 ms or µs since the
+# epoch; longer ones (timedelta.max, meant as "forever") overflowed in the first batch.
+MAX_DURATION_DAYS = 36_500
 
 
 def key_columns(operator: str, df: DataFrame, key: str | Sequence[str]) -> tuple[str, ...]:
@@ -69,7 +72,10 @@ def require_column(operator: str, df: DataFrame, name: str, role: str) -> DataTy
 
 
 def duration_ms(operator: str, argument: str, value: object) -> int:
-    """Parse a positive duration: timedelta, or a string like "10 seconds" / "500 ms"."""
+    """Parse a positive duration: timedelta, or a string like "10 seconds" / "500 ms".
+
+    At most ``MAX_DURATION_DAYS``, so an expiry (event or processing time plus the
+    duration, in µs) stays far inside int64: refused here rather than by the first batch."""
     if isinstance(value, datetime.timedelta):
         ms = int(value / datetime.timedelta(milliseconds=1))
     elif isinstance(value, str) and (match := _DURATION.match(value.lower())):
@@ -88,6 +94,13 @@ def duration_ms(operator: str, argument: str, value: object) -> int:
     if ms <= 0:
         raise OperatorDefinitionError(
             f"{operator}: {argument}={value!r} must be positive (at least 1 ms)"
+        )
+    if ms > MAX_DURATION_DAYS * _UNIT_MS["days"]:
+        forever = operator in ("running_count", "running_aggregate") and argument == "ttl"
+        raise OperatorDefinitionError(
+            f"{operator}: {argument}={value!r} is longer than {MAX_DURATION_DAYS} days;"
+            f" give at most {MAX_DURATION_DAYS} days"
+            + (", or omit ttl to keep keys forever" if forever else "")
         )
     return ms
 

@@ -327,17 +327,29 @@ def map_operators(
     savepoint operator no name claims (its state would be lost) or a name the savepoint
     has no state for (it would start empty). With ``allow_missing`` the former is dropped
     and the latter maps to None (starts empty), as Flink's ``--allowNonRestoredState``.
+    Also refused: ``names`` that is not a list or tuple of names (one name as a string
+    was iterated by character, a set has no order, a generator was used up by the checks)
+    or holds None, and names differing only in case (the restored operators' work
+    directories are named after them, and some file systems ignore case).
     Pure: no Spark, no files."""
+    check_names(names)
+    by_case: dict[str, list[str]] = {}
     for name in names:
-        try:
-            operator_name("RestoredCheckpoint.initial_states", name)
-        except ValueError as error:
-            raise SavepointError(str(error)) from None
+        by_case.setdefault(name.casefold(), []).append(name)
     repeated = sorted({name for name in names if list(names).count(name) > 1})
     if repeated:
         raise SavepointError(
             f"operator name(s) {', '.join(repeated)} given more than once: give each"
             " operator of the query its own name"
+        )
+    cased = sorted(
+        name for spellings in by_case.values() if len(spellings) > 1 for name in spellings
+    )
+    if cased:
+        raise SavepointError(
+            f"operator names {', '.join(cased)} differ only in case: give the query's"
+            " operators names that differ in more than case (their restored state is kept"
+            " in directories named after them, and some file systems ignore case)"
         )
     by_name: dict[str, list[OperatorSnapshot]] = {}
     for snapshot in snapshots:
@@ -377,9 +389,18 @@ def map_operators(
                 " no operator of this query (their state would be dropped)"
             )
         if missing:
+            saved = {
+                s.operator_name.casefold(): s.operator_name for s in unclaimed if s.operator_name
+            }
+            cased = [saved[name.casefold()] for name in missing if name.casefold() in saved]
+            hint = (
+                f" (names are case-sensitive: the savepoint has {', '.join(cased)})"
+                if cased
+                else ""
+            )
             problems.append(
                 f"operator(s) {', '.join(missing)} have no state in the savepoint (they"
-                " would start empty)"
+                f" would start empty){hint}"
             )
         raise SavepointError(
             f"{'; '.join(problems)}: name the operators as in the savepoint"
@@ -387,6 +408,30 @@ def map_operators(
             " allow_missing=True (CLI: eospack savepoint restore --allow-missing)"
         )
     return {name: mapping.get(name) for name in names}
+
+
+def check_names(names: object) -> None:
+    """Refuse, in one line, ``names`` that is not a list or tuple of valid operator names."""
+    if isinstance(names, str):
+        raise SavepointError(
+            f"names={names!r} is one string: pass a list of the query's operator names,"
+            f" e.g. initial_states([{names!r}])"
+        )
+    if not isinstance(names, (list, tuple)):
+        raise SavepointError(
+            f"names={names!r} is not a list: pass a list of the query's operator names in"
+            " the order the query defines the operators"
+        )
+    if any(name is None for name in names):
+        raise SavepointError(
+            f"names={list(names)!r} holds None: give every operator of the query a name,"
+            " or restore an unnamed one with initial_state(operator_id)"
+        )
+    for name in names:
+        try:
+            operator_name("RestoredCheckpoint.initial_states", name)
+        except ValueError as error:
+            raise SavepointError(str(error)) from None
 
 
 def describe_names(snapshots: Sequence[OperatorSnapshot]) -> str:

@@ -1,0 +1,728 @@
+"""Attacks on operator names and ttl (issue 41) with wrong-but-plausible usage, without Spark.
+
+Each case states what a data engineer did and asserts the exact outcome: a one-line refusal
+naming the argument and the fix, or exact state, expiries and output rows. Holes that
+cannot be fixed in the operators, ``map_operators``, ``validation`` or the CLI are strict
+xfails marked ``OPEN``; their fix is described in the reason.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from eospack.cli import main
+from eospack.stateful_ops import (
+    InitialState,
+    OperatorDefinitionError,
+    RunningAggregate,
+    RunningCount,
+    StatefulOperator,
+)
+from eospack.stateful_ops.base import EXPIRES_COLUMN, Clock
+from eospack.stateful_ops.initial_state import (
+    SPLIT_COMPLETE,
+    load_key_group,
+    split_by_key_group,
+)
+from eospack.stateful_ops.operators.deduplicate import Deduplicate
+from eospack.stateful_ops.validation import duration_ms
+from eospack.tools.savepoint import (
+    RESTORE_OPTIONS,
+    RESTORED_DIRECTORY,
+    Manifest,
+    OperatorSnapshot,
+    RestoredCheckpoint,
+    SavepointError,
+    map_operators,
+    restore_savepoint,
+)
+
+KEY_ONLY = StructType([StructField("k", StringType())])
+KEY_AND_VALUE = StructType([StructField("k", StringType()), StructField("v", LongType())])
+GROUP_STATE_SCHEMA = StructType(
+    [
+        StructField("format_version", IntegerType()),
+        StructField("operator", StringType()),
+        StructField("table", BinaryType()),
+    ]
+)
+TIMEOUTS = {
+    "none": GroupStateTimeout.NoTimeout,
+    "processing": GroupStateTimeout.ProcessingTimeTimeout,
+}
+
+
+def counter(ttl: object = None, name: str | None = None) -> RunningCount:
+    operator = RunningCount("k", ttl=ttl, name=name)
+    operator.bind(["k"], KEY_ONLY)
+    return operator
+
+
+def counted(
+    operator: StatefulOperator, state: pd.DataFrame, keys: list[Any], at_ms: int
+) -> tuple[pd.DataFrame, list[tuple[Any, ...]]]:
+    """One batch of ``keys`` at processing time ``at_ms`` through ``update_live``."""
+    rows = operator.fold(iter([pd.DataFrame({"k": keys})]))
+    new_state, output = operator.update_live(rows, state, Clock(at_ms, None))
+    return new_state, plain(output)
+
+
+def plain(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Rows as Python tuples, None for nulls, sorted."""
+    values = frame.astype(object).where(frame.notna(), None)
+    return sorted(map(tuple, values.itertuples(index=False)), key=repr)
+
+
+def by_key(state: pd.DataFrame) -> dict[Any, tuple[int, ...]]:
+    """Key -> (count, version, expiry) of a running_count state with ttl."""
+    values = state.astype(object).where(state.notna(), None)
+    return {
+        row["k"]: (int(row["count"]), int(row["version"]), int(row[EXPIRES_COLUMN]))
+        for row in values.to_dict("records")
+    }
+
+
+class Bucket:
+    """One key group's state row across calls, as Spark keeps it between batches."""
+
+    def __init__(self, operator: StatefulOperator) -> None:
+        self.operator = operator
+        self.value: tuple[Any, ...] | None = None
+
+    def call(
+        self, frames: Sequence[pd.DataFrame], now_ms: int, timed_out: bool = False
+    ) -> list[tuple[Any, ...]]:
+        state = GroupState(
+            optionalValue=self.value,
+            batchProcessingTimeMs=now_ms,
+            eventTimeWatermarkMs=-1,
+            timeoutConf=TIMEOUTS[self.operator.timeout],
+            hasTimedOut=timed_out,
+            watermarkPresent=False,
+            defined=self.value is not None,
+            updated=False,
+            removed=False,
+            timeoutTimestamp=-1,
+            keyAsUnsafe=b"",
+            valueSchema=GROUP_STATE_SCHEMA,
+        )
+        outputs = list(self.operator._call((0,), iter(frames), state))
+        self.value = tuple(state._value) if state.exists else None
+        return plain(pd.concat(outputs, ignore_index=True)) if outputs else []
+
+
+# ttl values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ttl", "expected_ms"),
+    [
+        ("5 minutes", 300_000),
+        ("5m", 300_000),
+        ("5 MINUTES", 300_000),
+        ("  5 minutes ", 300_000),
+        ("1 day", 86_400_000),
+        (datetime.timedelta(minutes=5), 300_000),
+        ("36500 days", 36_500 * 86_400_000),
+    ],
+)
+def test_held_ttl_spellings_a_user_writes_mean_what_they_say(ttl: object, expected_ms: int) -> None:
+    assert counter(ttl).ttl_ms == expected_ms
+
+
+@pytest.mark.parametrize(
+    ("ttl", "message"),
+    [
+        (0, "running_count: ttl=0 is not a duration;"),
+        (300, "running_count: ttl=300 is not a duration;"),
+        (1.5, "running_count: ttl=1.5 is not a duration;"),
+        (True, "running_count: ttl=True is not a duration;"),
+        ("0 seconds", "running_count: ttl='0 seconds' must be positive"),
+        ("-5 minutes", "running_count: ttl='-5 minutes' is not a duration;"),
+        ("1.5 hours", "running_count: ttl='1.5 hours' is not a duration;"),
+        ("5 mins", "running_count: ttl='5 mins' has unknown unit 'mins';"),
+        ("1h30m", "running_count: ttl='1h30m' is not a duration;"),
+        (datetime.timedelta(minutes=-5), "running_count: ttl=datetime.timedelta(days=-1,"),
+        (datetime.timedelta(microseconds=999), "running_count: ttl=datetime.timedelta(mic"),
+    ],
+)
+def test_held_ttl_that_is_no_positive_duration_is_refused_in_one_line(
+    ttl: object, message: str
+) -> None:
+    with pytest.raises(OperatorDefinitionError) as refused:
+        RunningCount("k", ttl=ttl)
+    assert str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ttl: RunningCount("k", ttl=ttl),
+        lambda ttl: RunningAggregate("k", {"v": "sum"}, ttl=ttl),
+        lambda ttl: Deduplicate("k", ttl),
+    ],
+)
+@pytest.mark.parametrize("ttl", [datetime.timedelta.max, "200000000000 days"])
+def test_fixed_a_ttl_meant_as_forever_is_refused_at_definition_not_by_the_first_batch(
+    make: Any, ttl: object
+) -> None:
+    """``timedelta.max`` (or a huge day count) meant "forever" was accepted, then the first
+    batch failed in the executor: deduplicate's expiry in µs overflowed int64 already with
+    ``timedelta.max``, running_count's in ms with the day count (``OverflowError: Python int
+    too large to convert to C long``)."""
+    with pytest.raises(OperatorDefinitionError) as refused:
+        make(ttl)
+    message = str(refused.value)
+    assert f"ttl={ttl!r} is longer than 36500 days" in message
+    assert "\n" not in message
+
+
+def test_fixed_the_longest_ttl_accepted_runs_a_batch() -> None:
+    operator = counter("36500 days")
+    state, output = counted(operator, operator.empty_state(), ["a"], 1_000)
+    assert output == [("a", 1, 1)]
+    assert by_key(state) == {"a": (1, 1, 1_000 + 36_500 * 86_400_000)}
+    dedup = Deduplicate("k", "36500 days")
+    dedup.bind(["k"], KEY_ONLY)
+    assert dedup.ttl_us == 36_500 * 86_400_000_000
+    assert duration_ms("sessionize", "gap", "36500 days") == 36_500 * 86_400_000
+
+
+# ttl semantics ---------------------------------------------------------------------------
+
+
+def test_held_a_key_getting_rows_in_the_batch_it_expires_starts_again_from_one() -> None:
+    """Expired means ``last batch + ttl <= now`` (Flink's rule): rows at exactly that time
+    count from 1, version 1; the other keys keep their state and expiry."""
+    operator = counter("10 seconds")
+    state, _ = counted(operator, operator.empty_state(), ["a", "a", "b"], 1_000)
+    state, output = counted(operator, state, ["b"], 2_000)
+    assert output == [("b", 2, 2)]
+    state, output = counted(operator, state, ["a", "a", "a"], 11_000)
+    assert output == [("a", 3, 1)]
+    assert by_key(state) == {"b": (2, 2, 12_000), "a": (3, 1, 21_000)}
+    state, output = counted(operator, state, ["a"], 20_999)
+    assert output == [("a", 4, 2)]
+    assert by_key(state) == {"a": (4, 2, 30_999)}
+
+
+def test_held_a_key_expiring_and_coming_back_in_one_batch_through_the_group_call() -> None:
+    """Through ``_call``, as Spark's worker calls it: the key group's timeout fires and
+    drops only the expired key, without output; the key then comes back at count 1."""
+    bucket = Bucket(counter("10 seconds"))
+    assert bucket.call([pd.DataFrame({"k": ["a", "b"]})], now_ms=1_000) == [
+        ("a", 1, 1),
+        ("b", 1, 1),
+    ]
+    assert bucket.call([pd.DataFrame({"k": ["b"]})], now_ms=6_000) == [("b", 2, 2)]
+    assert bucket.call([pd.DataFrame({"k": []})], now_ms=11_001, timed_out=True) == []
+    assert by_key(bucket.operator.load_value(bucket.value)) == {"b": (2, 2, 16_000)}
+    assert bucket.call([pd.DataFrame({"k": ["a", "b"]})], now_ms=16_000) == [
+        ("a", 1, 1),
+        ("b", 1, 1),
+    ]
+    assert bucket.call([pd.DataFrame({"k": []})], now_ms=26_001, timed_out=True) == []
+    assert bucket.value is None
+
+
+def test_held_null_keys_expire_and_refresh_like_any_key() -> None:
+    operator = counter("10 seconds")
+    state, output = counted(operator, operator.empty_state(), [None, None, "a"], 1_000)
+    assert output == [("a", 1, 1), (None, 2, 1)]
+    state, output = counted(operator, state, [None], 5_000)
+    assert output == [(None, 3, 2)]
+    assert by_key(state) == {"a": (1, 1, 11_000), None: (3, 2, 15_000)}
+    state, output = counted(operator, state, ["a"], 15_000)
+    assert output == [("a", 1, 1)]
+    assert by_key(state) == {"a": (1, 1, 25_000)}
+
+
+def test_held_composite_keys_with_nulls_keep_their_own_expiry_in_running_aggregate() -> None:
+    operator = RunningAggregate(["k", "j"], {"v": ["sum", "count"]}, ttl="10 seconds")
+    schema = StructType([*KEY_ONLY.fields, StructField("j", LongType()), KEY_AND_VALUE["v"]])
+    operator.bind(["k", "j"], schema)
+
+    def batch(state: pd.DataFrame, data: dict[str, list[Any]], at_ms: int) -> Any:
+        rows = operator.fold(iter([pd.DataFrame(data)]))
+        return operator.update_live(rows, state, Clock(at_ms, None))
+
+    state, output = batch(
+        operator.empty_state(),
+        {"k": ["a", "a", None], "j": [1.0, None, None], "v": [1.0, 2.0, None]},
+        1_000,
+    )
+    assert plain(output) == [("a", 1, 1, 1, 1), ("a", None, 2, 1, 1), (None, None, None, 0, 1)]
+    state, output = batch(state, {"k": ["a"], "j": [None], "v": [5.0]}, 4_000)
+    assert plain(output) == [("a", None, 7, 2, 2)]
+    values = state.astype(object).where(state.notna(), None)
+    expiries = {(row["k"], row["j"]): int(row[EXPIRES_COLUMN]) for row in values.to_dict("records")}
+    assert expiries == {("a", 1): 11_000, ("a", None): 14_000, (None, None): 11_000}
+    state, output = batch(state, {"k": [None], "j": [None], "v": [3.0]}, 12_000)
+    assert plain(output) == [(None, None, 3, 1, 1)]
+    assert len(state) == 2
+
+
+def test_held_a_clock_going_backwards_expires_by_each_batch_own_clock() -> None:
+    """The batch's timestamp is the clock: a key touched after the clock stepped back
+    expires ttl after that (earlier) time, an untouched key keeps its expiry; a replayed
+    batch has the same timestamp, so it expires the same keys."""
+    operator = counter("10 seconds")
+    state, _ = counted(operator, operator.empty_state(), ["a", "b"], 100_000)
+    state, output = counted(operator, state, ["a"], 50_000)
+    assert output == [("a", 2, 2)]
+    assert by_key(state) == {"a": (2, 2, 60_000), "b": (1, 1, 110_000)}
+    state, output = counted(operator, state, ["c"], 60_000)
+    assert by_key(state) == {"b": (1, 1, 110_000), "c": (1, 1, 70_000)}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN: after expiry a key starts again at version 1, so a sink with"
+    " versionColumn=version (the documented running_count -> 2pc-jdbc upsert) refuses every"
+    " row of the key's new life until its version passes the old one and keeps the stale"
+    " count. Fix needs a decision on running_count/running_aggregate's version contract,"
+    " e.g. with ttl: version = the batch timestamp (ms) that started the key's current life"
+    " + batches in it - 1 (strictly above every earlier life's versions while batch"
+    " timestamps increase), or documenting that ttl and versionColumn do not mix",
+)
+def test_open_a_key_coming_back_after_expiry_gets_a_version_a_version_column_sink_accepts() -> None:
+    operator = counter("10 seconds")
+    state = operator.empty_state()
+    versions = []
+    for at_ms in (1_000, 2_000, 3_000):
+        state, output = counted(operator, state, ["a"], at_ms)
+        versions.append(output[0][2])
+    state, output = counted(operator, state, ["a"], 20_000)
+    assert output[0][1] == 1  # the count restarts, as documented
+    assert output[0][2] > max(versions)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (stateful_ops/base.py): the state keeps each key's absolute expiry, so"
+    " lowering ttl on a checkpoint (documented: 'its value may change') leaves every key not"
+    " touched since with the old, longer ttl: a state that outgrew memory does not shrink"
+    " until the old ttl passes. Flink applies the current ttl to the last access. Fix:"
+    " store the key's last batch time (or the ttl it was written with, in the Arrow"
+    " metadata) and expire at last batch + the current ttl",
+)
+def test_open_lowering_ttl_on_a_checkpoint_shortens_the_life_of_untouched_keys() -> None:
+    month = counter("30 days")
+    state, _ = counted(month, month.empty_state(), ["idle", "busy"], 1_000)
+    hour = counter("1 hour")
+    state, _ = counted(hour, state, ["busy"], 1_000 + 2 * 3_600_000)
+    assert set(by_key(state)) == {"busy"}
+
+
+# ttl across restarts ---------------------------------------------------------------------
+
+
+def written_split(tmp_path: Path, operator: StatefulOperator) -> InitialState:
+    """A restored operator's split as a first start wrote it (``operator``'s schema, two
+    keys in key group 0) and the InitialState naming it: what a second start finds."""
+    initial = InitialState(str(tmp_path / "state.parquet"), str(tmp_path / "work"))
+    directory = tmp_path / "work" / f"key-groups-{operator.key_groups}"
+    directory.mkdir(parents=True)
+    columns: dict[str, list[int] | list[str]] = {"k": ["a", "b"], "count": [2, 1]}
+    columns["version"] = [1, 1]
+    if operator.ttl_ms is not None:
+        columns[EXPIRES_COLUMN] = [5_000, 5_000]
+    table = pa.table(columns).cast(operator.arrow_state_schema)
+    path = str(directory / "0.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, operator.arrow_state_schema) as out:
+        out.write_table(table)
+    (directory / SPLIT_COMPLETE).touch()
+    return initial
+
+
+def test_held_a_restart_before_the_first_commit_reuses_the_split_so_no_second_fresh_ttl(
+    tmp_path: Path,
+) -> None:
+    """The split is written once per key_groups (with the expiries of that first start):
+    a second start loads the same keys with the same expiries."""
+    operator = counter("1 hour")
+    initial = written_split(tmp_path, operator)
+    directory = split_by_key_group(None, initial, operator)  # type: ignore[arg-type]
+    loaded = load_key_group(directory, 0, operator.arrow_state_schema)
+    assert loaded is not None and by_key(loaded) == {"a": (2, 1, 5_000), "b": (1, 1, 5_000)}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (stateful_ops/initial_state.py): the split of a restored operator is"
+    " reused by key_groups alone; started once without ttl and, before its first batch"
+    " committed, again with ttl (or the other way), the tasks fail casting the split"
+    " ('Target schema's field names are not matching'). Fix: name the split directory"
+    " after the state schema too (e.g. key-groups-N-ttl), or apply with_expiry_of when a"
+    " key group is loaded",
+)
+@pytest.mark.parametrize(("first", "second"), [(None, "1 hour"), ("1 hour", None)])
+def test_open_ttl_changed_before_a_restored_query_first_commit_still_bootstraps(
+    tmp_path: Path, first: str | None, second: str | None
+) -> None:
+    initial = written_split(tmp_path, counter(first))
+    operator = counter(second)
+    directory = split_by_key_group(None, initial, operator)  # type: ignore[arg-type]
+    loaded = load_key_group(directory, 0, operator.arrow_state_schema)
+    assert loaded is not None and sorted(loaded["k"]) == ["a", "b"]
+
+
+# operator names --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["zählung", " counts", "counts ", "counts\n", "counts\t", "\uff43ounts", "counts/v2", ""],
+)
+def test_held_names_with_unicode_whitespace_or_path_characters_are_refused(name: str) -> None:
+    with pytest.raises(OperatorDefinitionError) as refused:
+        RunningCount("k", name=name)
+    assert str(refused.value).startswith(f"running_count: name={name!r} is not a valid")
+    assert "\n" not in str(refused.value)
+
+
+def snapshot(operator_id: int, name: str | None) -> OperatorSnapshot:
+    return OperatorSnapshot(
+        operator_id, "running_count", 2, f"state/operator-{operator_id}.parquet", [], 8, name
+    )
+
+
+def names_generator() -> Iterator[str]:
+    yield "by-a"
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        ("by-a", "names='by-a' is one string: pass a list of the query's operator names"),
+        ({"by-a"}, "names={'by-a'} is not a list: pass a list of the query's operator names"),
+        (
+            names_generator(),
+            "names=<generator object names_generator",
+        ),
+        (
+            ["by-a", None],
+            "names=['by-a', None] holds None: give every operator of the query a name",
+        ),
+    ],
+)
+def test_fixed_names_given_as_a_string_set_generator_or_with_none_are_refused_in_one_line(
+    names: Any, message: str
+) -> None:
+    """``initial_states("by-a")`` iterated the characters (``{'b': None, 'y': None, ...}``,
+    then a KeyError for 'by-a'); a generator was consumed by the checks; None in the
+    list raised TypeError while joining the error message."""
+    for snapshots in ([], [snapshot(0, "by-a")]):
+        with pytest.raises(SavepointError) as refused:
+            map_operators(snapshots, names, allow_missing=True)
+        assert str(refused.value).startswith(message)
+        assert "\n" not in str(refused.value)
+
+
+def test_fixed_a_single_name_as_a_string_is_refused_also_on_an_unrestored_checkpoint(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SavepointError, match="names='by-a' is one string"):
+        RestoredCheckpoint(tmp_path / "fresh").initial_states("by-a")
+
+
+def test_fixed_names_differing_only_in_case_are_refused() -> None:
+    """The restored operators' work directories are named after them
+    (``operator-<name>-split``): on a case-insensitive file system (macOS, Windows)
+    ``Counts`` and ``counts`` would share one split and load each other's keys."""
+    with pytest.raises(SavepointError) as refused:
+        map_operators([snapshot(0, "counts"), snapshot(1, "Counts")], ["counts", "Counts"])
+    assert str(refused.value).startswith(
+        "operator names Counts, counts differ only in case: give the query's operators"
+        " names that differ in more than case"
+    )
+
+
+def test_fixed_a_name_differing_from_the_savepoint_only_in_case_says_so() -> None:
+    with pytest.raises(SavepointError) as refused:
+        map_operators([snapshot(0, "Counts")], ["counts"])
+    message = str(refused.value)
+    assert "operator(s) counts have no state in the savepoint" in message
+    assert "(names are case-sensitive: the savepoint has Counts)" in message
+    assert "\n" not in message
+
+
+def test_held_names_map_exactly_whatever_the_case_or_punctuation_when_distinct() -> None:
+    saved = [snapshot(0, "a.b"), snapshot(1, "a-b"), snapshot(2, "a_b")]
+    assert map_operators(saved, ["a_b", "a.b", "a-b"]) == {
+        "a_b": saved[2],
+        "a.b": saved[0],
+        "a-b": saved[1],
+    }
+
+
+def restored_checkpoint(
+    tmp_path: Path, operators: Sequence[OperatorSnapshot], format_version: int = 3, **restore: Any
+) -> Path:
+    """A savepoint with ``operators`` (fake state files) restored into a new checkpoint."""
+    savepoint = tmp_path / "savepoint"
+    manifest = Manifest(
+        batch_id=3,
+        source_offsets=[{"events": {"0": 10}}],
+        operators=list(operators),
+        checkpoint="/old",
+        eospack_version="0.1.0",
+        created_at="2026-11-29T00:00:00Z",
+        format_version=format_version,
+    )
+    raw = json.loads(manifest.to_json())
+    if format_version < 3:
+        for operator in raw["operators"]:
+            operator.pop("operator_name")
+    (savepoint / "state").mkdir(parents=True)
+    for operator in operators:
+        (savepoint / operator.file).write_bytes(f"state of {operator.operator_id}".encode())
+    (savepoint / "manifest.json").write_text(json.dumps(raw))
+    checkpoint = tmp_path / "checkpoint"
+    restore_savepoint(savepoint, checkpoint, **restore)
+    return checkpoint
+
+
+def test_held_allow_missing_recorded_by_the_cli_is_overridden_by_code_both_ways(
+    tmp_path: Path,
+) -> None:
+    saved = [snapshot(0, "by-a"), snapshot(1, "by-b")]
+    lenient = restored_checkpoint(tmp_path / "lenient", saved, allow_missing=True)
+    assert RestoredCheckpoint(lenient).initial_states(["by-a"])["by-a"] is not None
+    with pytest.raises(SavepointError, match="by-b claimed by no operator"):
+        RestoredCheckpoint(lenient, allow_missing=False).initial_states(["by-a"])
+    with pytest.raises(SavepointError, match="by-b claimed by no operator"):
+        RestoredCheckpoint(lenient).initial_states(["by-a"], allow_missing=False)
+    strict = restored_checkpoint(tmp_path / "strict", saved)
+    with pytest.raises(SavepointError, match="by-b claimed by no operator"):
+        RestoredCheckpoint(strict).initial_states(["by-a"])
+    states = RestoredCheckpoint(strict).initial_states(["by-a", "new"], allow_missing=True)
+    assert states["new"] is None and states["by-a"] is not None
+    assert Path(states["by-a"].path).read_bytes() == b"state of 0"
+
+
+def test_held_a_format_2_savepoint_with_names_maps_by_position_and_refuses_extra_names(
+    tmp_path: Path,
+) -> None:
+    checkpoint = restored_checkpoint(
+        tmp_path, [snapshot(0, None), snapshot(1, None)], format_version=2
+    )
+    restored = RestoredCheckpoint(checkpoint)
+    states = restored.initial_states(["second", "first"])
+    assert Path(states["second"].path).read_bytes() == b"state of 0"  # type: ignore[union-attr]
+    assert Path(states["first"].path).read_bytes() == b"state of 1"  # type: ignore[union-attr]
+    assert states["second"].operator_name == "second"  # type: ignore[union-attr]
+    with pytest.raises(SavepointError) as refused:
+        restored.initial_states(["only"])
+    assert str(refused.value).startswith(
+        "savepoint operator(s) unnamed operator 1 claimed by no operator of this query"
+    )
+
+
+def test_held_two_checkpoints_restored_from_one_savepoint_share_nothing(tmp_path: Path) -> None:
+    saved = [snapshot(0, "by-a"), snapshot(1, "by-b")]
+    first = restored_checkpoint(tmp_path / "one", saved, allow_missing=True)
+    second = tmp_path / "two"
+    restore_savepoint(tmp_path / "one" / "savepoint", second)
+    by_a = RestoredCheckpoint(first).initial_states(["by-a"])["by-a"]
+    by_b = RestoredCheckpoint(second).initial_states(["by-a", "by-b"])["by-b"]
+    assert by_a is not None and by_b is not None
+    assert Path(by_a.work_directory).is_relative_to(first)
+    assert Path(by_b.work_directory).is_relative_to(second)
+    with pytest.raises(SavepointError, match="by-b claimed by no operator"):
+        RestoredCheckpoint(second).initial_states(["by-a"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (eospack/tools/savepoint.py restore_savepoint): the restore options file"
+    " travels with the savepoint directory: a savepoint restored with --mode claim"
+    " --allow-missing and later restored again from the checkpoint's eospack-savepoint/"
+    " (a complete savepoint) records allow_missing although that restore did not ask for"
+    " it. Fix: restore_savepoint always writes restore-options.json (allow_missing true or"
+    " false) instead of only when true, and create_savepoint never copies it",
+)
+def test_open_a_restore_without_allow_missing_never_inherits_an_earlier_restores_option(
+    tmp_path: Path,
+) -> None:
+    saved = [snapshot(0, "by-a"), snapshot(1, "by-b")]
+    first = restored_checkpoint(tmp_path, saved, mode="claim", allow_missing=True)
+    assert (first / RESTORED_DIRECTORY / RESTORE_OPTIONS).is_file()
+    again = tmp_path / "again"
+    restore_savepoint(first / RESTORED_DIRECTORY, again)
+    with pytest.raises(SavepointError, match="by-b claimed by no operator"):
+        RestoredCheckpoint(again).initial_states(["by-a"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint, restore_savepoint):"
+    " allow_missing is taken by truth value, so allow_missing='false' (from an environment"
+    " variable or a config file) allows dropping state. Fix: refuse anything but"
+    " True/False/None in one line naming allow_missing",
+)
+def test_open_allow_missing_as_the_string_false_does_not_allow_dropping_state(
+    tmp_path: Path,
+) -> None:
+    checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-a"), snapshot(1, "by-b")])
+    with pytest.raises((SavepointError, TypeError, ValueError)):
+        RestoredCheckpoint(checkpoint, allow_missing="false").initial_states(  # type: ignore[arg-type]
+            ["by-a"]
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint.initial_states): a restored"
+    " checkpoint keeps checking names against its savepoint at every start, so renaming an"
+    " operator on it after its bootstrap completed is refused ('by-a claimed by no operator,"
+    " tallies would start empty') although the checkpoint holds the state and the docs say"
+    " renaming between restarts only relabels. Fix: a savepoint operator whose bootstrap"
+    " completed on this checkpoint (_bootstrapped-* in its work directory) is no longer"
+    " required, and names then get None (their state is in the checkpoint)",
+)
+def test_open_renaming_an_operator_between_restarts_of_a_restored_checkpoint_relabels(
+    tmp_path: Path,
+) -> None:
+    checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-a")])
+    first = RestoredCheckpoint(checkpoint).initial_states(["by-a"])["by-a"]
+    assert first is not None
+    (Path(first.work_directory) / "_bootstrapped-8").parent.mkdir(parents=True)
+    (Path(first.work_directory) / "_bootstrapped-8").touch()
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "commits" / "0").write_text("v1\n{}")
+    assert RestoredCheckpoint(checkpoint).initial_states(["tallies"]) == {"tallies": None}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (map_operators' contract, RestoredCheckpoint.initial_states): a query that"
+    " names only some operators cannot restore: initial_states(['counts']) refuses the"
+    " savepoint's unnamed operator 0 as unclaimed although initial_state(0) hands it to the"
+    " unnamed operator; the only way through is allow_missing=True, which also hides a"
+    " real loss. Fix: let initial_states skip unnamed savepoint operators when names do not"
+    " cover their positions (or take None placeholders for unnamed query operators)",
+)
+def test_open_a_query_naming_only_some_operators_restores_without_allow_missing(
+    tmp_path: Path,
+) -> None:
+    checkpoint = restored_checkpoint(tmp_path, [snapshot(0, None), snapshot(1, "counts")])
+    restored = RestoredCheckpoint(checkpoint)
+    assert restored.initial_state(0) is not None
+    states = restored.initial_states(["counts"])
+    assert Path(states["counts"].path).read_bytes() == b"state of 1"  # type: ignore[union-attr]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint.initial_state): the by-position"
+    " API ignores names: a program that kept initial_state() (the operations.md example)"
+    " while its operators got names hands the savepoint's operator 0, named by-b, to the"
+    " operator named by-a, silently when their columns agree. Fix: initial_state(i) sets"
+    " InitialState.operator_name to the snapshot's name when the snapshot is named, so"
+    " StatefulOperator refuses a differently named operator in one line (an unnamed"
+    " operator may still take it)",
+)
+def test_open_restoring_by_position_into_a_differently_named_operator_is_refused(
+    tmp_path: Path,
+) -> None:
+    checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-b")])
+    with pytest.raises(OperatorDefinitionError, match="holds the state of operator 'by-b'"):
+        RunningCount(
+            "k", name="by-a", initial_state=RestoredCheckpoint(checkpoint).initial_state(0)
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (stateful_ops/initial_state.py with_expiry_of, or the savepoint's create):"
+    " a savepoint keeps keys whose ttl had run out but whose key group no timeout visited"
+    " yet (the query stopped); restored into a query without ttl, with_expiry_of only drops"
+    " the expiry column, so those keys come back with their old counts (issue 41: expired"
+    " keys are removed from the savepoint). Fix: drop the rows whose expiry is at or before"
+    " the savepoint's batch time (or the restore's) before dropping the column",
+)
+def test_open_a_key_expired_before_the_savepoint_does_not_come_back_without_ttl() -> None:
+    from eospack.stateful_ops.initial_state import with_expiry_of
+
+    past, future = 1_000, 4_000_000_000_000
+    saved = pa.table(
+        {"k": ["gone", "kept"], "count": [7, 1], "version": [3, 1], EXPIRES_COLUMN: [past, future]}
+    )
+    restored, _ = with_expiry_of(counter(), saved, saved.schema)
+    assert restored.column("k").to_pylist() == ["kept"]
+
+
+# the command line -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--allow-missing"],
+            "eospack savepoint create: --allow-missing is an option of restore (it is"
+            " recorded in the new checkpoint); leave it out of create",
+        ),
+        (
+            ["--mode", "claim"],
+            "eospack savepoint create: --mode is an option of restore; leave it out of create",
+        ),
+    ],
+)
+def test_fixed_restore_options_given_to_create_are_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    """``eospack savepoint create CKPT SP --allow-missing`` created the savepoint and
+    silently dropped the option: the user believed it recorded."""
+    code = main(["savepoint", "create", str(tmp_path / "ckpt"), str(tmp_path / "sp"), *options])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == message
+    assert not (tmp_path / "sp").exists()
+
+
+def test_held_restore_mode_still_defaults_to_no_claim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = restored_checkpoint(tmp_path / "first", [snapshot(0, "by-a")])
+    savepoint = checkpoint.parent / "savepoint"
+    assert main(["savepoint", "restore", str(savepoint), str(tmp_path / "second")]) == 0
+    assert "is ready (no-claim)" in capsys.readouterr().out
+    assert (savepoint / "manifest.json").is_file()
+
+
+def test_fixed_the_restore_snippet_names_each_operator_kind_and_unnamed_positions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed snippet said ``running_count(..., name='sums', ...)`` for a
+    running_aggregate and left out unnamed operators."""
+    sums = OperatorSnapshot(1, "running_aggregate", 2, "state/operator-1.parquet", [], 8, "sums")
+    firsts = OperatorSnapshot(2, "deduplicate", 2, "state/operator-2.parquet", [], 8, None)
+    checkpoint = restored_checkpoint(tmp_path / "first", [sums, firsts])
+    capsys.readouterr()
+    savepoint = checkpoint.parent / "savepoint"
+    assert main(["savepoint", "restore", str(savepoint), str(tmp_path / "second")]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(
+        "  states = restored.initial_states(['sums'])\n"
+        "  running_aggregate(..., name='sums', initial_state=states['sums'])\n"
+        "  deduplicate(..., initial_state=restored.initial_state(2))\n"
+    )
