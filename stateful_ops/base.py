@@ -222,6 +222,13 @@ class StatefulOperator:
             )
         restored_name = initial_state.operator_name if initial_state is not None else None
         if restored_name is not None and restored_name != self.operator_name:
+            if self.operator_name is None:
+                raise OperatorDefinitionError(
+                    f"{self.name}: initial_state holds the state of operator"
+                    f" {restored_name!r}, this operator has no name; give it"
+                    f" name={restored_name!r} and pass"
+                    f" restored.initial_states([...])[{restored_name!r}]"
+                )
             raise OperatorDefinitionError(
                 f"{self.name}: initial_state holds the state of operator {restored_name!r},"
                 f" this operator is named {self.operator_name!r}; pass"

@@ -44,6 +44,7 @@ markers are not rewritten (operators with timeouts decode their state to re-arm 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -113,7 +114,7 @@ def split_by_key_group(
     system URI), compute each key's group and write it, so the driver never holds the
     state. The work directory must be one every executor can read and write (local mode,
     one host, or a shared mount)."""
-    directory = Path(initial_state.work_directory) / f"key-groups-{operator.key_groups}"
+    directory = Path(initial_state.work_directory) / split_name(operator)
     if (directory / SPLIT_COMPLETE).exists():
         return str(directory)
     try:
@@ -150,6 +151,15 @@ def split_by_key_group(
         pass
     shutil.rmtree(staging, ignore_errors=True)
     return str(directory)
+
+
+def split_name(operator: StatefulOperator) -> str:
+    """The split's directory: per ``key_groups`` and stored columns, so a restart with
+    another ``ttl`` setting (or columns) before the first commit splits again rather than
+    loading a split of other columns."""
+    columns = ",".join(f"{field.name}:{field.type}" for field in operator.arrow_state_schema)
+    digest = hashlib.sha256(columns.encode()).hexdigest()[:12]
+    return f"key-groups-{operator.key_groups}-{digest}"
 
 
 def typed_key_groups(frame: DataFrame, operator: StatefulOperator, key_group: str) -> DataFrame:
@@ -234,13 +244,15 @@ def with_expiry_of(operator: StatefulOperator, frame: DataFrame) -> DataFrame:
     """A savepoint's state as the operator keeps it with or without ``ttl``: turning ttl on
     through a savepoint gives every restored key the full ttl from the restore (the split
     is written once, so a restart replays with the same expiries); turning it off drops the
-    expiries."""
+    expiries and the keys whose ttl had run out by the restore (a stopped query leaves
+    them in state until a timeout visits their key group): they never come back."""
     has_expiry = EXPIRES_COLUMN in frame.columns
     if operator.ttl_ms is not None and not has_expiry:
         expires = int(time.time() * 1000) + operator.ttl_ms
         return frame.withColumn(EXPIRES_COLUMN, F.lit(expires).cast("long"))
     if operator.ttl_ms is None and has_expiry:
-        return frame.drop(EXPIRES_COLUMN)
+        now = int(time.time() * 1000)
+        return frame.where(F.col(EXPIRES_COLUMN) > now).drop(EXPIRES_COLUMN)
     return frame
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import (
@@ -37,9 +38,11 @@ from eospack.stateful_ops import (
 )
 from eospack.stateful_ops.base import EXPIRES_COLUMN, Clock
 from eospack.stateful_ops.initial_state import (
+    KEY_GROUP_PARTITION,
     SPLIT_COMPLETE,
     load_key_group,
     split_by_key_group,
+    split_name,
 )
 from eospack.stateful_ops.operators.deduplicate import Deduplicate
 from eospack.stateful_ops.validation import duration_ms
@@ -339,16 +342,14 @@ def written_split(tmp_path: Path, operator: StatefulOperator) -> InitialState:
     """A restored operator's split as a first start wrote it (``operator``'s schema, two
     keys in key group 0) and the InitialState naming it: what a second start finds."""
     initial = InitialState(str(tmp_path / "state.parquet"), str(tmp_path / "work"))
-    directory = tmp_path / "work" / f"key-groups-{operator.key_groups}"
-    directory.mkdir(parents=True)
+    directory = tmp_path / "work" / split_name(operator)
+    (directory / f"{KEY_GROUP_PARTITION}=0").mkdir(parents=True)
     columns: dict[str, list[int] | list[str]] = {"k": ["a", "b"], "count": [2, 1]}
     columns["version"] = [1, 1]
     if operator.ttl_ms is not None:
         columns[EXPIRES_COLUMN] = [5_000, 5_000]
     table = pa.table(columns).cast(operator.arrow_state_schema)
-    path = str(directory / "0.arrow")
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, operator.arrow_state_schema) as out:
-        out.write_table(table)
+    pq.write_table(table, directory / f"{KEY_GROUP_PARTITION}=0" / "part-0.parquet")
     (directory / SPLIT_COMPLETE).touch()
     return initial
 
@@ -365,24 +366,22 @@ def test_held_a_restart_before_the_first_commit_reuses_the_split_so_no_second_fr
     assert loaded is not None and by_key(loaded) == {"a": (2, 1, 5_000), "b": (1, 1, 5_000)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/initial_state.py): the split of a restored operator is"
-    " reused by key_groups alone; started once without ttl and, before its first batch"
-    " committed, again with ttl (or the other way), the tasks fail casting the split"
-    " ('Target schema's field names are not matching'). Fix: name the split directory"
-    " after the state schema too (e.g. key-groups-N-ttl), or apply with_expiry_of when a"
-    " key group is loaded",
-)
 @pytest.mark.parametrize(("first", "second"), [(None, "1 hour"), ("1 hour", None)])
-def test_open_ttl_changed_before_a_restored_query_first_commit_still_bootstraps(
-    tmp_path: Path, first: str | None, second: str | None
+def test_fixed_ttl_changed_before_a_restored_query_first_commit_still_bootstraps(
+    spark: Any, tmp_path: Path, first: str | None, second: str | None
 ) -> None:
-    initial = written_split(tmp_path, counter(first))
+    """The split was reused by key_groups alone: started once without ttl and, before its
+    first batch committed, again with ttl (or the other way), the tasks failed casting it.
+    The split is now named after the stored columns too."""
+    saved = pa.table({"k": ["a", "b"], "count": [2, 1], "version": [1, 1]})
+    pq.write_table(saved, tmp_path / "state.parquet")
+    initial = InitialState(str(tmp_path / "state.parquet"), str(tmp_path / "work"))
+    split_by_key_group(spark, initial, counter(first))
     operator = counter(second)
-    directory = split_by_key_group(None, initial, operator)  # type: ignore[arg-type]
-    loaded = load_key_group(directory, 0, operator.arrow_state_schema)
-    assert loaded is not None and sorted(loaded["k"]) == ["a", "b"]
+    directory = split_by_key_group(spark, initial, operator)
+    loaded = [load_key_group(directory, group, operator.arrow_state_schema) for group in range(8)]
+    keys = sorted(key for frame in loaded if frame is not None for key in frame["k"])
+    assert keys == ["a", "b"]
 
 
 # operator names --------------------------------------------------------------------------
@@ -551,16 +550,7 @@ def test_held_two_checkpoints_restored_from_one_savepoint_share_nothing(tmp_path
         RestoredCheckpoint(second).initial_states(["by-a"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (eospack/tools/savepoint.py restore_savepoint): the restore options file"
-    " travels with the savepoint directory: a savepoint restored with --mode claim"
-    " --allow-missing and later restored again from the checkpoint's eospack-savepoint/"
-    " (a complete savepoint) records allow_missing although that restore did not ask for"
-    " it. Fix: restore_savepoint always writes restore-options.json (allow_missing true or"
-    " false) instead of only when true, and create_savepoint never copies it",
-)
-def test_open_a_restore_without_allow_missing_never_inherits_an_earlier_restores_option(
+def test_fixed_a_restore_without_allow_missing_never_inherits_an_earlier_restores_option(
     tmp_path: Path,
 ) -> None:
     saved = [snapshot(0, "by-a"), snapshot(1, "by-b")]
@@ -572,14 +562,7 @@ def test_open_a_restore_without_allow_missing_never_inherits_an_earlier_restores
         RestoredCheckpoint(again).initial_states(["by-a"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint, restore_savepoint):"
-    " allow_missing is taken by truth value, so allow_missing='false' (from an environment"
-    " variable or a config file) allows dropping state. Fix: refuse anything but"
-    " True/False/None in one line naming allow_missing",
-)
-def test_open_allow_missing_as_the_string_false_does_not_allow_dropping_state(
+def test_fixed_allow_missing_as_the_string_false_does_not_allow_dropping_state(
     tmp_path: Path,
 ) -> None:
     checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-a"), snapshot(1, "by-b")])
@@ -631,17 +614,7 @@ def test_open_a_query_naming_only_some_operators_restores_without_allow_missing(
     assert Path(states["counts"].path).read_bytes() == b"state of 1"  # type: ignore[union-attr]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint.initial_state): the by-position"
-    " API ignores names: a program that kept initial_state() (the operations.md example)"
-    " while its operators got names hands the savepoint's operator 0, named by-b, to the"
-    " operator named by-a, silently when their columns agree. Fix: initial_state(i) sets"
-    " InitialState.operator_name to the snapshot's name when the snapshot is named, so"
-    " StatefulOperator refuses a differently named operator in one line (an unnamed"
-    " operator may still take it)",
-)
-def test_open_restoring_by_position_into_a_differently_named_operator_is_refused(
+def test_fixed_restoring_by_position_into_a_differently_named_operator_is_refused(
     tmp_path: Path,
 ) -> None:
     checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-b")])
@@ -651,24 +624,21 @@ def test_open_restoring_by_position_into_a_differently_named_operator_is_refused
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/initial_state.py with_expiry_of, or the savepoint's create):"
-    " a savepoint keeps keys whose ttl had run out but whose key group no timeout visited"
-    " yet (the query stopped); restored into a query without ttl, with_expiry_of only drops"
-    " the expiry column, so those keys come back with their old counts (issue 41: expired"
-    " keys are removed from the savepoint). Fix: drop the rows whose expiry is at or before"
-    " the savepoint's batch time (or the restore's) before dropping the column",
-)
-def test_open_a_key_expired_before_the_savepoint_does_not_come_back_without_ttl() -> None:
+def test_fixed_a_key_expired_before_the_savepoint_does_not_come_back_without_ttl(
+    spark: Any,
+) -> None:
+    """A savepoint keeps keys whose ttl had run out but whose key group no timeout visited
+    yet (the query stopped); restored without ttl they came back with their old counts."""
     from eospack.stateful_ops.initial_state import with_expiry_of
 
     past, future = 1_000, 4_000_000_000_000
-    saved = pa.table(
-        {"k": ["gone", "kept"], "count": [7, 1], "version": [3, 1], EXPIRES_COLUMN: [past, future]}
+    saved = spark.createDataFrame(
+        [("gone", 7, 3, past), ("kept", 1, 1, future)],
+        f"k string, count long, version long, {EXPIRES_COLUMN} long",
     )
-    restored, _ = with_expiry_of(counter(), saved, saved.schema)
-    assert restored.column("k").to_pylist() == ["kept"]
+    restored = with_expiry_of(counter(), saved)
+    assert [row["k"] for row in restored.collect()] == ["kept"]
+    assert restored.columns == ["k", "count", "version"]
 
 
 # the command line -------------------------------------------------------------------------

@@ -10,11 +10,13 @@ from __future__ import annotations
 import collections
 import datetime
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import (
@@ -39,6 +41,7 @@ from eospack.stateful_ops import (
     state_codec,
 )
 from eospack.stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, flag_first_row
+from eospack.stateful_ops.initial_state import KEY_GROUP_PARTITION
 from eospack.stateful_ops.operators.partial_aggregation import (
     PARTIAL_COUNT,
     partial_aggregates,
@@ -444,11 +447,7 @@ def test_a_bootstrapped_key_group_loads_once_and_keeps_its_timeouts(tmp_path: An
         {"k": ["a"], "session_start_us": [0], "session_end_us": [10 * second], "count": [2]},
         schema=operator.arrow_state_schema,
     )
-    with (
-        pa.OSFile(str(tmp_path / "3.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, operator.arrow_state_schema) as writer,
-    ):
-        writer.write_table(initial)
+    write_split_group(tmp_path, 3, initial)
     operator.bootstrap_directory = str(tmp_path)
     group = Group(operator, key_group=3)
     marker = spark_frame({"k": ["z"], "ts": [pd.NaT], EVENT_US: [0], MARKER_COLUMN: [True]})
@@ -462,6 +461,13 @@ def test_a_bootstrapped_key_group_loads_once_and_keeps_its_timeouts(tmp_path: An
     assert group.value is not None and group.keys_in_state() == 0
     assert len(group.call([marker], watermark_ms=20_000)) == 0
     assert group.keys_in_state() == 0
+
+
+def write_split_group(directory: Any, key_group: int, table: pa.Table) -> None:
+    """One key group of a restored operator's split, as ``split_by_key_group`` writes it."""
+    group_directory = Path(directory) / f"{KEY_GROUP_PARTITION}={key_group}"
+    group_directory.mkdir(parents=True)
+    pq.write_table(table, group_directory / "part-0.parquet")
 
 
 def test_a_restored_operator_keeps_the_old_watermark_and_expires_on_marker_visits(
@@ -484,11 +490,7 @@ def test_a_restored_operator_keeps_the_old_watermark_and_expires_on_marker_visit
         },
         schema=operator.arrow_state_schema,
     )
-    with (
-        pa.OSFile(str(tmp_path / "3.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, operator.arrow_state_schema) as writer,
-    ):
-        writer.write_table(initial)
+    write_split_group(tmp_path, 3, initial)
     operator.bootstrap_directory = str(tmp_path)
     operator.restored_watermarks = (0, 195_000)
     group = Group(operator, key_group=3)

@@ -58,6 +58,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -293,8 +294,9 @@ def restore_savepoint(
             hadoop_target.rename(partial, RESTORED_DIRECTORY)
         else:
             hadoop_source.move_to("", hadoop_target, RESTORED_DIRECTORY)
-        if allow_missing:
-            target_files.write_text(f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}", RESTORE_ALLOW)
+        target_files.write_text(
+            f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}", restore_options(allow_missing)
+        )
         return manifest
     source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
@@ -305,12 +307,28 @@ def restore_savepoint(
         os.rename(staging, restored)
     else:
         shutil.move(source, restored)
-    if allow_missing:
-        (restored / RESTORE_OPTIONS).write_text(RESTORE_ALLOW)
+    (restored / RESTORE_OPTIONS).write_text(restore_options(allow_missing))
     return manifest
 
 
-RESTORE_ALLOW = json.dumps({"allow_missing": True})
+def restore_options(allow_missing: bool) -> str:
+    """The restore's record, written by every restore (so a savepoint restored again from a
+    checkpoint's ``eospack-savepoint/`` never inherits an earlier restore's options):
+    ``allow_missing`` and a ``restore_id`` naming this restore, which keeps the local work
+    directory of a checkpoint on object storage apart from that of an earlier restore at
+    the same URI."""
+    return json.dumps({"allow_missing": allow_missing, "restore_id": uuid.uuid4().hex})
+
+
+def checked_allow_missing(value: object) -> bool | None:
+    """``allow_missing`` as given: True, False or None (the default); anything else (the
+    string "false" from a configuration file) refused in one line."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise SavepointError(
+        f"allow_missing={value!r}: give True or False (or leave it out to take what"
+        " eospack savepoint restore recorded)"
+    )
 
 
 def map_operators(
@@ -462,7 +480,7 @@ class RestoredCheckpoint:
         allow_missing: bool | None = None,
     ) -> None:
         self.checkpoint: CheckpointFiles = checkpoint_files(checkpoint_location, spark)
-        self.allow_missing = allow_missing
+        self.allow_missing = checked_allow_missing(allow_missing)
         if isinstance(self.checkpoint, LocalFiles):
             self.directory = self.checkpoint.root / RESTORED_DIRECTORY
             self.manifest = Manifest.read(self.directory) if self.directory.is_dir() else None
@@ -472,11 +490,12 @@ class RestoredCheckpoint:
                 )
             return
         location = self.checkpoint.location
+        restored = self.checkpoint.is_directory(RESTORED_DIRECTORY)
         if work_directory is None:
-            digest = hashlib.sha256(location.encode()).hexdigest()[:16]
+            identity = f"{location}\n{recorded_restore_id(self.checkpoint, restored)}"
+            digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
             work_directory = Path(tempfile.gettempdir()) / f"eospack-restored-{digest}"
         self.directory = Path(work_directory) / RESTORED_DIRECTORY
-        restored = self.checkpoint.is_directory(RESTORED_DIRECTORY)
         self.manifest = Manifest.read(self.checkpoint, RESTORED_DIRECTORY) if restored else None
         if self.allow_missing is None:
             self.allow_missing = recorded_allow_missing(self.checkpoint, restored)
@@ -505,12 +524,16 @@ class RestoredCheckpoint:
     def initial_state(self, operator: int = 0) -> InitialState | None:
         """The ``initial_state`` of stateful operator ``operator`` (Spark's operator id: the
         operators' order in the query), or None: the mapping by position, for unnamed
-        operators. Named operators take theirs from ``initial_states``."""
+        operators. Named operators take theirs from ``initial_states``; the state of a
+        savepoint operator that has a name carries it, so an operator of another name, or
+        none, refuses it in one line."""
         if self.manifest is None:
             return None
         for snapshot in self.manifest.operators:
             if snapshot.operator_id == operator:
-                return self.state_of(snapshot, f"operator-{operator}-split", operator, None)
+                return self.state_of(
+                    snapshot, f"operator-{operator}-split", operator, snapshot.operator_name
+                )
         return None
 
     def initial_states(
@@ -527,6 +550,7 @@ class RestoredCheckpoint:
         if self.manifest is None:
             return dict.fromkeys(map_operators([], names, allow_missing=True))
         allowed = self.allow_missing if allow_missing is None else allow_missing
+        allowed = checked_allow_missing(allowed)
         mapping = map_operators(self.manifest.operators, names, bool(allowed))
         states: dict[str, InitialState | None] = {}
         for position, name in enumerate(names):
@@ -556,6 +580,17 @@ class RestoredCheckpoint:
             operator_id=operator_id,
             operator_name=name,
         )
+
+
+def recorded_restore_id(checkpoint: CheckpointFiles, restored: bool) -> str:
+    """The ``restore_id`` the restore recorded ("" for a restore before restore ids)."""
+    if not restored:
+        return ""
+    text = checkpoint.read_text(f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}")
+    try:
+        return str(json.loads(text or "{}").get("restore_id", ""))
+    except ValueError:
+        return ""
 
 
 def recorded_allow_missing(checkpoint: CheckpointFiles, restored: bool) -> bool:

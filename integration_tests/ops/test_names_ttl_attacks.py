@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -148,18 +149,8 @@ def test_open_ttl_turned_off_for_one_checkpoint_is_refused_in_one_line_naming_tt
     assert "ttl" in message and "savepoint" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/initial_state.py typed_key_groups): every restore into an"
-    " operator with ttl fails at definition with 'ValueError: zip() argument 2 is shorter"
-    " than argument 1': the split table carries __so_expires_at_ms (added by"
-    " with_expiry_of, or from a savepoint taken with ttl) but the Spark schema it is"
-    " zipped with is operator.state_schema, which has no expiry column. Fix (this test"
-    " passes with it): zip with state_schema.fields plus StructField(EXPIRES_COLUMN,"
-    " LongType()) when the table has that column, and take the names from that list",
-)
 @pytest.mark.timeout(300)
-def test_open_ttl_through_a_restore_with_other_key_groups_expires_restored_keys_once(
+def test_fixed_ttl_through_a_restore_with_other_key_groups_expires_restored_keys_once(
     spark: Any, tmp_path: Path
 ) -> None:
     source = tmp_path / "in"
@@ -225,18 +216,8 @@ def fake_savepoint(directory: Path, state: bytes) -> Path:
     return directory
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint.state_of): for a checkpoint"
-    " on object storage the savepoint's state files are fetched into a local work"
-    " directory named by the checkpoint's URI, and only when missing there; a checkpoint"
-    " deleted and restored again at the same URI from another savepoint gets the FIRST"
-    " savepoint's state (and its old split and _bootstrapped marker: no bootstrap at"
-    " all). Fix: name the work directory after the restored manifest too (e.g. its"
-    " created_at and batch id, or a hash of manifest.json), or compare and refetch",
-)
 @pytest.mark.timeout(300)
-def test_open_a_checkpoint_restored_again_at_the_same_object_store_uri_gets_the_new_state(
+def test_fixed_a_checkpoint_restored_again_at_the_same_object_store_uri_gets_the_new_state(
     spark: Any, s3: Any, hadoop_aws_jars: Any, tmp_path: Path, unique_name: str
 ) -> None:
     if hadoop_aws_jars[1] is not None:
@@ -245,16 +226,28 @@ def test_open_a_checkpoint_restored_again_at_the_same_object_store_uri_gets_the_
     location = f"s3a://{s3.endpoint.bucket}/{unique_name}/checkpoint"
     restore_savepoint(fake_savepoint(tmp_path / "monday", b"monday"), location, spark=spark)
     restored = RestoredCheckpoint(location, spark)
+    again_restored = restored
     try:
         first = restored.initial_states(["by-a"])["by-a"]
-        assert first is not None and Path(first.path).read_bytes() == b"monday"
+        assert first is not None
+        (Path(first.work_directory) / "_bootstrapped-8").parent.mkdir(parents=True)
+        (Path(first.work_directory) / "_bootstrapped-8").touch()  # monday's bootstrap done
 
         checkpoint_files(location, spark).delete("")  # the wrong savepoint: start over
         restore_savepoint(fake_savepoint(tmp_path / "tuesday", b"tuesday"), location, spark=spark)
-        again = RestoredCheckpoint(location, spark).initial_states(["by-a"])["by-a"]
-        assert again is not None and Path(again.path).read_bytes() == b"tuesday"
+        again_restored = RestoredCheckpoint(location, spark)
+        again = again_restored.initial_states(["by-a"])["by-a"]
+        assert again is not None and again.path.startswith("s3a://")
+        assert Path(again.work_directory) != Path(first.work_directory)
+        assert not Path(again.work_directory).exists()  # nothing of monday's split or marker
+        with tempfile.TemporaryDirectory() as local:
+            checkpoint_files(location, spark).get(
+                again.path.removeprefix(location).lstrip("/"), Path(local) / "state"
+            )
+            assert (Path(local) / "state").read_bytes() == b"tuesday"
     finally:
         shutil.rmtree(restored.directory.parent, ignore_errors=True)
+        shutil.rmtree(again_restored.directory.parent, ignore_errors=True)
 
 
 @pytest.mark.xfail(
