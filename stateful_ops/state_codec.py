@@ -25,6 +25,12 @@ EXPIRES_COLUMN = "__so_expires_at_ms"
 """With ``ttl``: the state field after the operator's own, when each key expires (the
 processing time, in ms, of its last batch with rows plus the ttl)."""
 
+TIMER_COLUMN = "__so_timer_at_ms"
+"""With per-key timers (``StatefulOperator.timers``): the last state field (after
+``EXPIRES_COLUMN`` with ttl), when the key's timer is due in ms (processing time, or event
+time compared with the watermark); null: the key has no timer. A savepoint carries it like
+every state column."""
+
 
 def encode(table: pd.DataFrame, schema: pa.Schema) -> bytes:
     """Serialize ``table`` (columns named as in ``schema``) to Arrow IPC stream bytes."""
