@@ -789,8 +789,9 @@ class StatefulOperator:
         if wake_up is None:
             return
         if self.timeout == "processing":
-            # Spark fires when the batch time > now + duration; we want batch time >= wake_up.
-            state.setTimeoutDuration(max(1, wake_up - 1 - clock.processing_time_ms))
+            # Spark fires at a batch whose time is after now + duration (strictly): a group
+            # with rows at exactly wake_up fires its due keys itself (``step``).
+            state.setTimeoutDuration(max(1, wake_up - clock.processing_time_ms))
         elif self.timeout == "event":
             # Spark fires when watermark > timestamp; we want watermark >= wake_up.
             watermark = clock.watermark_ms if clock.watermark_ms is not None else 0
