@@ -93,6 +93,9 @@ DEFAULT_KEY_GROUPS = 8
 KEY_GROUP_COLUMN = "__so_key_group"
 # In the frame ``on_timer`` receives: the time (ms) each key's timer was due at.
 FIRED_TIMER_COLUMN = "__so_fired_timer_ms"
+# With ttl_time="event": each row's (or partial row's) latest event time in microseconds.
+TTL_EVENT_US_COLUMN = "__so_ttl_event_us"
+TTL_TIMES = ("processing", "event")
 # Boolean column of prepared rows: true for a settings marker, false for a data row.
 MARKER_COLUMN = "__so_settings_marker"
 # Restored with a watermark: each row's watermarked event time in microseconds.
@@ -206,6 +209,7 @@ class StatefulOperator:
         initial_state: InitialState | None = None,
         name: str | None = None,
         ttl: object | None = None,
+        ttl_time: str = "processing",
     ) -> None:
         self.operator_name = operator_name(self.name, name)
         if output_mode is not None:
@@ -242,7 +246,18 @@ class StatefulOperator:
                     " itself); leave ttl unset"
                 )
             self.ttl_ms = duration_ms(self.name, "ttl", ttl)
-            self.timeout = "processing"
+            self.timeout = "processing" if ttl_time == "processing" else "event"
+        if ttl_time not in TTL_TIMES:
+            raise OperatorDefinitionError(
+                f"{self.name}: ttl_time={ttl_time!r}; use 'processing' or 'event'"
+            )
+        if ttl_time == "event" and ttl is None:
+            raise OperatorDefinitionError(
+                f"{self.name}: ttl_time='event' without ttl; pass ttl= (a duration) too"
+            )
+        self.ttl_time = ttl_time
+        # With ttl_time="event": the input's watermarked column (set by apply()).
+        self.event_time_field: StructField | None = None
         if self.timers not in _TIMEOUTS:
             raise OperatorDefinitionError(
                 f"{self.name}: timers={self.timers!r}; use one of {', '.join(_TIMEOUTS)}"
@@ -346,6 +361,14 @@ class StatefulOperator:
         """Validate against ``df`` (before any query starts) and return the output DataFrame."""
         keys = key_columns(self.name, df, self.key)
         self.keys = keys
+        if self.ttl_time == "event":
+            watermarked = [f for f in df.schema.fields if WATERMARK_METADATA_KEY in f.metadata]
+            if not watermarked:
+                raise OperatorDefinitionError(
+                    f"{self.name}: ttl_time='event' needs a watermark on the input; call"
+                    f' df.withWatermark("<event-time column>", "<delay>") before {self.name}'
+                )
+            self.event_time_field = watermarked[0]
         self.validate(df)
         self.metrics_directory = RECORDER.directory()
         prepared = self.prepare(df)
@@ -356,6 +379,11 @@ class StatefulOperator:
                 f"{self.name}: timers='event' needs a watermarked event-time column in what"
                 ' prepare() returns; call df.withWatermark("<column>", "<delay>") first and'
                 " keep that column in prepare()"
+            )
+        if self.ttl_time == "event" and TTL_EVENT_US_COLUMN not in prepared.columns:
+            raise OperatorDefinitionError(
+                f"{self.name}: ttl_time='event' is not supported by this operator (its rows"
+                " carry no event time); use running_count or running_aggregate"
             )
         self.bind(keys, without_marker(prepared.schema))
         if self.initial_state is not None:
@@ -393,7 +421,25 @@ class StatefulOperator:
             fields.append(pa.field(EXPIRES_COLUMN, pa.int64(), nullable=True))
         if self.timers != "none":
             fields.append(pa.field(TIMER_COLUMN, pa.int64(), nullable=True))
-        self.arrow_state_schema = pa.schema(fields, metadata={"key_groups": str(self.key_groups)})
+        settings = {"key_groups": str(self.key_groups)}
+        if self.ttl_ms is not None and self.ttl_time == "event":
+            # Expiries in event time: a checked setting, so that a processing-time ttl
+            # checkpoint is not read as event time (added only for event time, so that
+            # processing-time ttl checkpoints written before keep their schema).
+            settings["ttl_time"] = "event"
+        self.arrow_state_schema = pa.schema(fields, metadata=settings)
+
+    def watermark_carrier(self) -> Column:
+        """With ttl_time="event": the input's watermarked column, for the rows that carry
+        their event time in ``TTL_EVENT_US_COLUMN`` instead. Spark runs event-time timeouts
+        only when a watermarked column reaches the operator, and drops the rows it holds at
+        or behind the watermark; this one holds 2262-01-01 (as settings markers do), so it
+        satisfies Spark and no row is dropped: running_count and running_aggregate count
+        every row of a watermarked input, with or without event-time ttl."""
+        field = self.event_time_field
+        assert field is not None
+        never_late = F.timestamp_micros(F.lit(_NEVER_LATE_US)).cast(field.dataType)
+        return never_late.alias(field.name, metadata=field.metadata)
 
     def stored_schema(self) -> pa.Schema:
         """The schema state rows are written with: the state schema plus, for a named
@@ -600,7 +646,11 @@ class StatefulOperator:
     ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``update``; with ``ttl``, on the keys not expired yet, and every key that
         received rows expires ``ttl`` after this batch's processing time (the others keep
-        their expiry). A key that expired starts again from nothing, as if never seen."""
+        their expiry). A key that expired starts again from nothing, as if never seen.
+
+        With ``ttl_time="event"``: a key expires ``ttl`` after its latest event time (rows
+        carry it in ``TTL_EVENT_US_COLUMN``; a row without one counts as at the
+        watermark), so a late row never brings a key's expiry forward."""
         if self.ttl_ms is None:
             return self.updated(rows, stored, clock)
         live = self.unexpired(stored, clock)
@@ -608,19 +658,33 @@ class StatefulOperator:
         keys = list(self.keys)
         codes, _ = key_codes(pd.concat([new_state[keys], live[keys], rows[keys]]), keys)
         kept, live_codes = len(new_state), codes[len(new_state) : len(new_state) + len(live)]
-        expires = np.full(kept, clock.processing_time_ms + self.ttl_ms, dtype=np.int64)
+        row_slots = np.minimum(codes[kept + len(live) :], kept)
+        if self.ttl_time == "event":
+            watermark = clock.watermark_ms or 0
+            event_ms = (rows[TTL_EVENT_US_COLUMN].astype("Int64") // 1000).fillna(watermark)
+            latest = np.full(kept + 1, watermark, dtype=np.int64)
+            latest[row_slots] = np.iinfo(np.int64).min
+            np.maximum.at(latest, row_slots, event_ms.to_numpy(dtype=np.int64))
+            expires = latest[:kept] + self.ttl_ms
+        else:
+            expires = np.full(kept, clock.processing_time_ms + self.ttl_ms, dtype=np.int64)
         untouched = np.ones(kept + 1, dtype=bool)
-        untouched[np.minimum(codes[kept + len(live) :], kept)] = False
+        untouched[row_slots] = False
         known = live_codes < kept
         carried = live[EXPIRES_COLUMN].to_numpy(dtype=np.int64)[known]
-        expires[live_codes[known]] = np.where(
-            untouched[live_codes[known]], carried, expires[live_codes[known]]
-        )
+        refreshed = expires[live_codes[known]]
+        if self.ttl_time == "event":
+            refreshed = np.maximum(refreshed, carried)
+        expires[live_codes[known]] = np.where(untouched[live_codes[known]], carried, refreshed)
         return new_state.assign(**{EXPIRES_COLUMN: expires}), output
 
     def unexpired(self, stored: pd.DataFrame, clock: Clock) -> pd.DataFrame:
-        """The keys of ``stored`` whose ttl has not run out at this batch (counted)."""
-        live = stored[stored[EXPIRES_COLUMN].to_numpy(dtype=np.int64) > clock.processing_time_ms]
+        """The keys of ``stored`` whose ttl has not run out at this batch (counted): by
+        the batch's processing time, or with ``ttl_time="event"`` its watermark."""
+        now = clock.processing_time_ms if self.ttl_time == "processing" else clock.watermark_ms
+        if now is None:
+            return stored.reset_index(drop=True)
+        live = stored[stored[EXPIRES_COLUMN].to_numpy(dtype=np.int64) > now]
         if len(live) < len(stored) and self.metrics_directory is not None:
             labels = self.metrics_labels()
             RECORDER.add("eospack_state_keys_expired_total", labels, len(stored) - len(live))
