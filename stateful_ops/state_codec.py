@@ -32,6 +32,11 @@ time compared with the watermark); null: the key has no timer. A savepoint carri
 every state column."""
 
 
+SETTING_DEFAULTS = {b"ttl_time": b"processing"}
+"""Checked settings a state's schema metadata holds only when not at their default (so that
+states written before the setting existed keep their schema)."""
+
+
 def encode(table: pd.DataFrame, schema: pa.Schema) -> bytes:
     """Serialize ``table`` (columns named as in ``schema``) to Arrow IPC stream bytes."""
     arrow_table = pa.Table.from_pandas(
@@ -62,8 +67,9 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
             " restart from a new checkpoint location"
         )
     arrow_table = pa.ipc.open_stream(bytes(blob)).read_all()
-    stored_settings = arrow_table.schema.metadata or {}
-    for name, value in (schema.metadata or {}).items():
+    stored_settings = {**SETTING_DEFAULTS, **(arrow_table.schema.metadata or {})}
+    declared_settings = {**SETTING_DEFAULTS, **(schema.metadata or {})}
+    for name, value in declared_settings.items():
         if stored_settings.get(name) != value:
             stored = stored_settings.get(name, b"?").decode()
             raise StateSchemaMismatchError(

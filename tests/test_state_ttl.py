@@ -186,3 +186,18 @@ def test_partial_counts_carry_each_keys_latest_event_time() -> None:
         ("b", 1, None),
         ("c", 1, 1),
     ]
+
+
+def test_a_state_is_refused_by_a_query_with_the_other_ttl_time() -> None:
+    from eospack.stateful_ops import StateSchemaMismatchError, state_codec
+
+    event, processing = event_bound("1 minute"), bound("1 minute")
+    for written, reading, message in [
+        (event, processing, "written with ttl_time=event, this query declares ttl_time=processing"),
+        (processing, event, "written with ttl_time=processing, this query declares ttl_time=event"),
+    ]:
+        blob = state_codec.encode(written.empty_state(), written.arrow_state_schema)
+        row = (state_codec.STATE_FORMAT_VERSION, "running_count", blob)
+        with pytest.raises(StateSchemaMismatchError, match=message):
+            reading.load_value(row)
+        assert len(written.load_value(row)) == 0
