@@ -650,7 +650,7 @@ class StatefulOperator:
 
         With ``ttl_time="event"``: a key expires ``ttl`` after its latest event time (rows
         carry it in ``TTL_EVENT_US_COLUMN``; a row without one counts as at the
-        watermark), so a late row never brings a key's expiry forward."""
+        watermark), so a late row never makes its key expire sooner."""
         if self.ttl_ms is None:
             return self.updated(rows, stored, clock)
         live = self.unexpired(stored, clock)
