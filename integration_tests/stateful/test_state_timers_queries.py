@@ -31,7 +31,7 @@ from eospack.stateful_ops import (
     read_state,
     register_timer,
 )
-from integration_tests.stateful.test_stateful_ops import (
+from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
@@ -40,8 +40,6 @@ from integration_tests.stateful.test_stateful_ops import (
     with_watermark,
     write_batch,
 )
-
-QUERY_TIMEOUT = 120
 
 
 def reminder(kind: str, delay_ms: int) -> type[StatefulOperator]:

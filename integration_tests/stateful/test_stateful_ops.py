@@ -14,7 +14,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -37,11 +37,17 @@ from eospack.stateful_ops import (
 )
 from eospack.stateful_ops.state_codec import EXPIRES_COLUMN
 from eospack.stateful_ops.state_store import state_store_conf
+from integration_tests.stateful_parts import (
+    NO_DATA_BATCHES,
+    QUERY_TIMEOUT,
+    T0,
+    Emitted,
+    run,
+    source,
+    with_watermark,
+    write_batch,
+)
 
-SCHEMA = "k string, n int, v double, t long"
-T0 = 1_700_000_000
-QUERY_TIMEOUT = 120
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
@@ -72,53 +78,11 @@ def make_batches(seed: int = 7, rows: int = 40) -> list[list[dict[str, Any]]]:
 BATCHES = make_batches()
 
 
-def write_batch(directory: str, index: int, rows: list[dict[str, Any]]) -> None:
-    path = os.path.join(directory, f"batch-{index:04d}.json")
-    with open(path, "w") as handle:
-        handle.write("\n".join(json.dumps(row) for row in rows))
-    os.utime(path, (1_000_000 + index, 1_000_000 + index))
-
-
-def source(spark: SparkSession, directory: str) -> DataFrame:
-    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(directory)
-
-
-def with_watermark(df: DataFrame) -> DataFrame:
-    return df.withColumn("ts", F.timestamp_seconds("t")).withWatermark("ts", "5 seconds")
-
-
-@dataclass
-class Emitted:
-    """Everything a query emitted, per batch attempt, rows sorted for comparison."""
-
-    attempts: list[tuple[int, list[tuple[Any, ...]]]] = field(default_factory=list)
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.attempts.append((batch_id, sorted(map(tuple, batch.collect()), key=repr)))
-
-    def final(self) -> list[tuple[int, list[tuple[Any, ...]]]]:
-        """What an idempotent sink holds: the last attempt of each batch id, in order."""
-        last = dict(self.attempts)
-        return [(batch_id, last[batch_id]) for batch_id in sorted(last)]
-
-
 def rounded(emitted: list[tuple[int, list[tuple[Any, ...]]]]) -> list[Any]:
     return [
         (batch_id, [tuple(round(x, 9) if isinstance(x, float) else x for x in row) for row in rows])
         for batch_id, rows in emitted
     ]
-
-
-def run(result: DataFrame, checkpoint: str, mode: str, sink: Emitted) -> StreamingQuery:
-    query = (
-        result.writeStream.outputMode(mode)
-        .foreachBatch(sink)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, QUERY_TIMEOUT)
-    return query
 
 
 @dataclass(frozen=True)
