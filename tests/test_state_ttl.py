@@ -201,3 +201,23 @@ def test_a_state_is_refused_by_a_query_with_the_other_ttl_time() -> None:
         with pytest.raises(StateSchemaMismatchError, match=message):
             reading.load_value(row)
         assert len(written.load_value(row)) == 0
+
+
+def test_rows_sent_without_partial_counts_carry_their_keys_latest_event_time() -> None:
+    """Keys of nested types skip the partial step: the rows themselves reach the operator,
+    and folding them keeps each key's latest event time."""
+    operator = RunningCount("k", ttl="10 seconds", ttl_time="event")
+    schema = StructType(
+        [StructField("k", StringType()), StructField(TTL_EVENT_US_COLUMN, LongType())]
+    )
+    operator.bind(["k"], schema)
+    frame = pd.DataFrame(
+        {"k": ["a", "b", "a"], TTL_EVENT_US_COLUMN: pd.array([5_000_000, None, 9_000_000])}
+    )
+    rows = operator.fold(iter([frame]))
+    state, output = operator.update_live(rows, operator.empty_state(), Clock(0, 1_000))
+    assert sorted(map(tuple, output[["k", "count", "version"]].to_numpy().tolist())) == [
+        ("a", 2, 1),
+        ("b", 1, 1),
+    ]
+    assert as_dict(state) == {"a": (2, 1, 19_000), "b": (1, 1, 11_000)}
