@@ -267,3 +267,44 @@ def test_event_time_timers_fire_when_the_watermark_reaches_them_across_a_restart
     ]
     assert [rows for batch_id, rows in sink.attempts if batch_id == 1] == [[], []]
     assert stored_timers(spark, checkpoint) == {"d": (2, (T0 + 51) * 1000)}
+
+
+@pytest.mark.timeout(400)
+def test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would(
+    spark: SparkSession, tmp_root: str
+) -> None:
+    """Batches 0-1 on one checkpoint, a savepoint of it, batches 2-4 on the restored one:
+    the restored timers (a column of the state like any other) fire in the same batches
+    and with the same rows as in the query that never stopped."""
+    from eospack.tools.savepoint import RestoredCheckpoint, create_savepoint, restore_savepoint
+
+    operator = reminder("event", 10_000)
+    old_checkpoint = os.path.join(tmp_root, "savepoint-old-checkpoint")
+    new_checkpoint = os.path.join(tmp_root, "savepoint-new-checkpoint")
+    savepoint = os.path.join(tmp_root, "savepoint")
+
+    def start(directory: str, checkpoint: str, indexes: range, sink: Emitted) -> None:
+        os.makedirs(directory)
+        for number, index in enumerate(indexes):
+            rows = [row for key, s in EVENT_BATCHES[index] for row in rows_of([key], T0 + s)]
+            write_batch(directory, number, rows)
+        initial_state = RestoredCheckpoint(checkpoint).initial_state()
+        result = operator("k", key_groups=4, initial_state=initial_state).apply(
+            with_watermark(source(spark, directory))
+        )
+        with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+            run(result, checkpoint, "update", sink)
+
+    old = Emitted()
+    start(os.path.join(tmp_root, "savepoint-old-input"), old_checkpoint, range(2), old)
+    assert old.final() == [(0, []), (1, [])]
+    create_savepoint(spark, old_checkpoint, savepoint)
+    restore_savepoint(savepoint, new_checkpoint, spark=spark)
+    restored = Emitted()
+    start(os.path.join(tmp_root, "savepoint-new-input"), new_checkpoint, range(2, 5), restored)
+    assert restored.final() == [
+        (0, [("a", 1, (T0 + 10) * 1000)]),
+        (1, [("b", 1, (T0 + 12) * 1000)]),
+        (2, [("c", 2, (T0 + 27) * 1000)]),
+    ]
+    assert stored_timers(spark, new_checkpoint) == {"d": (2, (T0 + 51) * 1000)}
