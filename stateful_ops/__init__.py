@@ -6,7 +6,14 @@ the replayed batch produces the same output. See docs/stateful-operators.md for 
 contracts.
 """
 
-from .base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
+from .base import (
+    DEFAULT_KEY_GROUPS,
+    FIRED_TIMER_COLUMN,
+    Clock,
+    StatefulOperator,
+    delete_timer,
+    register_timer,
+)
 from .errors import (
     OperatorDefinitionError,
     StatefulOpsError,
@@ -17,11 +24,14 @@ from .operators.deduplicate import Deduplicate, deduplicate
 from .operators.running_aggregate import RunningAggregate, running_aggregate
 from .operators.running_count import RunningCount, running_count
 from .operators.sessionize import Sessionize, sessionize
+from .state_codec import TIMER_COLUMN
 from .state_reader import read_state
 from .state_store import configure_state_store
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",
+    "FIRED_TIMER_COLUMN",
+    "TIMER_COLUMN",
     "Clock",
     "Deduplicate",
     "InitialState",
@@ -34,7 +44,9 @@ __all__ = [
     "StatefulOpsError",
     "configure_state_store",
     "deduplicate",
+    "delete_timer",
     "read_state",
+    "register_timer",
     "running_aggregate",
     "running_count",
     "sessionize",

@@ -68,7 +68,7 @@ from .initial_state import (
     split_by_key_group,
 )
 from .operators.shared import key_codes
-from .state_codec import EXPIRES_COLUMN
+from .state_codec import EXPIRES_COLUMN, TIMER_COLUMN
 from .validation import (
     INTEGRAL_TYPES,
     OPERATOR_NAME_METADATA_KEY,
@@ -91,6 +91,11 @@ warnings.filterwarnings(
 
 DEFAULT_KEY_GROUPS = 8
 KEY_GROUP_COLUMN = "__so_key_group"
+# In the frame ``on_timer`` receives: the time (ms) each key's timer was due at.
+FIRED_TIMER_COLUMN = "__so_fired_timer_ms"
+# With ttl_time="event": each row's (or partial row's) latest event time in microseconds.
+TTL_EVENT_US_COLUMN = "__so_ttl_event_us"
+TTL_TIMES = ("processing", "event")
 # Boolean column of prepared rows: true for a settings marker, false for a data row.
 MARKER_COLUMN = "__so_settings_marker"
 # Restored with a watermark: each row's watermarked event time in microseconds.
@@ -169,6 +174,10 @@ class StatefulOperator:
       fired and it received no rows; default keeps the state and emits nothing.
     - ``wake_up_ms(state, clock) -> int | None``: the earliest time (processing time, or
       event time compared with the watermark) at which some key must be looked at again.
+    - ``on_timer(due_state, clock) -> (new_state_of_those_keys, output)``: with ``timers``
+      ("processing" or "event"), called with exactly the keys whose timer is due; see
+      ``fire_timers`` for the per-key timer contract and ``register_timer`` /
+      ``delete_timer`` for setting timers from ``update`` and ``on_timer``.
 
     The base class owns key-group assignment, GroupState timeouts, schema strings, the state
     encoding and pandas conversion. Rows reaching ``update`` keep their key and value columns
@@ -190,6 +199,7 @@ class StatefulOperator:
     output_fields: ClassVar[str | StructType] = ""
     output_mode: str = "update"
     timeout: str = "none"
+    timers: str = "none"
 
     def __init__(
         self,
@@ -199,6 +209,7 @@ class StatefulOperator:
         initial_state: InitialState | None = None,
         name: str | None = None,
         ttl: object | None = None,
+        ttl_time: str = "processing",
     ) -> None:
         self.operator_name = operator_name(self.name, name)
         if output_mode is not None:
@@ -242,7 +253,30 @@ class StatefulOperator:
                     " itself); leave ttl unset"
                 )
             self.ttl_ms = duration_ms(self.name, "ttl", ttl)
-            self.timeout = "processing"
+            self.timeout = "processing" if ttl_time == "processing" else "event"
+        if ttl_time not in TTL_TIMES:
+            raise OperatorDefinitionError(
+                f"{self.name}: ttl_time={ttl_time!r}; use 'processing' or 'event'"
+            )
+        if ttl_time == "event" and ttl is None:
+            raise OperatorDefinitionError(
+                f"{self.name}: ttl_time='event' without ttl; pass ttl= (a duration) too"
+            )
+        self.ttl_time = ttl_time
+        # With ttl_time="event": the input's watermarked column (set by apply()).
+        self.event_time_field: StructField | None = None
+        if self.timers not in _TIMEOUTS:
+            raise OperatorDefinitionError(
+                f"{self.name}: timers={self.timers!r}; use one of {', '.join(_TIMEOUTS)}"
+            )
+        if self.timers != "none" and self.timeout not in ("none", self.timers):
+            raise OperatorDefinitionError(
+                f"{self.name}: timers={self.timers!r} with {self.timeout}-time"
+                f" {'ttl' if self.ttl_ms is not None else 'timeout'}: Spark keeps one timeout"
+                " kind per operator; use the same kind for both"
+            )
+        if self.timers != "none":
+            self.timeout = self.timers
         self.key = key
         self.key_groups = key_groups
         self.initial_state = initial_state
@@ -301,6 +335,14 @@ class StatefulOperator:
     def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
         return None
 
+    def on_timer(self, due_state: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Called with the keys whose timer is due (``timers`` set): their state rows, the
+        timer already deleted (``TIMER_COLUMN`` null) and the time it was due at in
+        ``FIRED_TIMER_COLUMN``. Return the new state of those keys (a key left out leaves
+        the state; ``register_timer`` sets a next timer) and the rows to emit. Default:
+        keep the keys, emit nothing."""
+        return due_state, self.empty_output()
+
     def keys_in(self, state: pd.DataFrame) -> int:
         """How many keys ``state`` holds (one row per key unless a subclass keeps more)."""
         return len(state)
@@ -311,8 +353,14 @@ class StatefulOperator:
         return pd.DataFrame({name: pd.Series(dtype=object) for name in self.out_schema.names})
 
     def empty_state(self) -> pd.DataFrame:
-        empty = self.arrow_state_schema.empty_table().to_pandas()
-        return canonical(empty, self.state_schema.fields)
+        return self.canonical_state(self.arrow_state_schema.empty_table().to_pandas())
+
+    def canonical_state(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``canonical`` for a state table, the timer column as nullable Int64."""
+        frame = canonical(frame, self.state_schema.fields)
+        if self.timers != "none" and frame[TIMER_COLUMN].dtype != "Int64":
+            frame = frame.assign(**{TIMER_COLUMN: frame[TIMER_COLUMN].astype("Int64")})
+        return frame
 
     # Driver side ---------------------------------------------------------------------------
 
@@ -320,9 +368,30 @@ class StatefulOperator:
         """Validate against ``df`` (before any query starts) and return the output DataFrame."""
         keys = key_columns(self.name, df, self.key)
         self.keys = keys
+        if self.ttl_time == "event":
+            watermarked = [f for f in df.schema.fields if WATERMARK_METADATA_KEY in f.metadata]
+            if not watermarked:
+                raise OperatorDefinitionError(
+                    f"{self.name}: ttl_time='event' needs a watermark on the input; call"
+                    f' df.withWatermark("<event-time column>", "<delay>") before {self.name}'
+                )
+            self.event_time_field = watermarked[0]
         self.validate(df)
         self.metrics_directory = RECORDER.directory()
         prepared = self.prepare(df)
+        if self.timers == "event" and not any(
+            WATERMARK_METADATA_KEY in field.metadata for field in prepared.schema.fields
+        ):
+            raise OperatorDefinitionError(
+                f"{self.name}: timers='event' needs a watermarked event-time column in what"
+                ' prepare() returns; call df.withWatermark("<column>", "<delay>") first and'
+                " keep that column in prepare()"
+            )
+        if self.ttl_time == "event" and TTL_EVENT_US_COLUMN not in prepared.columns:
+            raise OperatorDefinitionError(
+                f"{self.name}: ttl_time='event' is not supported by this operator (its rows"
+                " carry no event time); use running_count or running_aggregate"
+            )
         self.bind(keys, without_marker(prepared.schema))
         if self.initial_state is not None:
             self.emit_settings_markers = True
@@ -357,7 +426,27 @@ class StatefulOperator:
         fields = [arrow_field(f) for f in self.state_schema.fields]
         if self.ttl_ms is not None:
             fields.append(pa.field(EXPIRES_COLUMN, pa.int64(), nullable=True))
-        self.arrow_state_schema = pa.schema(fields, metadata={"key_groups": str(self.key_groups)})
+        if self.timers != "none":
+            fields.append(pa.field(TIMER_COLUMN, pa.int64(), nullable=True))
+        settings = {"key_groups": str(self.key_groups)}
+        if self.ttl_ms is not None and self.ttl_time == "event":
+            # Expiries in event time: a checked setting, so that a processing-time ttl
+            # checkpoint is not read as event time (added only for event time, so that
+            # processing-time ttl checkpoints written before keep their schema).
+            settings["ttl_time"] = "event"
+        self.arrow_state_schema = pa.schema(fields, metadata=settings)
+
+    def watermark_carrier(self) -> Column:
+        """With ttl_time="event": the input's watermarked column, for the rows that carry
+        their event time in ``TTL_EVENT_US_COLUMN`` instead. Spark runs event-time timeouts
+        only when a watermarked column reaches the operator, and drops the rows it holds at
+        or behind the watermark; this one holds 2262-01-01 (as settings markers do), so it
+        satisfies Spark and no row is dropped: running_count and running_aggregate count
+        every row of a watermarked input, with or without event-time ttl."""
+        field = self.event_time_field
+        assert field is not None
+        never_late = F.timestamp_micros(F.lit(_NEVER_LATE_US)).cast(field.dataType)
+        return never_late.alias(field.name, metadata=field.metadata)
 
     def stored_schema(self) -> pa.Schema:
         """The schema state rows are written with: the state schema plus, for a named
@@ -434,18 +523,18 @@ class StatefulOperator:
         if state.hasTimedOut:
             for _ in frames:
                 pass
-            new_state, output = self.expire(self.load(state, bucket[0]), clock)
+            new_state, output = self.step(None, self.load(state, bucket[0]), clock)
         else:
             rows = self.fold(frames)
             if len(rows):
-                new_state, output = self.update_live(rows, self.load(state, bucket[0]), clock)
+                new_state, output = self.step(rows, self.load(state, bucket[0]), clock)
             else:
                 # Only bootstrap markers or late rows: a visit without data, as Spark's.
                 if state.exists and self.timeout == "none":
                     return
                 stored = self.load(state, bucket[0])
                 if self.due(stored, clock):
-                    new_state, output = self.expire(stored, clock)
+                    new_state, output = self.step(None, stored, clock)
                 elif state.exists:
                     if len(stored):  # Spark clears the timeout on every call: set it again
                         self.set_timeout(state, stored, clock)
@@ -457,32 +546,152 @@ class StatefulOperator:
         if len(output):
             yield output[list(self.out_schema.names)]
 
+    def step(
+        self, rows: pd.DataFrame | None, stored: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """One call's change of a key group: ``rows`` (None for a visit without data: a
+        fired timeout, or a due key group visited by markers alone) applied to ``stored``.
+
+        With ``timers``: the stored keys whose timer is due fire first (``on_timer`` sees
+        them before ``update`` sees the batch's rows, as in Flink a timer precedes the
+        rows that arrive after its time); then ``update`` (or ``expire``); then the keys
+        whose timer ``update`` set at a time this batch's clock has already reached fire in
+        the same call. A key fires at most once per call: a timer ``on_timer`` sets at a
+        time already reached fires at the next batch (processing time) or the next
+        watermark advance (event time). Pure (no Spark), so a fixed clock tests it."""
+        outputs = []
+        fired: pd.DataFrame | None = None
+        if self.timers != "none":
+            stored, output, fired = self.fire_timers(stored, clock)
+            outputs.append(output)
+        if rows is None:
+            new_state, output = self.expire(stored, clock)
+        else:
+            new_state, output = self.update_live(rows, stored, clock)
+        outputs.append(output)
+        if self.timers != "none":
+            new_state, output, _ = self.fire_timers(new_state, clock, fired)
+            outputs.append(output)
+        emitted = [frame[list(self.out_schema.names)] for frame in outputs if len(frame)]
+        if not emitted:
+            return new_state, self.empty_output()
+        return new_state, emitted[0] if len(emitted) == 1 else pd.concat(emitted, ignore_index=True)
+
+    def fire_timers(
+        self, state: pd.DataFrame, clock: Clock, already_fired: pd.DataFrame | None = None
+    ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+        """Fire the due timers of ``state``: (new state, output, the keys that fired or None).
+
+        Due: a timer at or before this call's processing time ("processing") or watermark
+        ("event"; none without a watermark). The due keys (except those in
+        ``already_fired``) go to ``on_timer`` with their timer deleted; what it returns
+        replaces them, keys it leaves out leave the state. The deletion is part of the
+        state Spark commits with the batch, so a timer fires exactly once per
+        registration: a replayed batch fires it again only because the batch's state was
+        never committed, with the same clock, hence the same keys."""
+        now = clock.processing_time_ms if self.timers == "processing" else clock.watermark_ms
+        if now is None or not len(state):
+            return state, self.empty_output(), None
+        due = (state[TIMER_COLUMN] <= now).fillna(False).to_numpy(dtype=bool)
+        if already_fired is not None and len(already_fired):
+            due &= ~self.holds_key(already_fired, state)
+        if not due.any():
+            return state, self.empty_output(), None
+        timers = state[TIMER_COLUMN]
+        due_state = (
+            state[due]
+            .assign(**{FIRED_TIMER_COLUMN: timers[due].astype("int64")})
+            .assign(**{TIMER_COLUMN: pd.array([pd.NA] * int(due.sum()), dtype="Int64")})
+            .reset_index(drop=True)
+        )
+        fired_state, output = self.on_timer(due_state, clock)
+        fired_state = self.with_timers_of(fired_state, due_state)
+        kept = state[~due]
+        new_state = (
+            pd.concat([kept, fired_state], ignore_index=True)
+            if len(fired_state)
+            else kept.reset_index(drop=True)
+        )
+        return self.canonical_state(new_state), output, due_state[list(self.keys)]
+
+    def holds_key(self, holder: pd.DataFrame, frame: pd.DataFrame) -> np.ndarray:
+        """Per row of ``frame``: whether its key is one of ``holder``'s (nulls are a key)."""
+        keys = list(self.keys)
+        codes, _ = key_codes(pd.concat([holder[keys], frame[keys]], ignore_index=True), keys)
+        held = int(codes[: len(holder)].max()) + 1 if len(holder) else 0
+        return codes[len(holder) :] < held
+
+    def with_timers_of(self, new_state: pd.DataFrame, old_state: pd.DataFrame) -> pd.DataFrame:
+        """``new_state`` as a callback returned it, given the frame it received: without
+        ``TIMER_COLUMN``, each key keeps the timer it had in ``old_state`` (a new key has
+        none), so a callback that rebuilds the table need not copy the column."""
+        if self.timers == "none":
+            return new_state
+        new_state = new_state.drop(columns=[FIRED_TIMER_COLUMN], errors="ignore")
+        if TIMER_COLUMN in new_state.columns:
+            return new_state.assign(**{TIMER_COLUMN: new_state[TIMER_COLUMN].astype("Int64")})
+        keys = list(self.keys)
+        both = pd.concat([old_state[keys], new_state[keys]], ignore_index=True)
+        codes, firsts = key_codes(both, keys)
+        held = int(codes[: len(old_state)].max()) + 1 if len(old_state) else 0
+        new_codes = codes[len(old_state) :]
+        known = new_codes < held
+        timers = pd.array([pd.NA] * len(new_state), dtype="Int64")
+        old_timers = old_state[TIMER_COLUMN].astype("Int64").array
+        timers[known] = old_timers[firsts[new_codes[known]]]
+        return new_state.assign(**{TIMER_COLUMN: timers})
+
+    def updated(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """``update``, with the timers the returned state omits carried by key."""
+        new_state, output = self.update(rows, state, clock)
+        return self.with_timers_of(new_state, state), output
+
     def update_live(
         self, rows: pd.DataFrame, stored: pd.DataFrame, clock: Clock
     ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``update``; with ``ttl``, on the keys not expired yet, and every key that
         received rows expires ``ttl`` after this batch's processing time (the others keep
-        their expiry). A key that expired starts again from nothing, as if never seen."""
+        their expiry). A key that expired starts again from nothing, as if never seen.
+
+        With ``ttl_time="event"``: a key expires ``ttl`` after its latest event time (rows
+        carry it in ``TTL_EVENT_US_COLUMN``; a row without one counts as at the
+        watermark), so a late row never makes its key expire sooner."""
         if self.ttl_ms is None:
-            return self.update(rows, stored, clock)
+            return self.updated(rows, stored, clock)
         live = self.unexpired(stored, clock)
-        new_state, output = self.update(rows, live.drop(columns=[EXPIRES_COLUMN]), clock)
+        new_state, output = self.updated(rows, live.drop(columns=[EXPIRES_COLUMN]), clock)
         keys = list(self.keys)
         codes, _ = key_codes(pd.concat([new_state[keys], live[keys], rows[keys]]), keys)
         kept, live_codes = len(new_state), codes[len(new_state) : len(new_state) + len(live)]
-        expires = np.full(kept, clock.processing_time_ms + self.ttl_ms, dtype=np.int64)
+        row_slots = np.minimum(codes[kept + len(live) :], kept)
+        if self.ttl_time == "event":
+            watermark = clock.watermark_ms or 0
+            event_ms = (rows[TTL_EVENT_US_COLUMN].astype("Int64") // 1000).fillna(watermark)
+            latest = np.full(kept + 1, watermark, dtype=np.int64)
+            latest[row_slots] = np.iinfo(np.int64).min
+            np.maximum.at(latest, row_slots, event_ms.to_numpy(dtype=np.int64))
+            expires = latest[:kept] + self.ttl_ms
+        else:
+            expires = np.full(kept, clock.processing_time_ms + self.ttl_ms, dtype=np.int64)
         untouched = np.ones(kept + 1, dtype=bool)
-        untouched[np.minimum(codes[kept + len(live) :], kept)] = False
+        untouched[row_slots] = False
         known = live_codes < kept
         carried = live[EXPIRES_COLUMN].to_numpy(dtype=np.int64)[known]
-        expires[live_codes[known]] = np.where(
-            untouched[live_codes[known]], carried, expires[live_codes[known]]
-        )
+        refreshed = expires[live_codes[known]]
+        if self.ttl_time == "event":
+            refreshed = np.maximum(refreshed, carried)
+        expires[live_codes[known]] = np.where(untouched[live_codes[known]], carried, refreshed)
         return new_state.assign(**{EXPIRES_COLUMN: expires}), output
 
     def unexpired(self, stored: pd.DataFrame, clock: Clock) -> pd.DataFrame:
-        """The keys of ``stored`` whose ttl has not run out at this batch (counted)."""
-        live = stored[stored[EXPIRES_COLUMN].to_numpy(dtype=np.int64) > clock.processing_time_ms]
+        """The keys of ``stored`` whose ttl has not run out at this batch (counted): by
+        the batch's processing time, or with ``ttl_time="event"`` its watermark."""
+        now = clock.processing_time_ms if self.ttl_time == "processing" else clock.watermark_ms
+        if now is None:
+            return stored.reset_index(drop=True)
+        live = stored[stored[EXPIRES_COLUMN].to_numpy(dtype=np.int64) > now]
         if len(live) < len(stored) and self.metrics_directory is not None:
             labels = self.metrics_labels()
             RECORDER.add("eospack_state_keys_expired_total", labels, len(stored) - len(live))
@@ -609,13 +818,13 @@ class StatefulOperator:
         if self.bootstrap_directory is not None:
             initial = load_key_group(self.bootstrap_directory, key_group, self.arrow_state_schema)
             if initial is not None:
-                return canonical(initial, self.state_schema.fields)
+                return self.canonical_state(initial)
         return self.empty_state()
 
     def load_value(self, value: tuple[Any, ...]) -> pd.DataFrame:
         """Decode a stored group state row into the per-key state table."""
         table = state_codec.decode(self.name, value, self.arrow_state_schema)
-        return canonical(table, self.state_schema.fields)
+        return self.canonical_state(table)
 
     def save(self, state: GroupState, new_state: pd.DataFrame, clock: Clock) -> int:
         """Store ``new_state``; an empty one removes the row, except while bootstrapping,
@@ -631,17 +840,28 @@ class StatefulOperator:
         return len(blob)
 
     def next_wake_up_ms(self, stored: pd.DataFrame, clock: Clock) -> int | None:
-        """When the group must be visited again: the first key's expiry with ``ttl``,
-        else the operator's ``wake_up_ms``."""
+        """When the group must be visited again: the earliest of the first key's expiry
+        with ``ttl``, the first key's timer with ``timers``, and the operator's
+        ``wake_up_ms``."""
+        times = []
         if self.ttl_ms is not None:
-            return int(stored[EXPIRES_COLUMN].min())
-        return self.wake_up_ms(stored, clock)
+            times.append(int(stored[EXPIRES_COLUMN].min()))
+        if self.timers != "none":
+            first_timer = stored[TIMER_COLUMN].min()
+            if not pd.isna(first_timer):
+                times.append(int(first_timer))
+        wake_up = self.wake_up_ms(stored, clock)
+        if wake_up is not None:
+            times.append(wake_up)
+        return min(times) if times else None
 
     def set_timeout(self, state: GroupState, stored: pd.DataFrame, clock: Clock) -> None:
         wake_up = self.next_wake_up_ms(stored, clock)
         if wake_up is None:
             return
         if self.timeout == "processing":
+            # Spark fires at a batch whose time is after now + duration (strictly): a group
+            # with rows at exactly wake_up fires its due keys itself (``step``).
             state.setTimeoutDuration(max(1, wake_up - clock.processing_time_ms))
         elif self.timeout == "event":
             # Spark fires when watermark > timestamp; we want watermark >= wake_up.
@@ -657,6 +877,45 @@ def rows_where(frame: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
     that dtype selects columns, not rows, and leaves a frame without any column.
     """
     return frame.loc[mask.to_numpy(dtype=bool)]
+
+
+def register_timer(
+    state: pd.DataFrame,
+    where: Sequence[bool] | np.ndarray | pd.Series | None,
+    at_ms: int | Sequence[int] | np.ndarray | pd.Series,
+) -> pd.DataFrame:
+    """``state`` (a frame ``update`` or ``on_timer`` received, or built from one) with the
+    timer of the keys where ``where`` holds (a boolean mask by position; None: every key)
+    set to ``at_ms`` (one time in ms, or one per row of ``state``). A key holds one timer:
+    registering replaces the one it had. Returns a new frame; ``state`` is unchanged."""
+    times = pd.Series(
+        pd.array(np.broadcast_to(at_ms, (len(state),)), dtype="Int64"), index=state.index
+    )
+    return _with_timers(state, where, times)
+
+
+def delete_timer(
+    state: pd.DataFrame, where: Sequence[bool] | np.ndarray | pd.Series | None = None
+) -> pd.DataFrame:
+    """``state`` with no timer for the keys where ``where`` holds (None: every key)."""
+    nothing = pd.Series(pd.array([pd.NA] * len(state), dtype="Int64"), index=state.index)
+    return _with_timers(state, where, nothing)
+
+
+def _with_timers(
+    state: pd.DataFrame, where: Sequence[bool] | np.ndarray | pd.Series | None, times: pd.Series
+) -> pd.DataFrame:
+    if TIMER_COLUMN not in state.columns:
+        raise OperatorDefinitionError(
+            f"register_timer/delete_timer: the frame has no {TIMER_COLUMN} column; set the"
+            " operator's class attribute timers = 'processing' or 'event' and pass the state"
+            " frame update or on_timer received"
+        )
+    current = state[TIMER_COLUMN].astype("Int64")
+    if where is None:
+        return state.assign(**{TIMER_COLUMN: times})
+    mask = np.asarray(where, dtype=bool)
+    return state.assign(**{TIMER_COLUMN: current.where(~mask, times)})
 
 
 def without_marker(schema: StructType) -> StructType:

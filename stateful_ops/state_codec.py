@@ -25,6 +25,17 @@ EXPIRES_COLUMN = "__so_expires_at_ms"
 """With ``ttl``: the state field after the operator's own, when each key expires (the
 processing time, in ms, of its last batch with rows plus the ttl)."""
 
+TIMER_COLUMN = "__so_timer_at_ms"
+"""With per-key timers (``StatefulOperator.timers``): the last state field (after
+``EXPIRES_COLUMN`` with ttl), when the key's timer is due in ms (processing time, or event
+time compared with the watermark); null: the key has no timer. A savepoint carries it like
+every state column."""
+
+
+SETTING_DEFAULTS = {b"ttl_time": b"processing"}
+"""Checked settings a state's schema metadata holds only when not at their default (so that
+states written before the setting existed keep their schema)."""
+
 
 def encode(table: pd.DataFrame, schema: pa.Schema) -> bytes:
     """Serialize ``table`` (columns named as in ``schema``) to Arrow IPC stream bytes."""
@@ -56,8 +67,9 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
             " restart from a new checkpoint location"
         )
     arrow_table = pa.ipc.open_stream(bytes(blob)).read_all()
-    stored_settings = arrow_table.schema.metadata or {}
-    for name, value in (schema.metadata or {}).items():
+    stored_settings = {**SETTING_DEFAULTS, **(arrow_table.schema.metadata or {})}
+    declared_settings = {**SETTING_DEFAULTS, **(schema.metadata or {})}
+    for name, value in declared_settings.items():
         if stored_settings.get(name) != value:
             stored = stored_settings.get(name, b"?").decode()
             raise StateSchemaMismatchError(

@@ -7,11 +7,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from eospack.stateful_ops import OperatorDefinitionError
-from eospack.stateful_ops.base import EXPIRES_COLUMN, Clock
+from eospack.stateful_ops.base import EXPIRES_COLUMN, TTL_EVENT_US_COLUMN, Clock
 from eospack.stateful_ops.operators.deduplicate import Deduplicate
+from eospack.stateful_ops.operators.partial_aggregation import PARTIAL_COUNT
 from eospack.stateful_ops.operators.running_count import RunningCount
 
 
@@ -94,3 +95,129 @@ def test_a_savepoint_without_expiries_restored_with_ttl_gets_the_full_ttl_and_ba
     assert back.columns == ["k", "count", "version"]
     assert sorted(back.collect()) == sorted(saved.collect())
     assert with_expiry_of(plain, saved) is saved
+
+
+def event_bound(ttl: object) -> RunningCount:
+    """running_count with ttl_time="event", bound as its partial-count step sends rows."""
+    operator = RunningCount("k", ttl=ttl, ttl_time="event")
+    schema = StructType(
+        [
+            StructField("k", StringType()),
+            StructField(PARTIAL_COUNT, LongType()),
+            StructField(TTL_EVENT_US_COLUMN, LongType()),
+        ]
+    )
+    operator.bind(["k"], schema)
+    return operator
+
+
+def event_batch(
+    operator: RunningCount,
+    state: pd.DataFrame,
+    partials: list[tuple[str, int, int | None]],
+    watermark_ms: int,
+) -> tuple:
+    """One batch of partial counts (key, rows, latest event second) at ``watermark_ms``;
+    the processing time is far ahead and must not matter."""
+    frame = pd.DataFrame(
+        {
+            "k": [key for key, _, _ in partials],
+            PARTIAL_COUNT: [count for _, count, _ in partials],
+            TTL_EVENT_US_COLUMN: pd.array(
+                [None if second is None else second * 1_000_000 for _, _, second in partials],
+                dtype="Int64",
+            ),
+        }
+    )
+    rows = operator.fold(iter([frame]))
+    new_state, output = operator.update_live(rows, state, Clock(10**13, watermark_ms))
+    return new_state, sorted(map(tuple, output[["k", "count", "version"]].to_numpy().tolist()))
+
+
+def test_event_time_ttl_expires_a_key_once_the_watermark_passes_its_latest_event() -> None:
+    operator = event_bound("10 seconds")
+    assert operator.timeout == "event"
+    # a's rows come from two input partitions (latest events 100 s and 90 s).
+    state, output = event_batch(
+        operator, operator.empty_state(), [("a", 2, 100), ("b", 1, 50), ("a", 1, 90)], 0
+    )
+    assert output == [("a", 3, 1), ("b", 1, 1)]
+    assert as_dict(state) == {"a": (3, 1, 110_000), "b": (1, 1, 60_000)}
+    assert operator.next_wake_up_ms(state, Clock(0, 0)) == 60_000
+    assert not operator.due(state, Clock(10**13, 59_999)) and operator.due(state, Clock(0, 60_000))
+    # At watermark 60 s b is gone (it starts again); a late row of a keeps a's expiry, and a
+    # row without event time counts as at the watermark.
+    state, output = event_batch(operator, state, [("a", 1, 20), ("b", 1, None)], 60_000)
+    assert output == [("a", 4, 2), ("b", 1, 1)]
+    assert as_dict(state) == {"a": (4, 2, 110_000), "b": (1, 1, 70_000)}
+    kept, _ = operator.expire(state, Clock(0, 70_000))
+    assert as_dict(kept) == {"a": (4, 2, 110_000)}
+    kept, _ = operator.expire(kept, Clock(0, 110_000))
+    assert not len(kept)
+
+
+def test_ttl_time_is_checked_in_one_line() -> None:
+    with pytest.raises(OperatorDefinitionError) as error:
+        RunningCount("k", ttl="1 minute", ttl_time="wall")
+    assert str(error.value) == "running_count: ttl_time='wall'; use 'processing' or 'event'"
+    with pytest.raises(OperatorDefinitionError) as error:
+        RunningCount("k", ttl_time="event")
+    assert str(error.value) == (
+        "running_count: ttl_time='event' without ttl; pass ttl= (a duration) too"
+    )
+    schema = event_bound("1 minute").arrow_state_schema
+    assert schema.metadata == {b"key_groups": b"8", b"ttl_time": b"event"}
+    assert bound("1 minute").arrow_state_schema.metadata == {b"key_groups": b"8"}
+
+
+def test_partial_counts_carry_each_keys_latest_event_time() -> None:
+    import pyarrow as pa
+
+    from eospack.stateful_ops.operators.partial_aggregation import partial_counts
+
+    count = partial_counts(["k"], event_column="e")
+    batches = [
+        pa.record_batch({"k": ["a", "b", "a"], "e": [5, None, 9]}),
+        pa.record_batch({"k": ["a", "c"], "e": [7, 1]}),
+    ]
+    table = pa.Table.from_batches(list(count(iter(batches))))
+    assert sorted(zip(*table.to_pydict().values(), strict=True)) == [
+        ("a", 3, 9),
+        ("b", 1, None),
+        ("c", 1, 1),
+    ]
+
+
+def test_a_state_is_refused_by_a_query_with_the_other_ttl_time() -> None:
+    from eospack.stateful_ops import StateSchemaMismatchError, state_codec
+
+    event, processing = event_bound("1 minute"), bound("1 minute")
+    for written, reading, message in [
+        (event, processing, "written with ttl_time=event, this query declares ttl_time=processing"),
+        (processing, event, "written with ttl_time=processing, this query declares ttl_time=event"),
+    ]:
+        blob = state_codec.encode(written.empty_state(), written.arrow_state_schema)
+        row = (state_codec.STATE_FORMAT_VERSION, "running_count", blob)
+        with pytest.raises(StateSchemaMismatchError, match=message):
+            reading.load_value(row)
+        assert len(written.load_value(row)) == 0
+
+
+def test_rows_sent_without_partial_counts_carry_their_keys_latest_event_time() -> None:
+    """Keys of nested types skip the partial step: the rows themselves reach the operator,
+    and folding them keeps each key's latest event time."""
+    operator = RunningCount("k", ttl="10 seconds", ttl_time="event")
+    schema = StructType(
+        [StructField("k", StringType()), StructField(TTL_EVENT_US_COLUMN, LongType())]
+    )
+    operator.bind(["k"], schema)
+    frame = pd.DataFrame(
+        {"k": ["a", "b", "a"], TTL_EVENT_US_COLUMN: pd.array([5_000_000, None, 9_000_000])}
+    )
+    rows = operator.fold(iter([frame]))
+    state, output = operator.update_live(rows, operator.empty_state(), Clock(0, 1_000))
+    assert sorted(map(tuple, output[["k", "count", "version"]].to_numpy().tolist())) == [
+        ("a", 2, 1),
+        ("b", 1, 1),
+    ]
+    assert as_dict(state) == {"a": (2, 1, 19_000), "b": (1, 1, 11_000)}

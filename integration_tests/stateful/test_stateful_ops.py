@@ -14,7 +14,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -35,12 +35,19 @@ from eospack.stateful_ops import (
     running_count,
     sessionize,
 )
+from eospack.stateful_ops.state_codec import EXPIRES_COLUMN
 from eospack.stateful_ops.state_store import state_store_conf
+from integration_tests.stateful_parts import (
+    NO_DATA_BATCHES,
+    QUERY_TIMEOUT,
+    T0,
+    Emitted,
+    run,
+    source,
+    with_watermark,
+    write_batch,
+)
 
-SCHEMA = "k string, n int, v double, t long"
-T0 = 1_700_000_000
-QUERY_TIMEOUT = 120
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
@@ -71,53 +78,11 @@ def make_batches(seed: int = 7, rows: int = 40) -> list[list[dict[str, Any]]]:
 BATCHES = make_batches()
 
 
-def write_batch(directory: str, index: int, rows: list[dict[str, Any]]) -> None:
-    path = os.path.join(directory, f"batch-{index:04d}.json")
-    with open(path, "w") as handle:
-        handle.write("\n".join(json.dumps(row) for row in rows))
-    os.utime(path, (1_000_000 + index, 1_000_000 + index))
-
-
-def source(spark: SparkSession, directory: str) -> DataFrame:
-    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(directory)
-
-
-def with_watermark(df: DataFrame) -> DataFrame:
-    return df.withColumn("ts", F.timestamp_seconds("t")).withWatermark("ts", "5 seconds")
-
-
-@dataclass
-class Emitted:
-    """Everything a query emitted, per batch attempt, rows sorted for comparison."""
-
-    attempts: list[tuple[int, list[tuple[Any, ...]]]] = field(default_factory=list)
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.attempts.append((batch_id, sorted(map(tuple, batch.collect()), key=repr)))
-
-    def final(self) -> list[tuple[int, list[tuple[Any, ...]]]]:
-        """What an idempotent sink holds: the last attempt of each batch id, in order."""
-        last = dict(self.attempts)
-        return [(batch_id, last[batch_id]) for batch_id in sorted(last)]
-
-
 def rounded(emitted: list[tuple[int, list[tuple[Any, ...]]]]) -> list[Any]:
     return [
         (batch_id, [tuple(round(x, 9) if isinstance(x, float) else x for x in row) for row in rows])
         for batch_id, rows in emitted
     ]
-
-
-def run(result: DataFrame, checkpoint: str, mode: str, sink: Emitted) -> StreamingQuery:
-    query = (
-        result.writeStream.outputMode(mode)
-        .foreachBatch(sink)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(query, QUERY_TIMEOUT)
-    return query
 
 
 @dataclass(frozen=True)
@@ -679,3 +644,68 @@ def test_checkpoint_from_before_markers_records_settings_and_then_refuses_change
             start(key_groups=16)
         assert CHANGED_KEY_GROUPS_ERROR.format(operator="deduplicate") in str(error.value)
     assert 3 not in dict(sink.attempts)
+
+
+EVENT_TTL_CASES = {
+    "running_count": (
+        lambda df: running_count(df, "k", key_groups=4, ttl="10 seconds", ttl_time="event"),
+        [
+            [("x", 2, 1), ("y", 1, 1)],
+            [("z", 1, 1)],
+            [("x", 1, 1), ("z", 2, 2)],
+            [("z", 3, 3)],
+        ],
+    ),
+    "running_aggregate": (
+        lambda df: running_aggregate(
+            df, "k", {"v": "sum"}, key_groups=4, ttl="10 seconds", ttl_time="event"
+        ),
+        [
+            [("x", 4.0, 1), ("y", 2.0, 1)],
+            [("z", 2.0, 1)],
+            [("x", 2.0, 1), ("z", 4.0, 2)],
+            [("z", 6.0, 3)],
+        ],
+    ),
+}
+EVENT_TTL_BATCHES = [
+    [("x", 0), ("y", 1), ("x", 2)],  # expiries: x T0+12 s, y T0+11 s
+    [("z", 20)],  # watermark T0-3 s: nothing expires
+    [("x", 21), ("z", 21)],  # watermark T0+15 s: x and y expired, x starts again
+    [("z", 5)],  # late (watermark T0+16 s): counted, z's expiry stays T0+31 s
+]
+
+
+@pytest.mark.parametrize("name", sorted(EVENT_TTL_CASES))
+def test_event_time_ttl_forgets_a_key_once_the_watermark_passes_its_latest_event(
+    spark: SparkSession, tmp_root: str, name: str
+) -> None:
+    """Four batches, the query restarted after the second: y and x expire when the
+    watermark passes their latest event + 10 s (x starts again from nothing), and a row
+    behind the watermark still counts without moving its key's expiry back."""
+    build, expected = EVENT_TTL_CASES[name]
+    directory = os.path.join(tmp_root, f"{name}-event-ttl-input")
+    checkpoint = os.path.join(tmp_root, f"{name}-event-ttl-checkpoint")
+    os.makedirs(directory)
+    sink = Emitted()
+
+    def start() -> None:
+        with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+            run(build(with_watermark(source(spark, directory))), checkpoint, "update", sink)
+
+    with pytest.raises(OperatorDefinitionError) as error:
+        build(source(spark, directory))
+    assert str(error.value) == (
+        f"{name}: ttl_time='event' needs a watermark on the input; call"
+        f' df.withWatermark("<event-time column>", "<delay>") before {name}'
+    )
+    for index, rows in enumerate(EVENT_TTL_BATCHES):
+        write_batch(directory, index, [{"k": k, "n": 1, "v": 2.0, "t": T0 + s} for k, s in rows])
+        if index in (1, 3):
+            start()
+    assert sink.final() == list(enumerate(expected))
+    state = read_state(spark, checkpoint)
+    assert dict(zip(state["k"], state[EXPIRES_COLUMN], strict=True)) == {
+        "x": (T0 + 31) * 1000,
+        "z": (T0 + 31) * 1000,
+    }

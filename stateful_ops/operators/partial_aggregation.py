@@ -11,6 +11,7 @@ pandas path, so both paths give the same state.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,33 +26,39 @@ NESTED_TYPES = (ArrayType, MapType, StructType)
 
 
 def partial_counts(
-    keys: list[str], settings_marker: bool = False
+    keys: list[str], settings_marker: bool = False, event_column: str | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A mapInArrow function: rows per key (nulls are a key) in one partition's batches.
 
     With ``settings_marker``, a partition that has rows also yields one settings marker: a
     copy of its first output row with ``MARKER_COLUMN`` true (false on every count row), so
-    the marker costs one row per partition and no extra pass over the data.
+    the marker costs one row per partition and no extra pass over the data. With
+    ``event_column`` (a long column: event time in microseconds), each key's row also
+    carries its latest event time in that column (null when none of its rows has one).
     """
+    aggregates: list[tuple[Any, str]] = [([], "count_all")]
+    combines = [("count_all", "sum")]
+    if event_column is not None:
+        aggregates.append((event_column, "max"))
+        combines.append((f"{event_column}_max", "max"))
 
     def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partials = []
         for batch in batches:
             if batch.num_rows:
                 table = pa.Table.from_batches([batch])
-                partials.append(
-                    table.group_by(keys, use_threads=False).aggregate([([], "count_all")])
-                )
+                partials.append(table.group_by(keys, use_threads=False).aggregate(aggregates))
         if not partials:
             return
         combined = pa.concat_tables(partials)
+        count_name, event_name = "count_all", f"{event_column}_max"
         if len(partials) > 1:
-            combined = combined.group_by(keys, use_threads=False).aggregate([("count_all", "sum")])
-            combined = combined.rename_columns(
-                ["count_all" if name == "count_all_sum" else name for name in combined.column_names]
-            )
+            combined = combined.group_by(keys, use_threads=False).aggregate(combines)
+            count_name, event_name = f"{count_name}_sum", f"{event_name}_max"
         columns = {key: combined[key] for key in keys}
-        columns[PARTIAL_COUNT] = combined["count_all"].cast(pa.int64())
+        columns[PARTIAL_COUNT] = combined[count_name].cast(pa.int64())
+        if event_column is not None:
+            columns[event_column] = combined[event_name].cast(pa.int64())
         counts = pa.table(columns)
         yield from (with_marker(counts) if settings_marker else counts).to_batches()
 

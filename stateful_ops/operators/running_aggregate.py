@@ -12,9 +12,16 @@ from typing import ClassVar
 
 import pandas as pd
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, DataType, DoubleType, LongType, StructField, StructType
 
-from ..base import DEFAULT_KEY_GROUPS, MARKER_COLUMN, Clock, StatefulOperator
+from ..base import (
+    DEFAULT_KEY_GROUPS,
+    MARKER_COLUMN,
+    TTL_EVENT_US_COLUMN,
+    Clock,
+    StatefulOperator,
+)
 from ..errors import OperatorDefinitionError
 from ..initial_state import InitialState
 from ..validation import INTEGRAL_TYPES, NUMERIC_TYPES, require_column
@@ -43,8 +50,9 @@ class RunningAggregate(StatefulOperator):
         initial_state: InitialState | None = None,
         name: str | None = None,
         ttl: object | None = None,
+        ttl_time: str = "processing",
     ) -> None:
-        super().__init__(key, key_groups, output_mode, initial_state, name, ttl)
+        super().__init__(key, key_groups, output_mode, initial_state, name, ttl, ttl_time)
         if not isinstance(aggs, Mapping) or not aggs:
             raise OperatorDefinitionError(
                 f'{self.name}: aggs={aggs!r}; pass a mapping like {{"amount": ["sum", "max"]}}'
@@ -95,19 +103,32 @@ class RunningAggregate(StatefulOperator):
         selected = df.select(*self.keys, *self.aggs)
         self.column_types = {column: df.schema[column].dataType for column in self.aggs}
         self.partial = not any(isinstance(f.dataType, NESTED_TYPES) for f in selected.schema)
-        if not self.partial:
-            return selected
+        spec = self._partial_spec()
         partial_fields = self.aggregate_fields(self.column_types)
+        if self.event_time_field is not None:
+            # ttl_time="event": each key's latest event time rides along (see RunningCount).
+            event_time = F.col(self.event_time_field.name).cast("timestamp")
+            event_us = F.unix_micros(event_time).alias(TTL_EVENT_US_COLUMN)
+            selected = df.select(*self.keys, *self.aggs, event_us)
+            spec.append((TTL_EVENT_US_COLUMN, TTL_EVENT_US_COLUMN, "max"))
+            partial_fields.append(StructField(TTL_EVENT_US_COLUMN, LongType(), True))
+        if not self.partial:
+            return self.with_watermark_carrier(selected)
         fields = [*(selected.schema[key] for key in self.keys), *partial_fields]
         if self.emit_settings_markers:
             fields.append(StructField(MARKER_COLUMN, BooleanType(), False))
         aggregate = partial_aggregates(
             list(self.keys),
-            self._partial_spec(),
+            spec,
             StructType(partial_fields),
             settings_marker=self.emit_settings_markers,
         )
-        return selected.mapInArrow(aggregate, StructType(fields))
+        return self.with_watermark_carrier(selected.mapInArrow(aggregate, StructType(fields)))
+
+    def with_watermark_carrier(self, prepared: DataFrame) -> DataFrame:
+        if self.event_time_field is None:
+            return prepared
+        return prepared.select("*", self.watermark_carrier())
 
     def _needs_sum(self, column: str) -> bool:
         return bool({"sum", "mean"} & set(self.aggs[column]))
@@ -175,10 +196,13 @@ class RunningAggregate(StatefulOperator):
 
     def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
         grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
+        latest = {}
+        if TTL_EVENT_US_COLUMN in rows:
+            latest[TTL_EVENT_US_COLUMN] = (TTL_EVENT_US_COLUMN, "max")
         if self.partial:
-            return grouped.agg(**self._combine_spec()).reset_index()
+            return grouped.agg(**self._combine_spec(), **latest).reset_index()
         first = next(iter(self.aggs))
-        spec: dict[str, tuple[str, str]] = {"rows": (first, "size")}
+        spec: dict[str, tuple[str, str]] = {"rows": (first, "size"), **latest}
         for column, functions in self.aggs.items():
             spec[f"n__{column}"] = (column, "count")
             if self._needs_sum(column):
@@ -229,10 +253,12 @@ def running_aggregate(
     initial_state: InitialState | None = None,
     name: str | None = None,
     ttl: object | None = None,
+    ttl_time: str = "processing",
 ) -> DataFrame:
     """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
 
-    ``output_mode``, ``initial_state``, ``name``, ``ttl``: as for ``running_count``.
+    ``output_mode``, ``initial_state``, ``name``, ``ttl``, ``ttl_time``: as for
+    ``running_count``.
     """
     return RunningAggregate(
         key,
@@ -242,4 +268,5 @@ def running_aggregate(
         initial_state=initial_state,
         name=name,
         ttl=ttl,
+        ttl_time=ttl_time,
     ).apply(df)

@@ -14,11 +14,13 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
 from ..base import (
     DEFAULT_KEY_GROUPS,
     MARKER_COLUMN,
+    TTL_EVENT_US_COLUMN,
     Clock,
     StatefulOperator,
     canonical,
@@ -48,16 +50,32 @@ class RunningCount(StatefulOperator):
 
         The stateless ``mapInArrow`` step shrinks what is shuffled, sorted and handed to
         pandas from one row per input row to one row per key and partition. Nested key types
-        (which Arrow cannot group by) skip it.
+        (which Arrow cannot group by) skip it. With ``ttl_time="event"`` each row also
+        carries its key's latest event time (``TTL_EVENT_US_COLUMN``) and the watermark
+        reaches the operator on ``watermark_carrier``.
         """
+        event_column = TTL_EVENT_US_COLUMN if self.event_time_field is not None else None
         keys = df.select(*self.keys)
+        if self.event_time_field is not None:
+            event_time = F.col(self.event_time_field.name).cast("timestamp")
+            keys = df.select(*self.keys, F.unix_micros(event_time).alias(TTL_EVENT_US_COLUMN))
         if any(isinstance(f.dataType, NESTED_TYPES) for f in keys.schema.fields):
-            return keys
-        fields = [*keys.schema.fields, StructField(PARTIAL_COUNT, LongType(), False)]
+            return self.with_watermark_carrier(keys)
+        fields = [*keys.schema.fields[: len(self.keys)]]
+        fields.append(StructField(PARTIAL_COUNT, LongType(), False))
+        if event_column is not None:
+            fields.append(StructField(event_column, LongType(), True))
         if self.emit_settings_markers:
             fields.append(StructField(MARKER_COLUMN, BooleanType(), False))
-        count = partial_counts(list(self.keys), settings_marker=self.emit_settings_markers)
-        return keys.mapInArrow(count, StructType(fields))
+        count = partial_counts(
+            list(self.keys), settings_marker=self.emit_settings_markers, event_column=event_column
+        )
+        return self.with_watermark_carrier(keys.mapInArrow(count, StructType(fields)))
+
+    def with_watermark_carrier(self, prepared: DataFrame) -> DataFrame:
+        if self.event_time_field is None:
+            return prepared
+        return prepared.select("*", self.watermark_carrier())
 
     def fold(self, frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
         """Partial counts are passed on as they are (one row per key and input partition):
@@ -65,6 +83,8 @@ class RunningCount(StatefulOperator):
         if PARTIAL_COUNT not in self.input_schema.names:
             return super().fold(frames)
         columns = [*self.keys, PARTIAL_COUNT]
+        if TTL_EVENT_US_COLUMN in self.input_schema.names:
+            columns.append(TTL_EVENT_US_COLUMN)
         parts = [frame[columns] for frame in frames if len(frame)]
         if not parts:
             return super().fold(iter([]))
@@ -75,7 +95,11 @@ class RunningCount(StatefulOperator):
     def pre_aggregate(self, rows: pd.DataFrame) -> pd.DataFrame:
         grouped = rows.groupby(list(self.keys), dropna=False, sort=False)
         counts = grouped[PARTIAL_COUNT].sum() if PARTIAL_COUNT in rows else grouped.size()
-        return counts.rename(NEW_ROWS).reset_index()
+        counts = counts.rename(NEW_ROWS).reset_index()
+        if TTL_EVENT_US_COLUMN in rows:
+            latest = grouped[TTL_EVENT_US_COLUMN].max().reset_index(drop=True)
+            counts[TTL_EVENT_US_COLUMN] = latest.to_numpy()
+        return counts
 
     def update(
         self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
@@ -111,6 +135,7 @@ def running_count(
     initial_state: InitialState | None = None,
     name: str | None = None,
     ttl: object | None = None,
+    ttl_time: str = "processing",
 ) -> DataFrame:
     """Key column(s), ``count`` and ``version`` per key changed in the batch.
 
@@ -132,6 +157,11 @@ def running_count(
     ``ttl`` (a duration: ``"30 minutes"`` or a ``timedelta``): forget a key that received
     no row for that long in processing time (the batches' timestamps); it then counts from
     1 again, version 1, if it comes back. Unset (default): keys are kept forever.
+
+    ``ttl_time``: ``"processing"`` (default, as above) or ``"event"``: a key expires once
+    the watermark reaches its latest event time plus ``ttl`` (the event time is the input's
+    watermarked column; ``withWatermark`` is required). Rows behind the watermark still
+    count, as without ttl.
     """
     return RunningCount(
         key,
@@ -140,4 +170,5 @@ def running_count(
         initial_state=initial_state,
         name=name,
         ttl=ttl,
+        ttl_time=ttl_time,
     ).apply(df)
