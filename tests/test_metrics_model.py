@@ -98,7 +98,7 @@ def test_flush_soon_rewrites_the_file_once_for_the_recordings_that_come_meanwhil
     recorder = Recorder()
     writes: list[int] = []
     flush = recorder.flush
-    monkeypatch.setattr(recorder, "flush", lambda: (writes.append(1), flush()))
+    monkeypatch.setattr(recorder, "flush", lambda: (flush(), writes.append(1)))
     for key_group in range(50):
         labels = {"query": "q", "operator": "running_count", "key_group": str(key_group)}
         recorder.set("eospack_state_keys", labels, key_group)
