@@ -111,8 +111,13 @@ def test_operator_duration_text_is_amount_times_unit(
     amount: int, unit: str, gap: str, upper: bool
 ) -> None:
     text = f"{amount}{gap}{unit}"
+    expected = amount * OPERATOR_UNITS_MS[unit]
+    if expected > 36_500 * OPERATOR_UNITS_MS["days"]:  # the longest duration accepted
+        with pytest.raises(OperatorDefinitionError, match="longer than 36500 days"):
+            duration_ms("running_count", "timeout", text.upper() if upper else text)
+        return
     parsed = duration_ms("running_count", "timeout", text.upper() if upper else text)
-    assert parsed == amount * OPERATOR_UNITS_MS[unit]
+    assert parsed == expected
 
 
 @FAST
