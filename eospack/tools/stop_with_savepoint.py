@@ -290,7 +290,7 @@ class StopRequestListener(StreamingQueryListener):
     10 s by default), which bounds how soon an idle query honours a request."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self.spark = spark
+        self.session = spark
         self.checkpoints: dict[str, str] = {}
         self.honoured: dict[str, tuple[str, str]] = {}
         """run id -> (checkpoint, request id) of a query this listener stopped."""
@@ -311,7 +311,7 @@ class StopRequestListener(StreamingQueryListener):
         if honoured is None:
             return
         location, request_id = honoured
-        files = checkpoint_files(location, self.spark)
+        files = checkpoint_files(location, self.session)
         exception = event.exception
         files.write_text(
             STOPPED,
@@ -331,13 +331,13 @@ class StopRequestListener(StreamingQueryListener):
         if run_id in self.honoured:
             return
         try:
-            query = self.spark.streams.get(query_id)
+            query = self.session.streams.get(query_id)
             if query is None or str(query.runId) != run_id:
                 return
             location = self.checkpoints.get(run_id)
             if location is None:
                 location = self.checkpoints[run_id] = checkpoint_of(query)
-            files = checkpoint_files(location, self.spark)
+            files = checkpoint_files(location, self.session)
             request = _read_json(files, STOP_REQUEST)
             if request is None or float(request.get("deadline", 0)) < time.time():
                 return
