@@ -16,25 +16,34 @@ know the query's checkpoint, it would cover only queries reading that source, ho
 offsets does not stop no-data batches, and failing ``latestOffset`` ends the query as failed.
 
 The decision: a graceful stop. Spark's micro-batch loop checks whether the query is active
-once per trigger, before it plans a batch (``MicroBatchExecution.executeOneBatch``), and a
-batch it planned always runs to its commit-log entry unless the thread is interrupted.
-``stop_after_batch`` marks the query terminated (``StreamExecution.state``, the same
-transition Spark makes itself when a ``Trigger.AvailableNow`` query runs out of data)
-without interrupting it: the running batch, data or no-data, finishes and commits, the loop
-plans nothing more, and the query ends normally (no exception, sources stopped,
-``QueryTerminatedEvent``). Afterwards the offset log's last batch is checked to be committed
-before the savepoint is written; anything else is refused in one line with the remedy.
+once per trigger before it plans a batch (``MicroBatchExecution.executeOneBatch``), and
+Spark 4.3 checks again after planning it, interrupting the batch before its job when the
+query was stopped meanwhile (``integration_tests/ops/test_stop_after_batch_planning.py``
+shows that batch left logged and not committed). Planning (the sources' ``latestOffset``,
+the offset log) runs under the query's progress lock, which the loop also takes to write a
+batch's commit-log entry. ``stop_after_batch`` holds that lock and marks the query
+terminated (``StreamExecution.state``, the transition Spark makes itself when a
+``Trigger.AvailableNow`` query runs out of data) only while the query thread is parked
+where that cannot cut a batch: waiting for the lock to commit its batch (its job done),
+waiting for it after a trigger, or sleeping until the next trigger (read from the thread's
+state and stack). A thread waiting for the lock to plan has passed the first check, so
+that batch is let through and the stop comes after it. Nothing is interrupted: the last
+batch, data or no-data, commits, the loop plans nothing more, and the query ends normally
+(no exception, sources stopped, ``QueryTerminatedEvent``). Afterwards the offset log's last
+batch is checked to be committed before the savepoint is written; anything else is
+refused in one line with the remedy.
 
 Guarantees: the savepoint is of the last batch the query committed, and nothing after it was
 planned, so nothing was applied by a sink that the savepoint does not cover; the checkpoint
 is left as any cleanly stopped query leaves it.
 
-Limits: it reaches into Spark's driver (``StreamExecution.state`` through py4j), so it needs
-a classic session (not Spark Connect) on Spark 4.0 to 4.3's micro-batch engine; it refuses
+Limits: it reaches into Spark's driver (``StreamExecution``'s state, progress lock and
+thread, through py4j), so it needs a classic session (not Spark Connect) and py4j's pinned
+threads (the default; a lock is released by the thread that took it), and it refuses
 asynchronous progress tracking (its commit log is written behind the batches) and
-continuous processing. A batch that does not finish within ``timeout`` is not cut short:
-the query still stops when it commits, and the savepoint is then made with
-``eospack savepoint create``. A query that fails during its last batch gets no savepoint.
+continuous processing. Only Spark 4.3 was tried. A batch that does not reach its commit
+within ``timeout`` is not cut short: the query is left running, untouched, and the call
+raises. A query that fails during its last batch gets no savepoint.
 
 Across processes (``eospack savepoint create --stop``): the CLI cannot reach another
 process's query, so it writes a stop request into the checkpoint
