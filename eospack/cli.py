@@ -588,7 +588,7 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="create: stop the query running on the checkpoint after its current batch, then"
         " write the savepoint (Flink's stop-with-savepoint); the query's driver must run"
-        " eospack.tools.stop_with_savepoint.honour_stop_requests(spark)",
+        " eospack.honour_stop_requests(spark)",
     )
     parser.add_argument(
         "--timeout",

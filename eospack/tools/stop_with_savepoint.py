@@ -411,7 +411,7 @@ def request_stop_with_savepoint(
                 raise StopWithSavepointError(
                     f"no query on {files.location} stopped within {timeout:g} s: run the"
                     " query with eospack's StopRequestListener"
-                    " (eospack.tools.stop_with_savepoint.honour_stop_requests(spark)), or stop"
+                    " (eospack.honour_stop_requests(spark)), or stop"
                     " it between batches and run eospack savepoint create (request withdrawn)"
                 )
             time.sleep(poll_seconds)
