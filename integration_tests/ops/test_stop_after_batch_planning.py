@@ -145,3 +145,39 @@ def test_stop_after_batch_while_planning_lets_the_planned_batch_run_and_commit(
     assert planned_and_committed(checkpoint) == (2, 2)
     assert not (directory / "planning-4").exists()
     assert json.loads((checkpoint / "offsets" / "2").read_text().splitlines()[2]) == {"n": 3}
+
+
+@pytest.mark.timeout(300)
+def test_stop_after_batch_catches_back_to_back_no_data_batches_under_the_default_trigger(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A ttl (processing-time timeouts) and the default trigger: Spark plans a no-data batch
+    right after each batch, so the query is never idle; it still stops between two."""
+    from eospack.stateful_ops import running_count
+
+    checkpoint = tmp_path / "checkpoint"
+    events = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 5)
+        .load()
+        .selectExpr("CAST(value % 7 AS STRING) AS key")
+    )
+    query = (
+        running_count(events, "key", key_groups=2, ttl="1 hour")
+        .writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        wait_until(
+            lambda: len([p for p in query.recentProgress if p["numInputRows"] == 0]) >= 3,
+            120,
+            "no-data batches",
+        )
+        stop_after_batch(query, timeout=60)
+        assert query.awaitTermination(60) and query.exception() is None
+    finally:
+        query.stop()
+    planned, committed = planned_and_committed(checkpoint)
+    assert planned == committed
