@@ -33,6 +33,7 @@ from eospack.tools.stop_with_savepoint import (
     stop_after_batch,
     stop_with_savepoint,
 )
+from eospack.tools.supervisor import FixedDelay, supervise
 from integration_tests.jdbc_fixtures import pg_ledger, pg_leftovers
 
 pytestmark = pytest.mark.integration
@@ -284,3 +285,51 @@ def test_cli_stop_is_honoured_by_the_listener_and_refused_in_one_line_without_it
     check_savepoint_and_continuations(
         pipeline, url, tmp_path, (checkpoint, table), savepoint, manifest
     )
+
+
+@pytest.mark.timeout(600)
+def test_a_supervised_query_stopped_with_a_savepoint_ends_supervise_without_a_restart(
+    spark: Any, kafka: Any, postgres: Any, tmp_path: Path, unique_name: str
+) -> None:
+    """supervise runs in the test's thread (a query started from another Python thread does
+    not find the Python data sources registered in the session); the CLI runs beside it."""
+    bootstrap, url = kafka.endpoint.bootstrap_servers, postgres.endpoint.url
+    create_topic(bootstrap, unique_name, 2)
+    pipeline = CountingPipeline(spark, kafka, postgres, unique_name)
+    checkpoint, table, savepoint = tmp_path / "live", f"{unique_name}_live", tmp_path / "sp"
+    started: list[Any] = []
+    outcome: dict[str, Any] = {}
+
+    def start_queries() -> Any:
+        started.append(pipeline.start(checkpoint, table))
+        return started[-1]
+
+    def stop_with_the_cli() -> None:
+        try:
+            wait_until(lambda: started, 120, "the supervised query to start")
+            wait_for_batches(started[0], 2)
+            command = ["savepoint", "create", "--stop", "--timeout", "120"]
+            outcome["exit"] = main([*command, str(checkpoint), str(savepoint)])
+        except BaseException as error:
+            outcome["error"] = error
+        finally:
+            if outcome.get("exit") != 0:
+                for query in started:
+                    query.stop()
+
+    listener = honour_stop_requests(spark)
+    cli = threading.Thread(target=stop_with_the_cli, daemon=True)
+    try:
+        with Producer(bootstrap, unique_name):
+            cli.start()
+            restarts = supervise(start_queries, FixedDelay(attempts=3, delay=1.0))
+            cli.join(120)
+    finally:
+        spark.streams.removeListener(listener)
+        for query in started:
+            query.stop()
+    assert not cli.is_alive() and outcome == {"exit": 0}
+    assert restarts == 0 and len(started) == 1
+    manifest = Manifest.read(savepoint)
+    assert committed_batches(checkpoint) == (manifest.batch_id, manifest.batch_id)
+    assert table_counts(url, table) == dict(counts_below(bootstrap, unique_name, manifest))
