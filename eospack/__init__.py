@@ -89,6 +89,11 @@ if TYPE_CHECKING:
     from eospack.tools.doctor import WorkerPythonError
     from eospack.tools.savepoint import RestoredCheckpoint
     from eospack.tools.spark import local_session
+    from eospack.tools.stop_with_savepoint import (
+        StopWithSavepointError,
+        honour_stop_requests,
+        stop_with_savepoint,
+    )
     from eospack.tools.supervisor import (
         ExponentialDelay,
         FailureRate,
@@ -119,6 +124,9 @@ _HOMES: dict[str, str] = {
     "OperatorDefinitionError": "eospack.stateful_ops",
     "StateSchemaMismatchError": "eospack.stateful_ops",
     "RestoredCheckpoint": "eospack.tools.savepoint",
+    "stop_with_savepoint": "eospack.tools.stop_with_savepoint",
+    "honour_stop_requests": "eospack.tools.stop_with_savepoint",
+    "StopWithSavepointError": "eospack.tools.stop_with_savepoint",
     "WorkerPythonError": "eospack.tools.doctor",
     "ServiceStartError": "eospack.lab.services.base",
     "DecidedPieceLostError": "eospack.commit_protocols.resource",
@@ -161,13 +169,16 @@ __all__ = [
     "StateSchemaMismatchError",
     "StatefulOperator",
     "StatefulOpsError",
+    "StopWithSavepointError",
     "WorkerPythonError",
     "deduplicate",
+    "honour_stop_requests",
     "local_session",
     "register",
     "running_aggregate",
     "running_count",
     "sessionize",
+    "stop_with_savepoint",
     "supervise",
 ]
 

@@ -413,7 +413,8 @@ def deprecated_flag_options(arguments: argparse.Namespace) -> dict[str, dict[str
 
 
 def savepoint(arguments: argparse.Namespace) -> int:
-    """Create a savepoint of a stopped query, or prepare a new checkpoint from one."""
+    """Create a savepoint of a stopped query (with ``--stop``: stop a running one after its
+    batch first), or prepare a new checkpoint from one."""
     from eospack.core.checkpoint_files import is_local
     from eospack.tools.savepoint import (
         SavepointError,
@@ -426,13 +427,30 @@ def savepoint(arguments: argparse.Namespace) -> int:
     try:
         conf = spark_settings(arguments.conf)
         mode = restore_mode(arguments)
+        if arguments.stop and arguments.action != "create":
+            raise ValueError("--stop is for create: drop it from restore")
+        if arguments.timeout <= 0:
+            raise ValueError(f"--timeout {arguments.timeout:g}: give a positive number of seconds")
     except ValueError as error:
         print(f"{command}: {error}", file=sys.stderr)
         return 2
     try:
         from eospack.tools.spark import local_session
 
-        if arguments.action == "create":
+        if arguments.action == "create" and arguments.stop:
+            from eospack.tools.stop_with_savepoint import request_stop_with_savepoint
+
+            spark = local_session("eospack savepoint", conf=conf)
+            print(
+                f"{command} --stop: asking the query on {arguments.source} to stop after its"
+                f" batch (up to {arguments.timeout:g} s)",
+                flush=True,
+            )
+            manifest = request_stop_with_savepoint(
+                spark, arguments.source, arguments.target, arguments.timeout
+            )
+            print(f"{command}: wrote {arguments.target}\n{describe(manifest)}", flush=True)
+        elif arguments.action == "create":
             print(f"{command}: reading the state of {arguments.source} with Spark", flush=True)
             manifest = create_savepoint(
                 local_session("eospack savepoint", conf=conf), arguments.source, arguments.target
@@ -564,6 +582,20 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         help="restore: let the restored query drop the state of savepoint operators it does"
         " not name and start its operators the savepoint has no state for empty (Flink's"
         " --allowNonRestoredState); without it RestoredCheckpoint.initial_states refuses both",
+    )
+    parser.add_argument(
+        "--stop",
+        action="store_true",
+        help="create: stop the query running on the checkpoint after its current batch, then"
+        " write the savepoint (Flink's stop-with-savepoint); the query's driver must run"
+        " eospack.honour_stop_requests(spark)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="create --stop: how long to wait for the query to stop (default 300)",
     )
 
 
