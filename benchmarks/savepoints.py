@@ -83,8 +83,7 @@ def measure_size(keys: int, work: Path) -> dict[str, float]:
     """One size's figures (seconds, bytes), in this process."""
     from pyspark.sql import functions as F
 
-    from eospack.lab.testing import await_query, session_settings
-    from eospack.stateful_ops import running_count
+    from eospack.lab.testing import count_keys_to_noop, session_settings
     from eospack.stateful_ops.state_store import state_store_conf
     from eospack.tools.savepoint import RestoredCheckpoint, create_savepoint, restore_savepoint
     from eospack.tools.spark import local_session
@@ -98,19 +97,10 @@ def measure_size(keys: int, work: Path) -> dict[str, float]:
     spark.range(1).select(key).write.parquet(str(work / "input-2"))
 
     def run(input_directory: str, checkpoint: Path, key_groups: int) -> None:
-        restored = RestoredCheckpoint(checkpoint)
-        events = spark.readStream.schema("key string").parquet(str(work / input_directory))
-        counts = running_count(
-            events, "key", key_groups=key_groups, initial_state=restored.initial_state()
+        initial_state = RestoredCheckpoint(checkpoint).initial_state()
+        count_keys_to_noop(
+            spark, str(work / input_directory), str(checkpoint), key_groups, initial_state
         )
-        query = (
-            counts.writeStream.format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .outputMode("update")
-            .trigger(availableNow=True)
-            .start()
-        )
-        await_query(query, 3600)
 
     say(f"savepoints: building the state of {keys:,} keys")
     run("input-1", work / "checkpoint", KEY_GROUPS)
@@ -156,28 +146,36 @@ def run(report: Report, sizes: list[int]) -> None:
     """Each size in a child process; its figures become the report's rows."""
     for keys in sizes:
         work = Path(tempfile.mkdtemp(prefix="eospack-savepoint-bench-"))
+        figures_file = work / "figures.json"
         try:
             result = subprocess.run(
                 [sys.executable, "-m", "benchmarks.savepoints", "--keys", str(keys)],
                 cwd=Path(__file__).resolve().parent.parent,
-                env={**os.environ, "EOSPACK_BENCH_WORK": str(work)},
-                capture_output=True,
+                env={
+                    **os.environ,
+                    "EOSPACK_BENCH_WORK": str(work),
+                    "EOSPACK_BENCH_FIGURES": str(figures_file),
+                },
+                stdout=sys.stdout,  # the child's progress lines
+                stderr=subprocess.PIPE,
                 text=True,
                 check=False,
             )
+            figures = json.loads(figures_file.read_text()) if result.returncode == 0 else None
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        if result.returncode != 0:
-            report.notes.append(f"savepoints {keys:,} keys: FAILED: {result.stderr[-500:]}")
+        if figures is None:
+            error = result.stderr.strip().splitlines()[-1:] or ["no error output"]
+            report.notes.append(f"savepoints {keys:,} keys: FAILED: {error[0][:300]}")
             say(f"savepoints {keys:,} keys: FAILED\n{result.stderr[-2000:]}")
             continue
-        figures = json.loads(result.stdout.strip().splitlines()[-1])
         add_rows(report, keys, figures)
 
 
 def add_rows(report: Report, keys: int, figures: dict[str, float]) -> None:
     size = f"{keys:,} keys"
     scan = Figure("state data source: full scan", (figures["scan_seconds"],), 1, "s")
+    memory = []
     for name, label in (
         ("create", "savepoint create"),
         ("restore", "savepoint restore (copy, split, first batch)"),
@@ -191,16 +189,18 @@ def add_rows(report: Report, keys: int, figures: dict[str, float]) -> None:
                 scan,
                 target=2.0,
                 higher_is_better=False,
-                note=(
-                    f"driver peak above idle: Python {figures[f'{name}_python_peak_mib']:.0f}"
-                    f" MiB, JVM {figures[f'{name}_java_peak_mib']:.0f} MiB (local[2]: the JVM"
-                    " runs the executors too)"
-                ),
             )
         )
+        memory.append(
+            f"{name} Python {figures[f'{name}_python_peak_mib']:.0f} MiB,"
+            f" JVM {figures[f'{name}_java_peak_mib']:.0f} MiB"
+        )
     report.notes.append(
-        f"savepoints {size}: {figures['savepoint_bytes'] / MiB:.1f} MiB of savepoint;"
-        f" full scan {figures['scan_seconds']:.1f} s"
+        f"savepoints {size} (one measurement each): {figures['savepoint_bytes'] / MiB:.1f} MiB"
+        f" of savepoint; full scan {figures['scan_seconds']:.1f} s (JVM"
+        f" {figures['scan_java_peak_mib']:.0f} MiB); peak memory above the idle session:"
+        f" {'; '.join(memory)} (local[2]: the JVM runs the executors and RocksDB too, the"
+        " Python process is the driver's own)"
     )
 
 
@@ -209,7 +209,12 @@ def main() -> int:
     parser.add_argument("--keys", type=int, required=True)
     arguments = parser.parse_args()
     work = Path(os.environ.get("EOSPACK_BENCH_WORK") or tempfile.mkdtemp())
-    print(json.dumps(measure_size(arguments.keys, work)))
+    figures = json.dumps(measure_size(arguments.keys, work))
+    target = os.environ.get("EOSPACK_BENCH_FIGURES")
+    if target:
+        Path(target).write_text(figures)
+    else:
+        print(figures)
     return 0
 
 

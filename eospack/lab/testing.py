@@ -56,3 +56,28 @@ def session_settings(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
                 spark.conf.unset(name)
             else:
                 spark.conf.set(name, value)
+
+
+def count_keys_to_noop(
+    spark: Any,
+    input_directory: str,
+    checkpoint: str,
+    key_groups: int,
+    initial_state: Any = None,
+    timeout: float = 3600,
+) -> None:
+    """Run ``running_count`` over the ``key string`` Parquet files of ``input_directory``
+    into Spark's ``noop`` sink to their end (Trigger.AvailableNow) on ``checkpoint``: a
+    state of as many keys as the files hold, and nothing collected to the driver."""
+    from eospack.stateful_ops import running_count
+
+    events = spark.readStream.schema("key string").parquet(input_directory)
+    counts = running_count(events, "key", key_groups=key_groups, initial_state=initial_state)
+    query = (
+        counts.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .outputMode("update")
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_query(query, timeout)

@@ -18,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pyspark.sql import functions as F
 
-from eospack.lab.testing import await_query
-from eospack.stateful_ops import running_count
+from eospack.lab.testing import count_keys_to_noop
 from eospack.stateful_ops.state_reader import state_frame
 from eospack.tools.savepoint import (
     Manifest,
@@ -42,7 +41,6 @@ def main() -> int:
     spark = local_session(
         "eospack-savepoint-scale", conf={"spark.driver.maxResultSize": arguments.max_result_size}
     )
-    schema = "key string"
     keys = spark.range(arguments.keys).select(
         F.concat(F.lit("user-"), F.lpad(F.col("id").cast("string"), KEY_PADDING, "0")).alias("key")
     )
@@ -52,19 +50,10 @@ def main() -> int:
     ).write.parquet(str(work / "input-2"))
 
     def run(input_directory: str, checkpoint: Path, key_groups: int) -> None:
-        restored = RestoredCheckpoint(checkpoint)
-        events = spark.readStream.schema(schema).parquet(str(work / input_directory))
-        counts = running_count(
-            events, "key", key_groups=key_groups, initial_state=restored.initial_state()
+        initial_state = RestoredCheckpoint(checkpoint).initial_state()
+        count_keys_to_noop(
+            spark, str(work / input_directory), str(checkpoint), key_groups, initial_state, 600
         )
-        query = (
-            counts.writeStream.format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .outputMode("update")
-            .trigger(availableNow=True)
-            .start()
-        )
-        await_query(query, 600)
 
     run("input-1", work / "checkpoint-1", key_groups=8)
     create_savepoint(spark, work / "checkpoint-1", work / "savepoint")
