@@ -139,11 +139,8 @@ def split_by_key_group(
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     written = staging / "groups"
-    (
-        split.repartition(KEY_GROUP_PARTITION)
-        .write.partitionBy(KEY_GROUP_PARTITION)
-        .parquet(spark_path(written))
-    )
+    # No shuffle: each task writes a file per key group its part of the savepoint holds.
+    split.write.partitionBy(KEY_GROUP_PARTITION).parquet(spark_path(written))
     (written / SPLIT_COMPLETE).touch()
     try:
         os.rename(written, directory)
