@@ -67,13 +67,38 @@ def read_state(
 def read_state_table(
     spark: SparkSession, checkpoint_location: str, batch_id: int | None = None, operator_id: int = 0
 ) -> pa.Table | None:
-    """``state_frame`` collected into one Arrow table, its schema's metadata the
-    ``StoredState.metadata``; None when the operator has stored nothing."""
-    stored = state_frame(spark, checkpoint_location, batch_id, operator_id)
-    if stored is None:
+    """The state of operator ``operator_id`` after ``batch_id`` (default last) as one Arrow
+    table, collected into the driver in one Spark job (``state_frame`` for a large state),
+    its schema's metadata the ``StoredState.metadata``; None when the operator has stored
+    nothing (no batch with rows yet)."""
+    rows = stored_groups(spark, checkpoint_location, batch_id, operator_id).collect()
+    tables = []
+    settings_names: list[str | None] = []
+    names: set[str | None] = set()
+    for key_group, format_version, operator, blob in rows:
+        if format_version != STATE_FORMAT_VERSION:
+            raise StateSchemaMismatchError(
+                f"{operator}: stored state has format version {format_version}; cannot read it"
+            )
+        table = pa.ipc.open_stream(bytes(blob)).read_all()
+        metadata = {**(table.schema.metadata or {}), b"operator": str(operator).encode()}
+        stored = metadata.pop(OPERATOR_NAME_METADATA_KEY, None)
+        name = stored.decode() if stored is not None else None
+        if key_group == SETTINGS_KEY_GROUP:
+            settings_names.append(name)
+        else:
+            names.add(name)
+        tables.append(table.replace_schema_metadata(metadata))
+    if not tables:
         return None
-    table = stored.frame.toArrow().cast(stored.schema)
-    return table.replace_schema_metadata(stored.metadata)
+    result = pa.concat_tables(tables)
+    name = settings_names[0] if settings_names else None
+    if not settings_names and len(names) == 1:
+        name = next(iter(names))
+    if name is None:
+        return result
+    metadata = {**(result.schema.metadata or {}), OPERATOR_NAME_METADATA_KEY: name.encode()}
+    return result.replace_schema_metadata(metadata)
 
 
 def state_frame(
