@@ -180,11 +180,10 @@ def test_fixed_ttl_through_a_restore_with_other_key_groups_expires_restored_keys
     hour = 3_600_000
 
     write_batch(source / "new", 0, ["a", "c"])
-    run_from = int(time.time() * 1000)
+    run_from = later_than(split_until)
     seen, _ = run(restored_query(source / "new"), checkpoint)
     run_until = int(time.time() * 1000)
     assert seen == {0: [("a", 4, 2), ("c", 1, 1)]}
-    assert run_from > split_until
     state = stored(spark, checkpoint)
     assert {key: value[:2] for key, value in state.items()} == {
         "a": (4, 2),
@@ -196,6 +195,16 @@ def test_fixed_ttl_through_a_restore_with_other_key_groups_expires_restored_keys
     assert state["a"][2] == state["c"][2]
     assert run_from + hour <= state["a"][2] <= run_until + hour
     assert split_from + hour <= state["b"][2] <= split_until + hour
+
+
+def later_than(milliseconds: int) -> int:
+    """The clock's milliseconds once past ``milliseconds``, so that the windows of the two
+    starts cannot share a millisecond (equal ends made the check ambiguous, and CI saw one)."""
+    deadline = time.monotonic() + 5
+    while (now := int(time.time() * 1000)) <= milliseconds:
+        assert time.monotonic() < deadline, "the clock did not advance"
+        time.sleep(0.001)
+    return now
 
 
 def fake_savepoint(directory: Path, state: bytes) -> Path:
