@@ -33,6 +33,7 @@ ALL = (
     "jdbc-changes",
     "latency",
     "stateful",
+    "sparse-state",
     "recovery",
     "s3",
     "e2e",
@@ -95,6 +96,7 @@ def main() -> int:
         rolling_restart,
         s3_sink,
         savepoints,
+        sparse_state,
         stateful,
     )
     from eospack.lab.services import start_kafka, start_mariadb, start_postgres, start_s3
@@ -208,6 +210,8 @@ def main() -> int:
         if "stateful" in selected:
             rows, keys = (100_000, 1_000) if quick else (1_000_000, 10_000)
             stateful.run(report, spark, workdir, rows, keys, repetitions)
+        if "sparse-state" in selected:
+            sparse_state.run(report, spark, workdir, 100_000 if quick else 1_000_000)
         if "s3" in selected:
             rows = 100_000 if quick else 1_000_000
             s3_sink.run(

@@ -17,7 +17,10 @@ def say(message: str) -> None:
 
 @dataclass(frozen=True)
 class Figure:
-    """Repeated timings of one contender doing ``units`` of work each time."""
+    """Repeated timings of one contender doing ``units`` of work each time.
+
+    With ``unit`` "bytes", ``seconds`` holds sizes in bytes instead (one per repetition).
+    """
 
     label: str
     seconds: tuple[float, ...]
@@ -35,12 +38,15 @@ class Figure:
     def describe(self) -> str:
         if self.unit == "s":
             return f"{self.median_seconds:.2f} s"
+        if self.unit == "bytes":
+            return f"{_human(self.median_seconds)}B"
         return f"{_human(self.rate)} {self.unit}"
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """``subject`` against ``baseline``; the ratio is rate/rate, or time/time for unit "s"."""
+    """``subject`` against ``baseline``; the ratio is rate/rate, or time/time (bytes/bytes)
+    for unit "s" ("bytes")."""
 
     benchmark: str
     size: str
@@ -52,7 +58,7 @@ class Comparison:
 
     @property
     def ratio(self) -> float:
-        if self.subject.unit == "s":
+        if self.subject.unit in ("s", "bytes"):
             return self.subject.median_seconds / self.baseline.median_seconds
         return self.subject.rate / self.baseline.rate
 
