@@ -489,8 +489,15 @@ def savepoint(arguments: argparse.Namespace) -> int:
 def restore_snippet(operators: Sequence[Any]) -> str:
     """How a restored query takes each savepoint operator's state, one line per operator
     with its own kind (``running_aggregate(...)``, not always ``running_count``): named ones
-    through ``initial_states``, unnamed ones by position."""
-    names = [operator.operator_name for operator in operators if operator.operator_name]
+    through ``initial_states``, unnamed ones by position. With both, the names list
+    stands at each position (operator id) of the query, None for an unnamed operator (which
+    claims the savepoint's unnamed state there, else it would be refused as unclaimed)."""
+    names: list[str | None] = [
+        operator.operator_name for operator in operators if operator.operator_name
+    ]
+    if names and any(not operator.operator_name for operator in operators):
+        by_position = {operator.operator_id: operator.operator_name for operator in operators}
+        names = [by_position.get(position) or None for position in range(max(by_position) + 1)]
     lines = [f"  states = restored.initial_states({names!r})"] if names else []
     for operator in operators:
         if operator.operator_name:

@@ -417,23 +417,37 @@ def names_generator() -> Iterator[str]:
             names_generator(),
             "names=<generator object names_generator",
         ),
-        (
-            ["by-a", None],
-            "names=['by-a', None] holds None: give every operator of the query a name",
-        ),
     ],
 )
-def test_fixed_names_given_as_a_string_set_generator_or_with_none_are_refused_in_one_line(
+def test_fixed_names_given_as_a_string_set_or_generator_are_refused_in_one_line(
     names: Any, message: str
 ) -> None:
     """``initial_states("by-a")`` iterated the characters (``{'b': None, 'y': None, ...}``,
-    then a KeyError for 'by-a'); a generator was consumed by the checks; None in the
-    list raised TypeError while joining the error message."""
+    then a KeyError for 'by-a'); a generator was consumed by the checks."""
     for snapshots in ([], [snapshot(0, "by-a")]):
         with pytest.raises(SavepointError) as refused:
             map_operators(snapshots, names, allow_missing=True)
         assert str(refused.value).startswith(message)
         assert "\n" not in str(refused.value)
+
+
+def test_fixed_none_in_names_stands_for_an_unnamed_operator_and_refusals_stay_one_line() -> None:
+    """None in the list raised TypeError while joining the error message; it now stands for
+    an unnamed query operator (which takes its state with ``initial_state(i)``): it claims
+    the unnamed savepoint operator at its position, gets no entry, and a refusal around it
+    is one line naming the rest."""
+    saved = [snapshot(0, None), snapshot(1, "counts")]
+    assert map_operators(saved, [None, "counts"]) == {"counts": saved[1]}
+    assert map_operators([], [None, "counts", None], allow_missing=True) == {"counts": None}
+    with pytest.raises(SavepointError) as refused:
+        map_operators([snapshot(0, "by-a")], [None, "by-b"])
+    assert str(refused.value).startswith(
+        "savepoint operator(s) by-a claimed by no operator of this query (their state would"
+        " be dropped); operator(s) by-b have no state in the savepoint"
+    )
+    assert "\n" not in str(refused.value)
+    with pytest.raises(SavepointError, match="by-a given more than once"):
+        map_operators([], [None, "by-a", None, "by-a"], allow_missing=True)
 
 
 def test_fixed_a_single_name_as_a_string_is_refused_also_on_an_unrestored_checkpoint(
@@ -572,46 +586,135 @@ def test_fixed_allow_missing_as_the_string_false_does_not_allow_dropping_state(
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (eospack/tools/savepoint.py RestoredCheckpoint.initial_states): a restored"
-    " checkpoint keeps checking names against its savepoint at every start, so renaming an"
-    " operator on it after its bootstrap completed is refused ('by-a claimed by no operator,"
-    " tallies would start empty') although the checkpoint holds the state and the docs say"
-    " renaming between restarts only relabels. Fix: a savepoint operator whose bootstrap"
-    " completed on this checkpoint (_bootstrapped-* in its work directory) is no longer"
-    " required, and names then get None (their state is in the checkpoint)",
-)
-def test_open_renaming_an_operator_between_restarts_of_a_restored_checkpoint_relabels(
+def bootstrapped(state: InitialState | None, key_groups: int = 8) -> None:
+    """What the operator's start records once its bootstrap completed (``bootstrap_needed``)."""
+    assert state is not None
+    marker = Path(state.work_directory) / f"_bootstrapped-{key_groups}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
+def committed(checkpoint: Path, batch_id: int = 0) -> None:
+    (checkpoint / "commits").mkdir(exist_ok=True)
+    (checkpoint / "commits" / str(batch_id)).write_text("v1\n{}")
+
+
+def test_fixed_renaming_an_operator_between_restarts_of_a_restored_checkpoint_relabels(
     tmp_path: Path,
 ) -> None:
+    """A restored checkpoint kept checking names against its savepoint at every start, so
+    a rename after the bootstrap was refused ('by-a claimed by no operator, tallies would
+    start empty') although the checkpoint holds by-a's state and Spark hands it to the
+    renamed operator by position."""
     checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-a")])
-    first = RestoredCheckpoint(checkpoint).initial_states(["by-a"])["by-a"]
-    assert first is not None
-    (Path(first.work_directory) / "_bootstrapped-8").parent.mkdir(parents=True)
-    (Path(first.work_directory) / "_bootstrapped-8").touch()
-    (checkpoint / "commits").mkdir()
-    (checkpoint / "commits" / "0").write_text("v1\n{}")
+    bootstrapped(RestoredCheckpoint(checkpoint).initial_states(["by-a"])["by-a"])
+    committed(checkpoint)
     assert RestoredCheckpoint(checkpoint).initial_states(["tallies"]) == {"tallies": None}
+    assert RestoredCheckpoint(checkpoint).initial_states(["by-a"])["by-a"] is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (map_operators' contract, RestoredCheckpoint.initial_states): a query that"
-    " names only some operators cannot restore: initial_states(['counts']) refuses the"
-    " savepoint's unnamed operator 0 as unclaimed although initial_state(0) hands it to the"
-    " unnamed operator; the only way through is allow_missing=True, which also hides a"
-    " real loss. Fix: let initial_states skip unnamed savepoint operators when names do not"
-    " cover their positions (or take None placeholders for unnamed query operators)",
-)
-def test_open_a_query_naming_only_some_operators_restores_without_allow_missing(
+def test_held_renaming_an_operator_before_its_bootstrap_completed_is_refused(
     tmp_path: Path,
 ) -> None:
+    """Attack on the rename fix: until the checkpoint holds by-a's state (no batch
+    committed, or batches committed but by-a's key groups not all visited: no record and
+    no state to read) the savepoint's copy is the only one, so a rename would drop it."""
+    checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-a")])
+    assert RestoredCheckpoint(checkpoint).initial_states(["by-a"])["by-a"] is not None
+    for _ in ("no batch committed", "a batch committed, by-a not bootstrapped"):
+        with pytest.raises(SavepointError) as refused:
+            RestoredCheckpoint(checkpoint).initial_states(["tallies"])
+        assert str(refused.value).startswith(
+            "savepoint operator(s) by-a claimed by no operator of this query (their state"
+            " would be dropped)"
+        )
+        assert "\n" not in str(refused.value)
+        committed(checkpoint)
+
+
+def test_held_dropping_a_named_operator_after_its_bootstrap_is_the_checkpoints_business(
+    tmp_path: Path,
+) -> None:
+    """Attack on the rename fix: once every savepoint operator's state is in the checkpoint,
+    dropping one is a change to a running checkpoint, as on any checkpoint (names are not
+    checked against it); dropping one whose bootstrap has not completed is refused,
+    naming it, since its state exists only in the savepoint."""
+    saved = [snapshot(0, "by-a"), snapshot(1, "by-b")]
+    checkpoint = restored_checkpoint(tmp_path, saved)
+    states = RestoredCheckpoint(checkpoint).initial_states(["by-a", "by-b"])
+    committed(checkpoint)
+    bootstrapped(states["by-a"])
+    with pytest.raises(SavepointError) as refused:
+        RestoredCheckpoint(checkpoint).initial_states(["by-a"])
+    assert str(refused.value).startswith(
+        "savepoint operator(s) by-b claimed by no operator of this query"
+    )
+    bootstrapped(states["by-b"])
+    kept = RestoredCheckpoint(checkpoint).initial_states(["by-a"])
+    assert list(kept) == ["by-a"]
+    assert Path(kept["by-a"].path).read_bytes() == b"state of 0"  # type: ignore[union-attr]
+
+
+def test_held_a_name_added_after_the_restore_committed_starts_from_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A name the savepoint lacks is refused while the restore has committed nothing (a
+    typo would start empty); once a batch committed, it is an operator added to a running
+    checkpoint: None, and Spark's state decides, as without a restore."""
+    checkpoint = restored_checkpoint(tmp_path, [snapshot(0, "by-a")])
+    with pytest.raises(SavepointError, match="operator[(]s[)] extra have no state"):
+        RestoredCheckpoint(checkpoint).initial_states(["by-a", "extra"])
+    committed(checkpoint)
+    states = RestoredCheckpoint(checkpoint).initial_states(["by-a", "extra"])
+    assert states["extra"] is None and states["by-a"] is not None
+
+
+def test_held_a_name_reused_by_another_operator_kind_is_refused_by_its_columns(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Attack: the savepoint's running_count by-a handed by name to a deduplicate named
+    by-a. The mapping cannot see kinds (names only), so the split refuses it in one line
+    before any query starts: its columns are not the deduplicate's state."""
+    saved = snapshot(0, "by-a")
+    checkpoint = restored_checkpoint(tmp_path, [saved])
+    state_file = checkpoint / RESTORED_DIRECTORY / saved.file
+    pq.write_table(
+        pa.table({"k": ["x"], "count": pa.array([2], pa.int64()), "version": [2]}),
+        state_file,
+    )
+    state = RestoredCheckpoint(checkpoint).initial_states(["by-a"])["by-a"]
+    firsts = Deduplicate("k", ttl="1 hour", name="by-a", initial_state=state)
+    firsts.bind(["k"], KEY_ONLY)
+    with pytest.raises(OperatorDefinitionError) as refused:
+        split_by_key_group(spark, state, firsts)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "holds columns k string, count bigint, version bigint but this operator" in message
+    assert "\n" not in message
+
+
+def test_fixed_a_query_naming_only_some_operators_restores_without_allow_missing(
+    tmp_path: Path,
+) -> None:
+    """A query naming only some operators could not restore: the savepoint's unnamed
+    operator 0 was refused as unclaimed although the query's unnamed operator takes it
+    with initial_state(0), and allow_missing=True, the only way through, also hides a real
+    loss. None in names stands for the unnamed operator; without it, operator 0 is
+    genuinely unclaimed and refused in one line saying how to list it."""
     checkpoint = restored_checkpoint(tmp_path, [snapshot(0, None), snapshot(1, "counts")])
     restored = RestoredCheckpoint(checkpoint)
-    assert restored.initial_state(0) is not None
-    states = restored.initial_states(["counts"])
+    assert Path(restored.initial_state(0).path).read_bytes() == b"state of 0"  # type: ignore[union-attr]
+    states = restored.initial_states([None, "counts"])
+    assert list(states) == ["counts"]
     assert Path(states["counts"].path).read_bytes() == b"state of 1"  # type: ignore[union-attr]
+    with pytest.raises(SavepointError) as refused:
+        restored.initial_states(["counts"])
+    message = str(refused.value)
+    assert message.startswith(
+        "savepoint operator(s) unnamed operator 0 claimed by no operator of this query (their"
+        " state would be dropped) (an unnamed operator of this query that takes it stands in"
+        " names as None at its position: names[0] = None, and takes initial_state(0))"
+    )
+    assert "\n" not in message
 
 
 def test_fixed_restoring_by_position_into_a_differently_named_operator_is_refused(
@@ -683,7 +786,9 @@ def test_fixed_the_restore_snippet_names_each_operator_kind_and_unnamed_position
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The printed snippet said ``running_count(..., name='sums', ...)`` for a
-    running_aggregate and left out unnamed operators."""
+    running_aggregate and left out unnamed operators; then its ``initial_states(['sums'])``
+    refused the unnamed operator 2 as unclaimed: names stand at their positions, None for
+    the unnamed ones."""
     sums = OperatorSnapshot(1, "running_aggregate", 2, "state/operator-1.parquet", [], 8, "sums")
     firsts = OperatorSnapshot(2, "deduplicate", 2, "state/operator-2.parquet", [], 8, None)
     checkpoint = restored_checkpoint(tmp_path / "first", [sums, firsts])
@@ -692,7 +797,7 @@ def test_fixed_the_restore_snippet_names_each_operator_kind_and_unnamed_position
     assert main(["savepoint", "restore", str(savepoint), str(tmp_path / "second")]) == 0
     out = capsys.readouterr().out
     assert out.endswith(
-        "  states = restored.initial_states(['sums'])\n"
+        "  states = restored.initial_states([None, 'sums', None])\n"
         "  running_aggregate(..., name='sums', initial_state=states['sums'])\n"
         "  deduplicate(..., initial_state=restored.initial_state(2))\n"
     )

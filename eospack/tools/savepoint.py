@@ -36,11 +36,16 @@ ahead of the new query's (Spark's watermark is in the checkpoint, which starts a
 Operator names (Flink's uid): ``RestoredCheckpoint.initial_states(names)`` maps the
 savepoint's state to the new query's operators by name, whatever their positions; a
 savepoint operator without a name (written before names, or by an unnamed operator) maps
-by position as before. A savepoint operator no query operator claims, or a query operator
-the savepoint has no state for, is refused in one line unless missing state is allowed
-(``allow_missing=True``, or ``eospack savepoint restore --allow-missing``, Flink's
-``--allowNonRestoredState``): then the former's state is dropped and the latter starts
-empty. See ``map_operators``.
+by position as before (``names[i]``; None there stands for the query's unnamed operator
+``i``, which takes it with ``initial_state(i)``). A savepoint operator no query operator
+claims, or a query operator the savepoint has no state for, is refused in one line unless
+missing state is allowed (``allow_missing=True``, or ``eospack savepoint restore
+--allow-missing``, Flink's ``--allowNonRestoredState``): then the former's state is
+dropped and the latter starts empty. The checks hold while the savepoint's copy matters:
+a savepoint operator whose state the checkpoint holds (its bootstrap completed) needs no
+claimant, and once a batch committed a new name is the checkpoint's business, so renaming
+or dropping an operator between restarts of a restored checkpoint behaves as on any
+checkpoint. See ``map_operators``.
 
 Exactly-once across a restore: the new query starts where the savepoint's batch ended, so
 nothing the old query committed before the savepoint is read again. ``create_savepoint``
@@ -59,12 +64,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from eospack.connectors.kafka.source.options import UNLISTED
@@ -76,8 +82,14 @@ from eospack.core.checkpoint_files import (
     spark_path,
 )
 from eospack.core.errors import EospackError
-from eospack.stateful_ops.initial_state import InitialState
-from eospack.stateful_ops.state_reader import state_frame
+from eospack.stateful_ops.initial_state import (
+    BOOTSTRAP_COMPLETE,
+    SETTINGS_ROW,
+    InitialState,
+    bootstrap_needed,
+    operator_id_of,
+)
+from eospack.stateful_ops.state_reader import state_frame, stored_groups
 from eospack.stateful_ops.validation import operator_name
 from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
 
@@ -332,29 +344,50 @@ def checked_allow_missing(value: object) -> bool | None:
 
 
 def map_operators(
-    snapshots: Sequence[OperatorSnapshot], names: Sequence[str], allow_missing: bool = False
+    snapshots: Sequence[OperatorSnapshot],
+    names: Sequence[str | None],
+    allow_missing: bool = False,
+    *,
+    held_by_checkpoint: Callable[[OperatorSnapshot], bool] | None = None,
+    restore_committed: bool = False,
 ) -> dict[str, OperatorSnapshot | None]:
-    """Which savepoint operator each of the query's operators ``names`` continues from.
+    """Which savepoint operator each of the query's named operators ``names`` continues
+    from (Flink's uid semantics).
 
     A named savepoint operator maps to the query operator of that name. An unnamed one
     (a savepoint from before names, or an unnamed operator) maps by position: operator id
     ``i`` to ``names[i]``, so ``names`` lists the query's operators in the order it defines
-    them (Spark's operator ids), which only matters for unnamed state. Refused, each in
-    one line naming the operators and the fix: an invalid or repeated name in ``names``,
-    a savepoint holding two operators of one name, and, unless ``allow_missing``, a
-    savepoint operator no name claims (its state would be lost) or a name the savepoint
-    has no state for (it would start empty). With ``allow_missing`` the former is dropped
-    and the latter maps to None (starts empty), as Flink's ``--allowNonRestoredState``.
+    them (Spark's operator ids), which only matters for unnamed state. ``None`` in
+    ``names`` stands for an unnamed query operator at that position: it claims the
+    unnamed savepoint operator of that id (which it takes with ``initial_state(i)``) and
+    gets no entry in the result, so a query naming only some of its operators restores
+    without ``allow_missing``. Refused, each in one line naming the operators and the
+    fix: an invalid or repeated name in ``names``, a savepoint holding two operators of
+    one name, and, unless ``allow_missing``, a savepoint operator nothing claims (its
+    state would be lost) or a name the savepoint has no state for (it would start empty).
+    With ``allow_missing`` the former is dropped and the latter maps to None (starts
+    empty), as Flink's ``--allowNonRestoredState``.
+
+    After the restore took effect the checkpoint decides, as for any query:
+    ``held_by_checkpoint(snapshot)`` (asked only of unclaimed savepoint operators) says
+    whether the restored checkpoint already holds that operator's state (its bootstrap
+    completed): then nothing is lost and it needs no claimant, so renaming or dropping an
+    operator between restarts of a restored checkpoint only relabels, as on any
+    checkpoint. ``restore_committed``: the restored checkpoint committed a batch, so a
+    name without savepoint state is an operator added to a running checkpoint, which
+    Spark's state decides about: None, not refused.
+
     Also refused: ``names`` that is not a list or tuple of names (one name as a string
     was iterated by character, a set has no order, a generator was used up by the checks)
-    or holds None, and names differing only in case (the restored operators' work
-    directories are named after them, and some file systems ignore case).
-    Pure: no Spark, no files."""
+    and names differing only in case (the restored operators' work directories are named
+    after them, and some file systems ignore case). Pure: no Spark, no files (but what
+    ``held_by_checkpoint`` reads)."""
     check_names(names)
+    given = [name for name in names if name is not None]
     by_case: dict[str, list[str]] = {}
-    for name in names:
+    for name in given:
         by_case.setdefault(name.casefold(), []).append(name)
-    repeated = sorted({name for name in names if list(names).count(name) > 1})
+    repeated = sorted({name for name in given if given.count(name) > 1})
     if repeated:
         raise SavepointError(
             f"operator name(s) {', '.join(repeated)} given more than once: give each"
@@ -385,7 +418,7 @@ def map_operators(
             " give the old query's operators distinct names and take a new savepoint"
         )
     mapping: dict[str, OperatorSnapshot | None] = {
-        name: by_name[name][0] for name in names if name in by_name
+        name: by_name[name][0] for name in given if name in by_name
     }
     unclaimed = [
         s for s in snapshots if s.operator_name is not None and s.operator_name not in mapping
@@ -394,26 +427,42 @@ def map_operators(
         if snapshot.operator_name is not None:
             continue
         position = snapshot.operator_id
-        if position < len(names) and names[position] not in mapping:
-            mapping[names[position]] = snapshot
+        claimant = names[position] if position < len(names) else ""
+        if claimant is None:
+            continue  # the unnamed query operator there takes it with initial_state(i)
+        if claimant and claimant not in mapping:
+            mapping[claimant] = snapshot
         else:
             unclaimed.append(snapshot)
-    missing = [name for name in names if name not in mapping]
+    missing = [name for name in given if name not in mapping]
+    if not allow_missing:
+        if held_by_checkpoint is not None:
+            unclaimed = [s for s in unclaimed if not held_by_checkpoint(s)]
+        if restore_committed:
+            missing = []
     if not allow_missing and (unclaimed or missing):
         problems = []
         if unclaimed:
+            unnamed = [s.operator_id for s in unclaimed if s.operator_name is None]
+            hint = (
+                f" (an unnamed operator of this query that takes it stands in names as None"
+                f" at its position: names[{unnamed[0]}] = None, and takes"
+                f" initial_state({unnamed[0]}))"
+                if unnamed and any(s.operator_name is not None for s in snapshots)
+                else ""
+            )
             problems.append(
                 f"savepoint operator(s) {', '.join(s.label() for s in unclaimed)} claimed by"
-                " no operator of this query (their state would be dropped)"
+                f" no operator of this query (their state would be dropped){hint}"
             )
         if missing:
             saved = {
                 s.operator_name.casefold(): s.operator_name for s in unclaimed if s.operator_name
             }
-            cased = [saved[name.casefold()] for name in missing if name.casefold() in saved]
+            spelled = [saved[name.casefold()] for name in missing if name.casefold() in saved]
             hint = (
-                f" (names are case-sensitive: the savepoint has {', '.join(cased)})"
-                if cased
+                f" (names are case-sensitive: the savepoint has {', '.join(spelled)})"
+                if spelled
                 else ""
             )
             problems.append(
@@ -425,11 +474,12 @@ def map_operators(
             f" ({describe_names(snapshots)}), or allow missing state with"
             " allow_missing=True (CLI: eospack savepoint restore --allow-missing)"
         )
-    return {name: mapping.get(name) for name in names}
+    return {name: mapping.get(name) for name in given}
 
 
 def check_names(names: object) -> None:
-    """Refuse, in one line, ``names`` that is not a list or tuple of valid operator names."""
+    """Refuse, in one line, ``names`` that is not a list or tuple of valid operator names
+    (None stands for an unnamed operator)."""
     if isinstance(names, str):
         raise SavepointError(
             f"names={names!r} is one string: pass a list of the query's operator names,"
@@ -440,12 +490,9 @@ def check_names(names: object) -> None:
             f"names={names!r} is not a list: pass a list of the query's operator names in"
             " the order the query defines the operators"
         )
-    if any(name is None for name in names):
-        raise SavepointError(
-            f"names={list(names)!r} holds None: give every operator of the query a name,"
-            " or restore an unnamed one with initial_state(operator_id)"
-        )
     for name in names:
+        if name is None:
+            continue
         try:
             operator_name("RestoredCheckpoint.initial_states", name)
         except ValueError as error:
@@ -480,6 +527,7 @@ class RestoredCheckpoint:
         allow_missing: bool | None = None,
     ) -> None:
         self.checkpoint: CheckpointFiles = checkpoint_files(checkpoint_location, spark)
+        self.spark = spark
         self.allow_missing = checked_allow_missing(allow_missing)
         if isinstance(self.checkpoint, LocalFiles):
             self.directory = self.checkpoint.root / RESTORED_DIRECTORY
@@ -537,23 +585,37 @@ class RestoredCheckpoint:
         return None
 
     def initial_states(
-        self, names: Sequence[str], allow_missing: bool | None = None
+        self, names: Sequence[str | None], allow_missing: bool | None = None
     ) -> dict[str, InitialState | None]:
-        """Each of the query's operators ``names`` (its ``name=`` arguments, in the order
-        the query defines them) with its ``initial_state``: the savepoint operator of that
-        name (an unnamed savepoint operator by position), None for a name the savepoint
-        lacks, when allowed. On a checkpoint no restore prepared, every name gets None.
+        """Each of the query's named operators ``names`` (its ``name=`` arguments, in the
+        order the query defines them; None for an unnamed operator, which takes its state
+        with ``initial_state(i)``) with its ``initial_state``: the savepoint operator of
+        that name (an unnamed savepoint operator by position), None for a name the
+        savepoint lacks, when allowed. On a checkpoint no restore prepared, every name gets
+        None.
 
         Refuses in one line (``SavepointError``) what ``map_operators`` refuses: a
-        savepoint operator no name claims, or a name without state, unless
-        ``allow_missing`` (default: the constructor's, else what the restore recorded)."""
+        savepoint operator nothing claims, or a name without state, unless
+        ``allow_missing`` (default: the constructor's, else what the restore recorded).
+        Once the restore took effect the checkpoint decides, as for any query: a savepoint
+        operator whose state this checkpoint holds (``held_by_checkpoint``) needs no
+        claimant (renaming or dropping it between restarts only relabels), and once a
+        batch committed a name without savepoint state gets None."""
         if self.manifest is None:
             return dict.fromkeys(map_operators([], names, allow_missing=True))
         allowed = self.allow_missing if allow_missing is None else allow_missing
         allowed = checked_allow_missing(allowed)
-        mapping = map_operators(self.manifest.operators, names, bool(allowed))
+        mapping = map_operators(
+            self.manifest.operators,
+            names,
+            bool(allowed),
+            held_by_checkpoint=self.held_by_checkpoint,
+            restore_committed=self.committed(),
+        )
         states: dict[str, InitialState | None] = {}
         for position, name in enumerate(names):
+            if name is None:
+                continue
             snapshot = mapping[name]
             states[name] = (
                 None
@@ -561,6 +623,49 @@ class RestoredCheckpoint:
                 else self.state_of(snapshot, f"operator-{name}-split", position, name)
             )
         return states
+
+    def committed(self) -> bool:
+        """Whether the restored checkpoint committed a batch (its own commit log)."""
+        return any(name.isdigit() for name in self.checkpoint.names("commits"))
+
+    def held_by_checkpoint(self, snapshot: OperatorSnapshot) -> bool:
+        """Whether this checkpoint holds ``snapshot``'s state: its bootstrap completed here
+        (every key group of the operator holds state in a committed batch), so the
+        savepoint's copy is no longer needed.
+
+        Read first from the record the operator's start leaves in its work directory
+        (``_bootstrapped-<key_groups>``: ``operator-<name>-split`` for a named savepoint
+        operator, ``operator-<id>-split`` for an unnamed one); the first start after the
+        bootstrap batch has no record yet, so then the checkpoint's state is read through
+        Spark's state data source (``spark``, else the active session) as the operator's
+        own start does (``initial_state.bootstrap_needed``, which writes the record, so a
+        rename is accepted at every later start too, whatever the state then says). False
+        when nothing says so: no Spark session, no committed batch, state unreadable."""
+        label = snapshot.operator_name or str(snapshot.operator_id)
+        directory = self.directory / f"operator-{label}-split"
+        if any(directory.glob(f"{BOOTSTRAP_COMPLETE}-*")):
+            return True
+        if not self.committed():
+            return False
+        spark = self.spark or SparkSession.getActiveSession()
+        if spark is None:
+            return False
+        location = self.checkpoint.location
+        operator_id: int | None = snapshot.operator_id
+        if snapshot.operator_name is not None:
+            operator_id = operator_id_of(spark, location, snapshot.operator_name)
+        if operator_id is None:
+            return False
+        key_groups = stored_key_groups(spark, location, operator_id)
+        if key_groups is None:
+            return False
+        state = InitialState(
+            path=self.checkpoint.uri(f"{RESTORED_DIRECTORY}/{snapshot.file}"),
+            work_directory=str(directory),
+            checkpoint_location=location,
+            operator_id=operator_id,
+        )
+        return not bootstrap_needed(spark, state, key_groups)
 
     def state_of(
         self,
@@ -580,6 +685,26 @@ class RestoredCheckpoint:
             operator_id=operator_id,
             operator_name=name,
         )
+
+
+def stored_key_groups(spark: SparkSession, checkpoint: str, operator_id: int) -> int | None:
+    """The ``key_groups`` operator ``operator_id`` of ``checkpoint`` stored its state with (its
+    settings row's Arrow metadata, after the last committed batch), or None when it holds no
+    settings row or cannot be read."""
+    try:
+        rows = (
+            stored_groups(spark, checkpoint, None, operator_id)
+            .where(f"key_group = {SETTINGS_ROW}")
+            .select("blob")
+            .collect()
+        )
+        for (blob,) in rows:
+            metadata = pa.ipc.open_stream(bytes(blob)).schema.metadata or {}
+            if b"key_groups" in metadata:
+                return int(metadata[b"key_groups"])
+    except Exception:  # not a stateful_ops operator, or nothing stored: not held
+        return None
+    return None
 
 
 def recorded_restore_id(checkpoint: CheckpointFiles, restored: bool) -> str:

@@ -9,6 +9,12 @@ two and three (the third run starts on the restored checkpoint's own state, whic
 operators find by name). Restored into a query with only ``by-a``, the mapping refuses in
 one line naming ``by-b``; restored with ``--allow-missing``, that query starts and its
 counts are exact.
+
+On a restored checkpoint whose bootstrap completed, renaming the operator relabels it and
+its counts go on exactly, as on any checkpoint. A query naming only some operators (an
+unnamed count and a named one) restores with ``None`` at the unnamed one's position and
+exact counts, without ``allow_missing``; a query that drops the unnamed one is refused in
+one line.
 """
 
 from __future__ import annotations
@@ -57,19 +63,29 @@ def counts(events: Sequence[dict[str, str]]) -> dict[str, dict[str, int]]:
 def run(spark: Any, source: Path, checkpoint: Path, names: Sequence[str]) -> None:
     """One Trigger.AvailableNow run of a query with a running count per name, defined in
     the order of ``names``, each taking its initial state by name."""
-    states = RestoredCheckpoint(checkpoint).initial_states(names)
+    run_operators(spark, source, checkpoint, [(name, COLUMNS[name]) for name in names])
+
+
+def run_operators(
+    spark: Any, source: Path, checkpoint: Path, operators: Sequence[tuple[str | None, str]]
+) -> None:
+    """One Trigger.AvailableNow run of a query with a running count of column ``column`` per
+    ``(name, column)``, defined in that order: a named one takes its initial state by name,
+    an unnamed one (None) with ``initial_state`` at its position."""
+    restored = RestoredCheckpoint(checkpoint)
+    states = restored.initial_states([name for name, _ in operators])
     with session_settings(spark, SETTINGS):
         events = spark.readStream.schema("a STRING, b STRING").json(str(source))
         outputs = [
             running_count(
                 events,
-                COLUMNS[name],
+                column,
                 key_groups=4,
                 output_mode="append",
-                initial_state=states[name],
+                initial_state=restored.initial_state(position) if name is None else states[name],
                 name=name,
-            ).selectExpr(f"'{name}' AS operator", f"{COLUMNS[name]} AS key", "count")
-            for name in names
+            ).selectExpr(f"'{name or position}' AS operator", f"{column} AS key", "count")
+            for position, (name, column) in enumerate(operators)
         ]
         output = outputs[0]
         for other in outputs[1:]:
@@ -82,6 +98,22 @@ def run(spark: Any, source: Path, checkpoint: Path, names: Sequence[str]) -> Non
             .start()
         )
         await_query(query, QUERY_SECONDS)
+
+
+def state_by_id(
+    spark: Any, checkpoint: Path, operators: int
+) -> list[tuple[str | None, dict[str, int]]]:
+    """Each operator's stored name (None: unnamed) and counts, in operator id order."""
+    states = []
+    for operator_id in range(operators):
+        table = read_state_table(spark, str(checkpoint), None, operator_id)
+        assert table is not None
+        name = (table.schema.metadata or {}).get(b"operator_name")
+        frame = table.to_pandas()
+        key = frame.columns[0]
+        counted = dict(zip(frame[key], frame["count"].astype(int), strict=True))
+        states.append((name.decode() if name is not None else None, counted))
+    return states
 
 
 def state_by_name(spark: Any, checkpoint: Path, operators: int) -> dict[str, dict[str, int]]:
@@ -153,3 +185,77 @@ def test_state_follows_operator_names_when_positions_swap(
     run(spark, tmp_path / "in-2", lenient, ["by-a"])
     expected = counts(first_round + second_round + third_round)["by-a"]
     assert state_by_name(spark, lenient, 1) == {"by-a": expected}
+
+
+@pytest.mark.timeout(300)
+def test_renaming_an_operator_after_the_restored_bootstrap_relabels_and_counts_go_on(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Restored, bootstrapped by one run, then renamed: the first start after the bootstrap
+    batch (no record yet) reads the checkpoint's state to see that it holds by-a's, records
+    that, and the renamed operator continues by-a's counts exactly; a further start with
+    the new name goes on from the record."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    rounds = [write_round(tmp_path / "in-1", "round-1", 50, rng)]
+    run(spark, tmp_path / "in-1", tmp_path / "first", ["by-a"])
+    savepoint, restored = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(tmp_path / "first"), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+
+    rounds.append(write_round(tmp_path / "in-2", "round-2", 40, rng))
+    run(spark, tmp_path / "in-2", restored, ["by-a"])  # the bootstrap batch
+    everything = [event for events in rounds for event in events]
+    assert state_by_id(spark, restored, 1) == [("by-a", counts(everything)["by-a"])]
+    record = restored / RESTORED_DIRECTORY / "operator-by-a-split" / "_bootstrapped-4"
+    assert not record.exists()
+
+    for round_name in ("round-3", "round-4"):
+        rounds.append(write_round(tmp_path / "in-2", round_name, 30, rng))
+        run_operators(spark, tmp_path / "in-2", restored, [("tallies", "a")])
+        assert record.is_file()
+        everything = [event for events in rounds for event in events]
+        assert state_by_id(spark, restored, 1) == [("tallies", counts(everything)["by-a"])]
+    assert not (restored / RESTORED_DIRECTORY / "operator-tallies-split").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_partially_named_query_restores_exactly_and_an_unclaimed_unnamed_one_is_refused(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unnamed count of ``a`` (operator 0) and by-b: restored with ``[None, 'by-b']``
+    (what the restore prints) and ``initial_state(0)``, both go on exactly without
+    allow_missing; a query of by-b alone leaves operator 0's state unclaimed: refused in
+    one line before any batch."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    shape: list[tuple[str | None, str]] = [(None, "a"), ("by-b", "b")]
+    first_round = write_round(tmp_path / "in-1", "round-1", 60, rng)
+    run_operators(spark, tmp_path / "in-1", tmp_path / "first", shape)
+    savepoint = tmp_path / "savepoint"
+    assert main(["savepoint", "create", str(tmp_path / "first"), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(tmp_path / "restored")]) == 0
+    out = capsys.readouterr().out
+    assert "initial_states([None, 'by-b'])" in out
+    assert "running_count(..., initial_state=restored.initial_state())" in out
+
+    second_round = write_round(tmp_path / "in-2", "round-2", 40, rng)
+    run_operators(spark, tmp_path / "in-2", tmp_path / "restored", shape)
+    expected = counts(first_round + second_round)
+    assert state_by_id(spark, tmp_path / "restored", 2) == [
+        (None, expected["by-a"]),
+        ("by-b", expected["by-b"]),
+    ]
+
+    assert main(["savepoint", "restore", str(savepoint), str(tmp_path / "strict")]) == 0
+    with pytest.raises(SavepointError) as refused:
+        run_operators(spark, tmp_path / "in-2", tmp_path / "strict", [("by-b", "b")])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "savepoint operator(s) unnamed operator 0 claimed by no operator of this query"
+    )
+    assert "names[0] = None" in message
+    assert not (tmp_path / "strict" / "commits").exists()
