@@ -112,7 +112,7 @@ def segment_log_query(events: Any) -> Any:
         events.withColumn("key_group", F.expr(f"pmod(xxhash64(key), {CANDIDATE_KEY_GROUPS})"))
         .groupBy("key_group")
         .transformWithStateInPandas(
-            SegmentLogCount(), "key string, count long", "Update", "None"
+            segment_log_processor(), "key string, count long", "Update", "None"
         )
     )
 
@@ -163,7 +163,9 @@ def _stateful_processor() -> type:
     return SegmentLog
 
 
-def SegmentLogCount() -> Any:  # noqa: N802 (reads like the class it builds)
+def segment_log_processor() -> Any:
+    """A new ``SegmentLog`` processor (its class is built on first use: pyspark's streaming
+    module is imported only when the benchmark runs)."""
     return _stateful_processor()()
 
 
