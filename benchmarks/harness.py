@@ -15,9 +15,15 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+AMOUNT_UNITS = ("s", "keys")
+"""Units whose figures are amounts (seconds taken, keys held) rather than rates: ``seconds``
+holds the amounts, and comparisons divide amounts, not rates."""
+
+
 @dataclass(frozen=True)
 class Figure:
-    """Repeated timings of one contender doing ``units`` of work each time."""
+    """Repeated timings of one contender doing ``units`` of work each time; with unit
+    ``keys``, ``seconds`` holds key counts (an amount, as for unit ``s``)."""
 
     label: str
     seconds: tuple[float, ...]
@@ -35,12 +41,15 @@ class Figure:
     def describe(self) -> str:
         if self.unit == "s":
             return f"{self.median_seconds:.2f} s"
+        if self.unit == "keys":
+            return f"{self.median_seconds:,.0f} keys"
         return f"{_human(self.rate)} {self.unit}"
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """``subject`` against ``baseline``; the ratio is rate/rate, or time/time for unit "s"."""
+    """``subject`` against ``baseline``; the ratio is rate/rate, or amount/amount for the
+    ``AMOUNT_UNITS`` (time/time, keys/keys)."""
 
     benchmark: str
     size: str
@@ -52,7 +61,7 @@ class Comparison:
 
     @property
     def ratio(self) -> float:
-        if self.subject.unit == "s":
+        if self.subject.unit in AMOUNT_UNITS:
             return self.subject.median_seconds / self.baseline.median_seconds
         return self.subject.rate / self.baseline.rate
 
@@ -112,7 +121,9 @@ class Report:
             if id(figure) in seen:
                 continue
             seen.add(id(figure))
-            timings = ", ".join(f"{s:.3f}" for s in figure.seconds)
+            timings = ", ".join(
+                f"{s:,.0f}" if figure.unit == "keys" else f"{s:.3f}" for s in figure.seconds
+            )
             raw.append(
                 f"| {benchmark} | {figure.label} | {figure.units:g} | {timings}"
                 f" | {figure.describe()} |"
