@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import Report, say
@@ -43,9 +44,10 @@ ALL = (
     "micro-batch",
     "metrics",
 )
-ON_DEMAND = ("rolling-restart", "savepoints")
+ON_DEMAND = ("rolling-restart", "savepoints", "bounded-state")
 """Benchmarks only ``--only`` runs: they start services or Spark sessions of their own (a
-3-node cluster; a session per savepoint size, 10M keys take about 15 minutes)."""
+3-node cluster; a session per savepoint size, 10M keys take about 15 minutes; a 30-minute
+stream for bounded state)."""
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -61,6 +63,28 @@ def parse_arguments() -> argparse.Namespace:
         type=int,
         default=5000,
         help="events/s offered to the rolling-restart benchmark (default 5000, issue 37's goal)",
+    )
+    bounded = parser.add_argument_group("bounded-state (issue 41's goal by default)")
+    bounded.add_argument(
+        "--minutes", type=_positive(float), default=30.0, help="how long it runs (default 30)"
+    )
+    bounded.add_argument(
+        "--keys-per-period",
+        type=_positive(int),
+        default=1_000_000,
+        help="new keys offered per period (default 1,000,000); the goal is twice as many",
+    )
+    bounded.add_argument(
+        "--ttl",
+        type=_duration_seconds,
+        default=300.0,
+        help='running_count\'s processing-time ttl (default "5 minutes")',
+    )
+    bounded.add_argument(
+        "--period",
+        type=_duration_seconds,
+        default=None,
+        help="the period of --keys-per-period (default: the ttl, as in the goal)",
     )
     parser.add_argument("--repetitions", type=int, default=None)
     parser.add_argument("--output", type=Path, default=None)
@@ -84,6 +108,7 @@ def main() -> int:
         selected.discard("metrics")
     started = time.monotonic()
     from benchmarks import (
+        bounded_state,
         fixed_cost,
         jdbc_changes,
         jdbc_mariadb,
@@ -114,6 +139,14 @@ def main() -> int:
             say(f"rolling restart: FAILED: {error}")
     if "savepoints" in selected:
         savepoints.run(report, [100_000] if quick else [1_000_000, 10_000_000])
+    if "bounded-state" in selected:
+        load = bounded_state.Load(
+            minutes=arguments.minutes,
+            keys_per_period=arguments.keys_per_period,
+            period_seconds=arguments.period or arguments.ttl,
+            ttl_seconds=arguments.ttl,
+        )
+        bounded_state.run(report, load, _load_average)
     shared = bool(selected - set(ON_DEMAND))
     if shared:
         say("starting services and Spark (local[2])")
@@ -314,6 +347,27 @@ def peer_jars(name: str, report: Report) -> list[Path]:
     except ServiceStartError as error:
         report.notes.append(f"{error}: its peer is left out")
         return []
+
+
+def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
+    """An argparse type: a positive number of ``kind``, else a one-line error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _duration_seconds(text: str) -> float:
+    from benchmarks.bounded_state import duration_seconds
+
+    return duration_seconds(text)
 
 
 def _load_average() -> str:

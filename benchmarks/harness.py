@@ -15,12 +15,15 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+AMOUNT_UNITS = ("s", "keys", "bytes")
+"""Units whose figures are amounts (seconds taken, keys held, bytes written) rather than
+rates: ``seconds`` holds the amounts, and comparisons divide amounts, not rates."""
+
+
 @dataclass(frozen=True)
 class Figure:
-    """Repeated timings of one contender doing ``units`` of work each time.
-
-    With ``unit`` "bytes", ``seconds`` holds sizes in bytes instead (one per repetition).
-    """
+    """Repeated timings of one contender doing ``units`` of work each time; with unit
+    ``keys`` or ``bytes``, ``seconds`` holds key counts or sizes (amounts, as for unit ``s``)."""
 
     label: str
     seconds: tuple[float, ...]
@@ -38,6 +41,8 @@ class Figure:
     def describe(self) -> str:
         if self.unit == "s":
             return f"{self.median_seconds:.2f} s"
+        if self.unit == "keys":
+            return f"{self.median_seconds:,.0f} keys"
         if self.unit == "bytes":
             return f"{_human(self.median_seconds)}B"
         return f"{_human(self.rate)} {self.unit}"
@@ -45,8 +50,8 @@ class Figure:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``subject`` against ``baseline``; the ratio is rate/rate, or time/time (bytes/bytes)
-    for unit "s" ("bytes")."""
+    """``subject`` against ``baseline``; the ratio is rate/rate, or amount/amount for the
+    ``AMOUNT_UNITS`` (time/time, keys/keys, bytes/bytes)."""
 
     benchmark: str
     size: str
@@ -58,7 +63,7 @@ class Comparison:
 
     @property
     def ratio(self) -> float:
-        if self.subject.unit in ("s", "bytes"):
+        if self.subject.unit in AMOUNT_UNITS:
             return self.subject.median_seconds / self.baseline.median_seconds
         return self.subject.rate / self.baseline.rate
 
@@ -118,7 +123,9 @@ class Report:
             if id(figure) in seen:
                 continue
             seen.add(id(figure))
-            timings = ", ".join(f"{s:.3f}" for s in figure.seconds)
+            timings = ", ".join(
+                f"{s:,.0f}" if figure.unit == "keys" else f"{s:.3f}" for s in figure.seconds
+            )
             raw.append(
                 f"| {benchmark} | {figure.label} | {figure.units:g} | {timings}"
                 f" | {figure.describe()} |"
