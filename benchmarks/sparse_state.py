@@ -14,8 +14,9 @@ then ``SPARSE_BATCHES`` files of ``SPARSE_ROWS`` rows on random keys, one file p
 - ``segment log`` (the candidate layout, ``transformWithStateInPandas``; not shipped): each key
   group keeps a list of Arrow segments in a ListState, a batch appends one segment with its
   changed keys (RocksDB merges the appended element only), and a group whose log outgrows
-  twice its live keys is compacted to one segment. It is here to measure the design against
-  the goal before the operators move to it (docs/stateful-operators.md, "Sparse updates").
+  twice its live keys is compacted to one segment (``stateful_ops/segment_log.py``, which
+  the operators move to next). It is here to measure the design against the goal first
+  (docs/stateful-operators.md, "The next layout").
 """
 
 from __future__ import annotations
@@ -117,8 +118,7 @@ def segment_log_query(events: Any) -> Any:
     )
 
 
-def _segment(keys: pd.Index, counts: np.ndarray) -> bytes:
-    table = pa.table({"key": pa.array(keys, pa.string()), "count": pa.array(counts, pa.int64())})
+def _encoded(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -128,8 +128,15 @@ def _segment(keys: pd.Index, counts: np.ndarray) -> bytes:
 def _stateful_processor() -> type:
     from pyspark.sql.streaming import StatefulProcessor
 
+    from eospack.stateful_ops.segment_log import as_segment, fold, next_write
+
+    empty = as_segment(
+        pa.table({"key": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
+    )
+
     class SegmentLog(StatefulProcessor):  # type: ignore[misc]
-        """A running count per key kept as a log of Arrow segments per key group."""
+        """A running count per key kept as a segment log per key group
+        (stateful_ops/segment_log.py)."""
 
         def init(self, handle: Any) -> None:
             self.log = handle.getListState("log", "segment binary")
@@ -137,24 +144,17 @@ def _stateful_processor() -> type:
         def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
             increments = pd.concat(list(rows))["key"].value_counts()
             segments = [pa.ipc.open_stream(row[0]).read_all() for row in self.log.get()]
-            logged = sum(segment.num_rows for segment in segments)
-            if segments:
-                stored = (
-                    pa.concat_tables(segments)
-                    .to_pandas()
-                    .drop_duplicates("key", keep="last")
-                    .set_index("key")["count"]
-                )
-            else:
-                stored = pd.Series(dtype="int64")
+            stored = fold(segments or [empty], ["key"]).to_pandas().set_index("key")["count"]
             counts = stored.reindex(increments.index).fillna(0).astype("int64") + increments
-            live = stored.index.union(counts.index)
-            if logged + len(counts) > 2 * len(live):
-                merged = stored.reindex(live).fillna(0).astype("int64")
-                merged.loc[counts.index] = counts.to_numpy()
-                self.log.put([(_segment(merged.index, merged.to_numpy()),)])
+            changed = as_segment(
+                pa.table({"key": pa.array(counts.index, pa.string()), "count": counts.to_numpy()})
+            )
+            live = fold([*segments, changed], ["key"])
+            write = next_write(sum(segment.num_rows for segment in segments), live, changed)
+            if write.replace:
+                self.log.put([(_encoded(write.segment),)])
             else:
-                self.log.appendList([(_segment(counts.index, counts.to_numpy()),)])
+                self.log.appendList([(_encoded(write.segment),)])
             yield pd.DataFrame({"key": counts.index, "count": counts.to_numpy()})
 
         def close(self) -> None:
