@@ -68,8 +68,9 @@ def countdown(kind: str) -> type[Any]:
     ``(k, n)`` counts one for its key; ``n > 0`` (re)sets the key's timer ``n`` seconds
     after the row's moment (processing time: the batch's; event time: the row's ``ts``),
     ``n = 0`` deletes it. A due timer emits (key, count, the time it was due at, in ms)
-    and drops the key. Defined in a function so that Spark's workers receive the class
-    itself (pickled by value), not a reference to this module."""
+    and drops the key. ``kind="none"``: the same counter without timers (``n`` ignored),
+    the same operator with its timers turned off. Defined in a function so that Spark's
+    workers receive the class itself (pickled by value), not a reference to this module."""
     import numpy as np
     import pandas as pd
 
@@ -114,6 +115,8 @@ def countdown(kind: str) -> type[Any]:
             merged["count"] = (merged["count"].fillna(0) + merged["new"].fillna(0)).astype("int64")
             due = merged["due"].fillna(0).to_numpy(dtype=np.int64)
             new_state = merged.drop(columns=["due", "cancel", "new"])
+            if kind == "none":
+                return new_state, self.empty_output()
             new_state = register_timer(new_state, touched & ~cancel, due)
             return delete_timer(new_state, cancel), self.empty_output()
 

@@ -65,7 +65,7 @@ from pyspark.sql.types import DataType
 from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
 from .errors import OperatorDefinitionError
-from .state_codec import EXPIRES_COLUMN, stored_name
+from .state_codec import EXPIRES_COLUMN, TIMER_COLUMN, stored_name
 
 if TYPE_CHECKING:
     from .base import StatefulOperator
@@ -126,6 +126,7 @@ def split_by_key_group(
             " give the state file of a savepoint restored with eospack savepoint restore"
         ) from None
     frame = with_expiry_of(operator, frame)
+    frame = with_timer_column_of(operator, frame, initial_state.path)
     stored = from_arrow_schema(operator.arrow_state_schema, prefer_timestamp_ntz=True)
     expected = [(field.name, field.dataType) for field in stored.fields]
     found = [(field.name, field.dataType) for field in frame.schema.fields]
@@ -250,6 +251,25 @@ def with_expiry_of(operator: StatefulOperator, frame: DataFrame) -> DataFrame:
     if operator.ttl_ms is None and has_expiry:
         now = int(time.time() * 1000)
         return frame.where(F.col(EXPIRES_COLUMN) > now).drop(EXPIRES_COLUMN)
+    return frame
+
+
+def with_timer_column_of(operator: StatefulOperator, frame: DataFrame, path: str) -> DataFrame:
+    """A savepoint's state as an operator with or without ``timers`` keeps it. Timers
+    turned on: every restored key starts without a timer, as the old operator left it (an
+    exact continuation). Turned off: refused, since the savepoint's registered timers
+    would never fire and their output would be lost; the operator keeps its timers (an
+    ``on_timer`` that emits nothing lets them pass)."""
+    has_timers = TIMER_COLUMN in frame.columns
+    if operator.timers != "none" and not has_timers:
+        return frame.withColumn(TIMER_COLUMN, F.lit(None).cast("long"))
+    if operator.timers == "none" and has_timers:
+        raise OperatorDefinitionError(
+            f"{operator.name}: initial_state {path} holds per-key timers (its operator set"
+            " timers) and this operator has timers='none', so they would never fire; keep"
+            " the old operator's timers ('processing' or 'event'; an on_timer that emits"
+            " nothing lets them pass)"
+        )
     return frame
 
 

@@ -21,9 +21,19 @@ from typing import Any
 import pytest
 
 from eospack.cli import main
-from eospack.stateful_ops import TIMER_COLUMN, read_state
+from eospack.lab.testing import session_settings
+from eospack.stateful_ops import TIMER_COLUMN, OperatorDefinitionError, read_state
+from eospack.tools.savepoint import RestoredCheckpoint
 from integration_tests.crash_harness import DriverRun, run_driver
-from integration_tests.stateful_parts import T0, write_batch
+from integration_tests.stateful_parts import (
+    NO_DATA_BATCHES,
+    T0,
+    Emitted,
+    countdown,
+    run,
+    source,
+    write_batch,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -157,3 +167,66 @@ def test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_s
         "z": (1, restored_t0 + LATER_S * 1000),
         "u": (1, restored_t1 + LATER_S * 1000),
     }
+
+
+# Timers turned on or off through a savepoint ------------------------------------------------
+
+
+def savepoint_of(spark: Any, tmp_path: Path, kind: str, batch: list[dict[str, Any]]) -> Path:
+    """A checkpoint of ``countdown(kind)`` that ran ``batch``, savepointed and restored
+    into a new checkpoint (returned)."""
+    old_input, old = tmp_path / "old-input", tmp_path / "old"
+    old_input.mkdir()
+    write_batch(str(old_input), 0, batch)
+    output = countdown(kind)("k", key_groups=4).apply(source(spark, str(old_input)))
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        run(output, str(old), "update", Emitted())
+    savepoint, restored = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(old), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+    return restored
+
+
+@pytest.mark.timeout(300)
+def test_timers_turned_on_through_a_savepoint_start_every_restored_key_without_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The old operator had no timers, so no key had one: the restored keys keep their
+    state, start without a timer, and register timers from then on (an exact
+    continuation)."""
+    restored = savepoint_of(spark, tmp_path, "none", rows(("x", 5), ("x", 5), ("y", 5)))
+    new_input = tmp_path / "new-input"
+    new_input.mkdir()
+    write_batch(str(new_input), 0, rows(("x", LATER_S), ("z", LATER_S)))
+    initial_state = RestoredCheckpoint(restored).initial_state()
+    operator = countdown("processing")("k", key_groups=4, initial_state=initial_state)
+    sink = Emitted()
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        run(operator.apply(source(spark, str(new_input))), str(restored), "update", sink)
+    later = batch_timestamp_ms(restored, 0) + LATER_S * 1000
+    assert sink.final() == [(0, [])]
+    assert stored(spark, restored) == {"x": (3, later), "y": (1, None), "z": (1, later)}
+
+
+@pytest.mark.timeout(300)
+def test_timers_turned_off_through_a_savepoint_are_refused_before_the_query_starts(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The savepoint's keys hold registered timers an operator without timers would never
+    fire (their output lost): ``apply`` refuses in one line naming ``timers`` and the fix,
+    and the restored checkpoint stays untouched."""
+    restored = savepoint_of(spark, tmp_path, "processing", rows(("x", LATER_S)))
+    new_input = tmp_path / "new-input"
+    new_input.mkdir()
+    initial_state = RestoredCheckpoint(restored).initial_state()
+    assert initial_state is not None
+    operator = countdown("none")("k", key_groups=4, initial_state=initial_state)
+    with pytest.raises(OperatorDefinitionError) as refused:
+        operator.apply(source(spark, str(new_input)))
+    assert str(refused.value) == (
+        f"countdown: initial_state {initial_state.path} holds per-key timers (its operator"
+        " set timers) and this operator has timers='none', so they would never fire; keep"
+        " the old operator's timers ('processing' or 'event'; an on_timer that emits"
+        " nothing lets them pass)"
+    )
+    assert not (restored / "offsets").exists()
