@@ -58,6 +58,7 @@ repository root, checked by ``test_every_contract_case_names_a_test_that_exists`
   integration_tests/ops/test_names_ttl_attacks.py::test_held_ttl_turned_on_for_one_checkpoint_is_refused_before_its_batch_and_resumes_exactly
 - timers across a driver SIGKILL and through a savepoint of the killed checkpoint:
   integration_tests/ops/test_savepoint_timers.py::test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
+  integration_tests/ops/test_savepoint_timers.py::test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/stateful/test_state_timers_queries.py::test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would
 - timers turned on or off through a savepoint:
   integration_tests/ops/test_savepoint_timers.py::test_timers_turned_on_through_a_savepoint_start_every_restored_key_without_one

@@ -78,15 +78,21 @@ def rows(*keys_and_seconds: tuple[str, int]) -> list[dict[str, Any]]:
     return [{"k": key, "n": n, "v": 0.0, "t": T0} for key, n in keys_and_seconds]
 
 
+def events(*keys_seconds_and_times: tuple[str, int, int]) -> list[dict[str, Any]]:
+    """Rows (key, n, event time in seconds after ``T0``)."""
+    return [{"k": key, "n": n, "v": 0.0, "t": T0 + t} for key, n, t in keys_seconds_and_times]
+
+
 def drive(
     input_directory: Path,
     checkpoint: Path,
     sink: Path,
     trigger: str = "available-now",
+    kind: str = "processing",
     **crash: Any,
 ) -> DriverRun:
     arguments = ["--input", str(input_directory), "--checkpoint", str(checkpoint)]
-    arguments += ["--sink", str(sink), "--trigger", trigger]
+    arguments += ["--sink", str(sink), "--trigger", trigger, "--kind", kind]
     return run_driver(DRIVER, arguments, timeout=DRIVER_SECONDS, **crash)
 
 
@@ -167,6 +173,76 @@ def test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_s
         "z": (1, restored_t0 + LATER_S * 1000),
         "u": (1, restored_t1 + LATER_S * 1000),
     }
+
+
+@pytest.mark.timeout(1200)
+def test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Event-time timers are due once the watermark reaches them: killed after the batch
+    that moved the next watermark (35 s) past x, y and v, the restarted query fires them
+    in its next batch, once (killed again after its sink wrote that batch), and so does
+    the killed checkpoint's savepoint restored (its watermark carried over)."""
+    source, checkpoint, sink = tmp_path / "input", tmp_path / "checkpoint", tmp_path / "sink"
+    source.mkdir()
+    # (key, n, event second): timers at the key's event time + n seconds.
+    write_batch(str(source), 0, events(("x", 10, 0), ("x", 10, 2), ("y", 10, 1), ("c", 10, 3)))
+    # c's timer deleted before the watermark reached it; q moves the watermark to 35.
+    write_batch(str(source), 1, events(("c", 0, 4), ("v", 10, 6), ("w", LATER_S, 5)))
+    write_batch(str(source), 2, events(("q", LATER_S, 40)))
+    committed = checkpoint / "commits" / "2"
+    killed = drive(source, checkpoint, sink, "interval", "event", kill_when=committed.is_file)
+    assert killed.was_killed, killed.explain()
+    assert final(sink) == {0: [], 1: [], 2: []}
+
+    def at(second: int) -> int:
+        return (T0 + second) * 1000
+
+    at_kill = {
+        "x": (2, at(12)),
+        "y": (1, at(11)),
+        "c": (2, None),
+        "v": (1, at(16)),
+        "w": (1, at(5 + LATER_S)),
+        "q": (1, at(40 + LATER_S)),
+    }
+    assert stored(spark, checkpoint) == at_kill
+    savepoint, restored = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(checkpoint), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+
+    fired = sorted([("x", 2, at(12)), ("y", 1, at(11)), ("v", 1, at(16))], key=repr)
+    write_batch(str(source), 3, events(("z", LATER_S, 41)))
+    crashed = drive(source, checkpoint, sink, kind="event", fault_point="after_commit@3")
+    assert crashed.was_killed, crashed.explain()
+    finished = drive(source, checkpoint, sink, kind="event")
+    assert finished.succeeded, finished.explain()
+    assert final(sink) == {0: [], 1: [], 2: [], 3: fired}
+    assert [batch for batch_id, batch in attempts(sink) if batch_id == 3] == [fired, fired]
+    after = {
+        "c": (2, None),
+        "w": (1, at(5 + LATER_S)),
+        "q": (1, at(40 + LATER_S)),
+        "z": (1, at(41 + LATER_S)),
+    }
+    assert stored(spark, checkpoint) == after
+
+    restored_source, restored_sink = tmp_path / "restored-input", tmp_path / "restored-sink"
+    restored_source.mkdir()
+    write_batch(str(restored_source), 0, events(("z", LATER_S, 41)))
+    crashed = drive(
+        restored_source, restored, restored_sink, kind="event", fault_point="after_commit@0"
+    )
+    assert crashed.was_killed, crashed.explain()
+    write_batch(str(restored_source), 1, events(("u", LATER_S, 42)))
+    finished = drive(restored_source, restored, restored_sink, kind="event")
+    assert finished.succeeded, finished.explain()
+    assert final(restored_sink) == {0: fired, 1: []}
+    assert [batch for batch_id, batch in attempts(restored_sink) if batch_id == 0] == [
+        fired,
+        fired,
+    ]
+    assert stored(spark, restored) == {**after, "u": (1, at(42 + LATER_S))}
 
 
 # Timers turned on or off through a savepoint ------------------------------------------------
