@@ -63,9 +63,10 @@ repository root, checked by ``test_every_contract_case_names_a_test_that_exists`
   integration_tests/ops/test_savepoint_timers.py::test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/ops/test_savepoint_timers.py::test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/stateful/test_state_timers_queries.py::test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would
-- timers turned on or off through a savepoint:
+- timers turned on or off through a savepoint (another kind is OPEN):
   integration_tests/ops/test_savepoint_timers.py::test_timers_turned_on_through_a_savepoint_start_every_restored_key_without_one
   integration_tests/ops/test_savepoint_timers.py::test_timers_turned_off_through_a_savepoint_are_refused_before_the_query_starts
+  integration_tests/ops/test_savepoint_timers.py::test_open_timers_of_another_kind_through_a_savepoint_are_refused_naming_timers
 - a state larger than the driver may receive:
   integration_tests/ops/test_savepoint_scale.py::test_a_state_larger_than_the_driver_may_receive_is_savepointed_and_restored
 """
