@@ -61,3 +61,71 @@ def run(result: DataFrame, checkpoint: str, mode: str, sink: Emitted) -> Streami
     )
     await_query(query, QUERY_TIMEOUT)
     return query
+
+
+def countdown(kind: str) -> type[Any]:
+    """An operator with per-key timers of ``kind`` ("processing" or "event"): each row
+    ``(k, n)`` counts one for its key; ``n > 0`` (re)sets the key's timer ``n`` seconds
+    after the row's moment (processing time: the batch's; event time: the row's ``ts``),
+    ``n = 0`` deletes it. A due timer emits (key, count, the time it was due at, in ms)
+    and drops the key. ``kind="none"``: the same counter without timers (``n`` ignored),
+    the same operator with its timers turned off. Defined in a function so that Spark's
+    workers receive the class itself (pickled by value), not a reference to this module."""
+    import numpy as np
+    import pandas as pd
+
+    from eospack.stateful_ops import (
+        FIRED_TIMER_COLUMN,
+        Clock,
+        StatefulOperator,
+        delete_timer,
+        register_timer,
+    )
+
+    class Countdown(StatefulOperator):
+        name = "countdown"
+        timers = kind
+        state_fields = "count bigint"
+        output_fields = "count bigint, fired_at_ms bigint"
+
+        def prepare(self, df: DataFrame) -> DataFrame:
+            columns = [*self.keys, "n"]
+            return df.select(*columns, "ts") if kind == "event" else df.select(*columns)
+
+        def update(
+            self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+        ) -> tuple[pd.DataFrame, pd.DataFrame]:
+            keys = list(self.keys)
+            if kind == "event":
+                moments = rows["ts"].astype("int64").to_numpy() // 1_000_000
+            else:
+                moments = np.full(len(rows), clock.processing_time_ms, dtype=np.int64)
+            seconds = rows["n"].astype("int64").to_numpy()
+            # One row per key and batch in these tests: its n decides the key's timer.
+            per_key = (
+                rows[keys]
+                .assign(due=moments + seconds * 1000, cancel=seconds == 0, new=1)
+                .groupby(keys, sort=False)
+                .agg(due=("due", "max"), cancel=("cancel", "any"), new=("new", "sum"))
+                .reset_index()
+            )
+            merged = state.merge(per_key, on=keys, how="outer", sort=False)
+            touched = merged["new"].notna().to_numpy()
+            cancel = merged["cancel"].fillna(False).to_numpy(dtype=bool)
+            merged["count"] = (merged["count"].fillna(0) + merged["new"].fillna(0)).astype("int64")
+            due = merged["due"].fillna(0).to_numpy(dtype=np.int64)
+            new_state = merged.drop(columns=["due", "cancel", "new"])
+            if kind == "none":
+                return new_state, self.empty_output()
+            new_state = register_timer(new_state, touched & ~cancel, due)
+            return delete_timer(new_state, cancel), self.empty_output()
+
+        def on_timer(
+            self, due_state: pd.DataFrame, clock: Clock
+        ) -> tuple[pd.DataFrame, pd.DataFrame]:
+            output = due_state[[*self.keys, "count"]].assign(
+                fired_at_ms=due_state[FIRED_TIMER_COLUMN]
+            )
+            return due_state.iloc[0:0], output
+
+    return Countdown

@@ -65,7 +65,7 @@ from pyspark.sql.types import DataType
 from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
 from .errors import OperatorDefinitionError
-from .state_codec import EXPIRES_COLUMN, stored_name
+from .state_codec import EXPIRES_COLUMN, TIMER_COLUMN, stored_name
 
 if TYPE_CHECKING:
     from .base import StatefulOperator
@@ -125,7 +125,11 @@ def split_by_key_group(
             f"{operator.name}: initial_state {initial_state.path} cannot be read ({reason});"
             " give the state file of a savepoint restored with eospack savepoint restore"
         ) from None
-    frame = with_expiry_of(operator, frame)
+    watermark_ms = initial_state.next_batch_watermark_ms
+    if watermark_ms is None:
+        watermark_ms = initial_state.batch_watermark_ms
+    frame = with_expiry_of(operator, frame, watermark_ms)
+    frame = with_timer_column_of(operator, frame, initial_state.path)
     stored = from_arrow_schema(operator.arrow_state_schema, prefer_timestamp_ntz=True)
     expected = [(field.name, field.dataType) for field in stored.fields]
     found = [(field.name, field.dataType) for field in frame.schema.fields]
@@ -237,19 +241,48 @@ def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | Non
     return None
 
 
-def with_expiry_of(operator: StatefulOperator, frame: DataFrame) -> DataFrame:
+def with_expiry_of(
+    operator: StatefulOperator, frame: DataFrame, watermark_ms: int | None = None
+) -> DataFrame:
     """A savepoint's state as the operator keeps it with or without ``ttl``: turning ttl on
     through a savepoint gives every restored key the full ttl from the restore (the split
     is written once, so a restart replays with the same expiries); turning it off drops the
     expiries and the keys whose ttl had run out by the restore (a stopped query leaves
-    them in state until a timeout visits their key group): they never come back."""
+    them in state until a timeout visits their key group): they never come back.
+
+    With ``ttl_time="event"`` the restore's time is ``watermark_ms``, the old query's next
+    watermark (the restored query's first batch clocks with at least it): the savepoint
+    holds no event time per key, and a key without one counts as at the watermark, as a
+    row without one does. Unknown (a query without a watermark): the wall clock."""
     has_expiry = EXPIRES_COLUMN in frame.columns
     if operator.ttl_ms is not None and not has_expiry:
-        expires = int(time.time() * 1000) + operator.ttl_ms
+        restored_at = int(time.time() * 1000)
+        if operator.ttl_time == "event" and watermark_ms is not None:
+            restored_at = watermark_ms
+        expires = restored_at + operator.ttl_ms
         return frame.withColumn(EXPIRES_COLUMN, F.lit(expires).cast("long"))
     if operator.ttl_ms is None and has_expiry:
         now = int(time.time() * 1000)
         return frame.where(F.col(EXPIRES_COLUMN) > now).drop(EXPIRES_COLUMN)
+    return frame
+
+
+def with_timer_column_of(operator: StatefulOperator, frame: DataFrame, path: str) -> DataFrame:
+    """A savepoint's state as an operator with or without ``timers`` keeps it. Timers
+    turned on: every restored key starts without a timer, as the old operator left it (an
+    exact continuation). Turned off: refused, since the savepoint's registered timers
+    would never fire and their output would be lost; the operator keeps its timers (an
+    ``on_timer`` that emits nothing lets them pass)."""
+    has_timers = TIMER_COLUMN in frame.columns
+    if operator.timers != "none" and not has_timers:
+        return frame.withColumn(TIMER_COLUMN, F.lit(None).cast("long"))
+    if operator.timers == "none" and has_timers:
+        raise OperatorDefinitionError(
+            f"{operator.name}: initial_state {path} holds per-key timers (its operator set"
+            " timers) and this operator has timers='none', so they would never fire; keep"
+            " the old operator's timers ('processing' or 'event'; an on_timer that emits"
+            " nothing lets them pass)"
+        )
     return frame
 
 

@@ -30,6 +30,45 @@ in the restored query's first batch and in later ones, sessions and remembered k
 by GroupState timeouts in no-data batches (Spark's default) while the restored query
 still bootstraps and after a restart that no longer does, and, with no-data batches off,
 in data batches of key groups without rows.
+
+Where each case of the contract lives (issue 41's "done when"; node ids from the
+repository root, checked by ``test_every_contract_case_names_a_test_that_exists``):
+
+- restored = never stopped (Kafka, timestamp keys, new partitions, watermark, timeouts):
+  integration_tests/ops/test_savepoint_contract.py::test_restored_operators_emit_what_a_query_that_never_stopped_emits
+- every event-time operator, event-time ttl included (the savepoint holds exactly the
+  stopped query's unexpired keys when no-data batches ran):
+  integration_tests/ops/test_savepoint_contract.py::test_restored_event_time_operators_emit_what_a_query_that_never_stopped_emits
+- into an exactly-once sink, no-claim and claim, rescaled, RocksDB:
+  integration_tests/ops/test_savepoints.py::test_restored_queries_continue_like_a_query_that_never_stopped
+- s3a:// paths:
+  integration_tests/s3/test_object_store_checkpoints.py::test_a_savepoint_on_s3a_round_trips_into_new_s3a_checkpoints_exactly_once
+  integration_tests/ops/test_names_ttl_attacks.py::test_fixed_a_checkpoint_restored_again_at_the_same_object_store_uri_gets_the_new_state
+  integration_tests/ops/test_savepoints.py::test_savepoint_refusals_are_one_line_and_change_nothing
+- --stop (stop with a savepoint):
+  integration_tests/ops/test_stop_with_savepoint.py::test_stop_with_savepoint_among_no_data_batches_of_processing_time_timeouts
+  integration_tests/ops/test_stop_with_savepoint.py::test_cli_stop_is_honoured_by_the_listener_and_refused_in_one_line_without_it
+  integration_tests/ops/test_stop_with_savepoint.py::test_a_supervised_query_stopped_with_a_savepoint_ends_supervise_without_a_restart
+- renamed and missing operators (positions swapped, a missing one refused, --allow-missing;
+  renaming on a restored checkpoint is OPEN):
+  integration_tests/ops/test_savepoint_operator_names.py::test_state_follows_operator_names_when_positions_swap
+  tests/test_names_ttl_attacks_unit.py::test_open_renaming_an_operator_between_restarts_of_a_restored_checkpoint_relabels
+- ttl expiry across a restore (event time with the same ttl is the case above; turned
+  off through a savepoint, event-time ttl is OPEN):
+  integration_tests/ops/test_names_ttl_attacks.py::test_fixed_ttl_through_a_restore_with_other_key_groups_expires_restored_keys_once
+  integration_tests/ops/test_names_ttl_attacks.py::test_held_ttl_turned_on_for_one_checkpoint_is_refused_before_its_batch_and_resumes_exactly
+  integration_tests/ops/test_savepoint_event_ttl.py::test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_watermark
+  integration_tests/ops/test_savepoint_event_ttl.py::test_open_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys
+- timers across a driver SIGKILL and through a savepoint of the killed checkpoint:
+  integration_tests/ops/test_savepoint_timers.py::test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
+  integration_tests/ops/test_savepoint_timers.py::test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
+  integration_tests/stateful/test_state_timers_queries.py::test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would
+- timers turned on or off through a savepoint (another kind is OPEN):
+  integration_tests/ops/test_savepoint_timers.py::test_timers_turned_on_through_a_savepoint_start_every_restored_key_without_one
+  integration_tests/ops/test_savepoint_timers.py::test_timers_turned_off_through_a_savepoint_are_refused_before_the_query_starts
+  integration_tests/ops/test_savepoint_timers.py::test_open_timers_of_another_kind_through_a_savepoint_are_refused_naming_timers
+- a state larger than the driver may receive:
+  integration_tests/ops/test_savepoint_scale.py::test_a_state_larger_than_the_driver_may_receive_is_savepointed_and_restored
 """
 
 from __future__ import annotations
@@ -51,8 +90,16 @@ from eospack import stateful_ops
 from eospack.cli import main
 from eospack.lab.services.kafka_tools import Record, add_partitions, create_topic, produce_sealed
 from eospack.lab.testing import await_query, session_settings, wait_until
-from eospack.stateful_ops import StatefulOperator, deduplicate, running_count, sessionize
-from eospack.tools.savepoint import RESTORED_DIRECTORY, RestoredCheckpoint
+from eospack.stateful_ops import (
+    StatefulOperator,
+    deduplicate,
+    read_state,
+    running_aggregate,
+    running_count,
+    sessionize,
+)
+from eospack.stateful_ops.state_codec import EXPIRES_COLUMN
+from eospack.tools.savepoint import RESTORED_DIRECTORY, Manifest, RestoredCheckpoint
 
 pytestmark = pytest.mark.integration
 
@@ -328,6 +375,17 @@ def test_restored_keys_land_in_the_key_group_a_running_query_sends_them_to(
         assert split == expected
 
 
+def test_every_contract_case_names_a_test_that_exists() -> None:
+    """The module docstring's list of where each case lives stays true."""
+    root = Path(__file__).resolve().parents[2]
+    nodes = [line.strip() for line in (__doc__ or "").splitlines() if "::" in line]
+    assert len(nodes) >= 15
+    for node in nodes:
+        path, name = node.split("::")
+        source = (root / path).read_text()
+        assert f"def {name}(" in source, f"{node} names no test"
+
+
 # Event-time mode: every operator that supports event time ----------------------------------
 
 EVENT_T0 = 1_700_000_000
@@ -345,6 +403,16 @@ EVENT_PIECES = [
 ]
 _SESSIONS = [("a", 0, 17, 3), ("b", 2, 10, 1), ("c", 4, 12, 1), ("d", 6, 14, 1)]
 _LATER_SESSIONS = [("e", 41, 49, 1), ("z", 40, 53, 2), ("f", 70, 78, 1)]
+# running_count / running_aggregate with a 10 s event-time ttl: (key, count, version).
+_TTL_COUNTS = [
+    *[("a", 2, 1), ("b", 1, 1), ("c", 1, 1), ("d", 1, 1), ("a", 3, 2), ("z", 1, 1)],
+    *[("b", 1, 1), ("c", 1, 1), ("e", 1, 1), ("z", 2, 2), ("a", 1, 1), ("y", 1, 1)],
+    *[("f", 1, 1), ("g", 1, 1), ("c", 1, 1), ("h", 1, 1)],
+]
+_TTL_SAVED = {
+    True: {"z": 50_000},
+    False: {"a": 19_000, "b": 12_000, "c": 14_000, "d": 16_000, "z": 50_000},
+}
 _FIRSTS = [("a", 0), ("b", 2), ("c", 4), ("d", 6), ("z", 40), ("e", 41), ("f", 70)]
 
 
@@ -357,6 +425,9 @@ class EventTimeCase:
     """(watermarked events, initial_state) -> the rows the query emits"""
     expected: dict[bool, list[tuple[Any, ...]]]
     """What the events give, with no-data batches on (True) and off (False)."""
+    saved_keys: dict[bool, dict[str, int]] | None = None
+    """With ttl: each key the savepoint holds (and the stopped checkpoint's last state) and
+    when it expires (ms after ``EVENT_T0``); None: not checked."""
 
 
 EVENT_TIME_CASES = {
@@ -387,11 +458,49 @@ EVENT_TIME_CASES = {
             False: [*_FIRSTS, ("c", 30), ("g", 100), ("h", 101)],
         },
     ),
+    # Event-time ttl of 10 s (running_count, running_aggregate): a key expires once the
+    # watermark reaches its latest event time + 10 s and then counts from 1 again, version
+    # 1; late rows still count. The watermark of 35 after the first piece expires a, b, c
+    # and d: with no-data batches
+    # their timeouts drop them before the savepoint; without, no batch visits them by then,
+    # so the savepoint holds them with expiries behind its next watermark (35) and the
+    # restored query forgets them as the old query would have (b, c, a come back at 1).
+    "running_count": EventTimeCase(
+        stateful_ops.RunningCount,
+        lambda events, initial: running_count(
+            events,
+            "k",
+            key_groups=4,
+            output_mode="append",
+            ttl="10 seconds",
+            ttl_time="event",
+            initial_state=initial,
+        ).selectExpr("k", "count", "version"),
+        {no_data: _TTL_COUNTS for no_data in (True, False)},
+        _TTL_SAVED,
+    ),
+    "running_aggregate": EventTimeCase(
+        stateful_ops.RunningAggregate,
+        lambda events, initial: running_aggregate(
+            events,
+            "k",
+            {"t": "count"},
+            key_groups=4,
+            output_mode="append",
+            ttl="10 seconds",
+            ttl_time="event",
+            initial_state=initial,
+        ).selectExpr("k", "t_count", "version"),
+        {no_data: _TTL_COUNTS for no_data in (True, False)},
+        _TTL_SAVED,
+    ),
 }
 
 
 def supports_event_time(operator: type[StatefulOperator]) -> bool:
-    return operator.timeout == "event" or "event_time" in inspect.signature(operator).parameters
+    """Event-time timeouts, an ``event_time`` argument, or event-time ttl (``ttl_time``)."""
+    parameters = inspect.signature(operator).parameters
+    return operator.timeout == "event" or "event_time" in parameters or "ttl_time" in parameters
 
 
 def test_every_event_time_operator_has_a_contract_case() -> None:
@@ -404,7 +513,7 @@ def test_every_event_time_operator_has_a_contract_case() -> None:
         and operator is not StatefulOperator
         and supports_event_time(operator)
     }
-    assert event_time == {"sessionize", "deduplicate"}
+    assert event_time == {"sessionize", "deduplicate", "running_count", "running_aggregate"}
     assert {case.operator.name for case in EVENT_TIME_CASES.values()} == event_time
     assert set(EVENT_TIME_CASES) == event_time
 
@@ -480,6 +589,18 @@ def test_restored_event_time_operators_emit_what_a_query_that_never_stopped_emit
     reference, continued = reference_and_restored(spark, tmp_path, case.build, no_data)
     assert sorted(reference) == sorted(case.expected[no_data])
     assert Counter(continued) == Counter(reference)
+    if case.saved_keys is not None:
+        assert saved_expiries(spark, tmp_path / "savepoint") == case.saved_keys[no_data]
+        stopped = read_state(spark, str(tmp_path / "stopped"))
+        expiries = zip(stopped["k"], stopped[EXPIRES_COLUMN], strict=True)
+        assert {k: int(at) - EVENT_T0 * 1000 for k, at in expiries} == case.saved_keys[no_data]
+
+
+def saved_expiries(spark: Any, savepoint: Path) -> dict[str, int]:
+    """Key -> expiry (ms after ``EVENT_T0``) in the savepoint's state file."""
+    (operator,) = Manifest.read(savepoint).operators
+    rows = spark.read.parquet(str(savepoint / operator.file)).collect()
+    return {row["k"]: row[EXPIRES_COLUMN] - EVENT_T0 * 1000 for row in rows}
 
 
 @pytest.mark.timeout(300)
