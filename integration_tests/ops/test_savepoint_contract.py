@@ -49,17 +49,19 @@ repository root, checked by ``test_every_contract_case_names_a_test_that_exists`
   integration_tests/ops/test_stop_with_savepoint.py::test_stop_with_savepoint_among_no_data_batches_of_processing_time_timeouts
   integration_tests/ops/test_stop_with_savepoint.py::test_cli_stop_is_honoured_by_the_listener_and_refused_in_one_line_without_it
   integration_tests/ops/test_stop_with_savepoint.py::test_a_supervised_query_stopped_with_a_savepoint_ends_supervise_without_a_restart
-- renamed and missing operators (positions swapped, a missing one refused, --allow-missing;
-  renaming on a restored checkpoint is OPEN):
+- renamed and missing operators (positions swapped, a missing one refused, --allow-missing,
+  renamed after the restored bootstrap, partly named):
   integration_tests/ops/test_savepoint_operator_names.py::test_state_follows_operator_names_when_positions_swap
-  tests/test_names_ttl_attacks_unit.py::test_open_renaming_an_operator_between_restarts_of_a_restored_checkpoint_relabels
+  integration_tests/ops/test_savepoint_operator_names.py::test_renaming_an_operator_after_the_restored_bootstrap_relabels_and_counts_go_on
+  integration_tests/ops/test_savepoint_operator_names.py::test_a_partially_named_query_restores_exactly_and_an_unclaimed_unnamed_one_is_refused
 - ttl expiry across a restore (event time with the same ttl is the case above; turned
   off through a savepoint, event-time ttl is OPEN):
   integration_tests/ops/test_names_ttl_attacks.py::test_fixed_ttl_through_a_restore_with_other_key_groups_expires_restored_keys_once
   integration_tests/ops/test_names_ttl_attacks.py::test_held_ttl_turned_on_for_one_checkpoint_is_refused_before_its_batch_and_resumes_exactly
   integration_tests/ops/test_savepoint_event_ttl.py::test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_watermark
   integration_tests/ops/test_savepoint_event_ttl.py::test_open_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys
-- timers across a driver SIGKILL and through a savepoint of the killed checkpoint:
+- timers across a driver SIGKILL and through a savepoint of the killed checkpoint
+  (processing time in the chaos lane):
   integration_tests/ops/test_savepoint_timers.py::test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/ops/test_savepoint_timers.py::test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/stateful/test_state_timers_queries.py::test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would

@@ -97,6 +97,7 @@ def drive(
     return run_driver(DRIVER, arguments, timeout=DRIVER_SECONDS, **crash)
 
 
+@pytest.mark.chaos  # six driver JVMs, about 6 minutes; the default lane has the event-time case
 @pytest.mark.timeout(1200)
 def test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint(
     spark: Any, tmp_path: Path
