@@ -434,6 +434,10 @@ class StatefulOperator:
             # checkpoint is not read as event time (added only for event time, so that
             # processing-time ttl checkpoints written before keep their schema).
             settings["ttl_time"] = "event"
+        if self.timers == "event":
+            # Timer due times in event time, checked like ttl_time (processing-time timers,
+            # the first kind, keep the schema they were written with).
+            settings["timers"] = "event"
         self.arrow_state_schema = pa.schema(fields, metadata=settings)
 
     def watermark_carrier(self) -> Column:

@@ -65,7 +65,7 @@ from pyspark.sql.types import DataType
 from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
 from .errors import OperatorDefinitionError
-from .state_codec import EXPIRES_COLUMN, TIMER_COLUMN, stored_name
+from .state_codec import EXPIRES_COLUMN, SETTING_DEFAULTS, TIMER_COLUMN, stored_name
 
 if TYPE_CHECKING:
     from .base import StatefulOperator
@@ -101,6 +101,15 @@ class InitialState:
     checkpoint_location: str | None = None
     operator_id: int = 0
     operator_name: str | None = None
+    state_settings: dict[str, str] | None = None
+    """The checked settings the savepoint's state was written with where not at their
+    default (``ttl_time``, ``timers``); None: unknown (a savepoint of format 1-3)."""
+
+    def stored_setting(self, name: str) -> str | None:
+        """The savepoint's value of checked setting ``name``, None when unknown."""
+        if self.state_settings is None:
+            return None
+        return self.state_settings.get(name, SETTING_DEFAULTS[name.encode()].decode())
 
 
 def split_by_key_group(
@@ -128,8 +137,10 @@ def split_by_key_group(
     watermark_ms = initial_state.next_batch_watermark_ms
     if watermark_ms is None:
         watermark_ms = initial_state.batch_watermark_ms
-    frame = with_expiry_of(operator, frame, watermark_ms)
-    frame = with_timer_column_of(operator, frame, initial_state.path)
+    frame = with_expiry_of(operator, frame, watermark_ms, initial_state.stored_setting("ttl_time"))
+    frame = with_timer_column_of(
+        operator, frame, initial_state.path, initial_state.stored_setting("timers")
+    )
     stored = from_arrow_schema(operator.arrow_state_schema, prefer_timestamp_ntz=True)
     expected = [(field.name, field.dataType) for field in stored.fields]
     found = [(field.name, field.dataType) for field in frame.schema.fields]
@@ -242,7 +253,10 @@ def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | Non
 
 
 def with_expiry_of(
-    operator: StatefulOperator, frame: DataFrame, watermark_ms: int | None = None
+    operator: StatefulOperator,
+    frame: DataFrame,
+    watermark_ms: int | None = None,
+    stored_ttl_time: str | None = None,
 ) -> DataFrame:
     """A savepoint's state as the operator keeps it with or without ``ttl``: turning ttl on
     through a savepoint gives every restored key the full ttl from the restore (the split
@@ -253,27 +267,56 @@ def with_expiry_of(
     With ``ttl_time="event"`` the restore's time is ``watermark_ms``, the old query's next
     watermark (the restored query's first batch clocks with at least it): the savepoint
     holds no event time per key, and a key without one counts as at the watermark, as a
-    row without one does. Unknown (a query without a watermark): the wall clock."""
+    row without one does. Unknown (a query without a watermark): the wall clock.
+
+    The savepoint's expiries are in the time of its ``stored_ttl_time`` (None: unknown, a
+    savepoint of format 1-3, taken as processing time): turning ttl off drops the keys run
+    out by the restore in that time, and a ttl kept in the other time (processing to event
+    or back) first drops those, then gives the others the full ttl, as turning it on does.
+    """
+    wall_clock_ms = int(time.time() * 1000)
+
+    def restored_at(ttl_time: str | None) -> int:
+        if ttl_time == "event" and watermark_ms is not None:
+            return watermark_ms
+        return wall_clock_ms
+
     has_expiry = EXPIRES_COLUMN in frame.columns
+    other_time = operator.ttl_ms is not None and operator.ttl_time != (
+        stored_ttl_time or operator.ttl_time
+    )
+    if has_expiry and (operator.ttl_ms is None or other_time):
+        run_out = restored_at(stored_ttl_time)
+        frame = frame.where(F.col(EXPIRES_COLUMN) > run_out).drop(EXPIRES_COLUMN)
+        has_expiry = False
     if operator.ttl_ms is not None and not has_expiry:
-        restored_at = int(time.time() * 1000)
-        if operator.ttl_time == "event" and watermark_ms is not None:
-            restored_at = watermark_ms
-        expires = restored_at + operator.ttl_ms
+        expires = restored_at(operator.ttl_time) + operator.ttl_ms
         return frame.withColumn(EXPIRES_COLUMN, F.lit(expires).cast("long"))
-    if operator.ttl_ms is None and has_expiry:
-        now = int(time.time() * 1000)
-        return frame.where(F.col(EXPIRES_COLUMN) > now).drop(EXPIRES_COLUMN)
     return frame
 
 
-def with_timer_column_of(operator: StatefulOperator, frame: DataFrame, path: str) -> DataFrame:
+def with_timer_column_of(
+    operator: StatefulOperator, frame: DataFrame, path: str, stored_timers: str | None = None
+) -> DataFrame:
     """A savepoint's state as an operator with or without ``timers`` keeps it. Timers
     turned on: every restored key starts without a timer, as the old operator left it (an
     exact continuation). Turned off: refused, since the savepoint's registered timers
     would never fire and their output would be lost; the operator keeps its timers (an
-    ``on_timer`` that emits nothing lets them pass)."""
+    ``on_timer`` that emits nothing lets them pass). Another kind (``stored_timers``, None:
+    unknown, a savepoint of format 1-3): refused, since due times of one clock compared
+    with the other fire too early or never."""
     has_timers = TIMER_COLUMN in frame.columns
+    if (
+        has_timers
+        and operator.timers != "none"
+        and stored_timers is not None
+        and stored_timers != operator.timers
+    ):
+        raise OperatorDefinitionError(
+            f"{operator.name}: initial_state {path} holds {stored_timers}-time timers and this"
+            f" operator has timers={operator.timers!r}, whose due times are another clock's;"
+            f" keep timers={stored_timers!r} for this savepoint"
+        )
     if operator.timers != "none" and not has_timers:
         return frame.withColumn(TIMER_COLUMN, F.lit(None).cast("long"))
     if operator.timers == "none" and has_timers:

@@ -32,7 +32,7 @@ time compared with the watermark); null: the key has no timer. A savepoint carri
 every state column."""
 
 
-SETTING_DEFAULTS = {b"ttl_time": b"processing"}
+SETTING_DEFAULTS = {b"ttl_time": b"processing", b"timers": b"processing"}
 """Checked settings a state's schema metadata holds only when not at their default (so that
 states written before the setting existed keep their schema)."""
 

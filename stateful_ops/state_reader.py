@@ -19,7 +19,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from .base import SETTINGS_KEY_GROUP
 from .errors import StateSchemaMismatchError
-from .state_codec import STATE_FORMAT_VERSION
+from .state_codec import SETTING_DEFAULTS, STATE_FORMAT_VERSION
 from .validation import OPERATOR_NAME_METADATA_KEY
 
 GROUP_COLUMNS = ("key_group", "format_version", "operator", "blob")
@@ -42,6 +42,16 @@ class StoredState:
     @property
     def kind(self) -> str:
         return self.metadata.get(b"operator", b"").decode()
+
+    @property
+    def checked_settings(self) -> dict[str, str]:
+        """The checked settings (``state_codec.SETTING_DEFAULTS``) the state was written
+        with where not at their default, as a savepoint records them."""
+        return {
+            name.decode(): self.metadata[name].decode()
+            for name in SETTING_DEFAULTS
+            if name in self.metadata
+        }
 
     @property
     def key_groups(self) -> int:

@@ -94,11 +94,12 @@ from eospack.stateful_ops.validation import operator_name
 from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
 
 FORMAT = "eospack-savepoint"
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 """Version 2 adds the old query's watermarks; a version 1 savepoint restores without them.
 Version 3 adds operator names (``OperatorSnapshot.operator_name``); older savepoints have
-none, so their operators map by position."""
+none, so their operators map by position. Version 4 adds each operator's checked settings
+(``OperatorSnapshot.settings``: ttl_time, timers), which older savepoints leave unknown."""
 MANIFEST = "manifest.json"
 RESTORE_OPTIONS = "restore-options.json"
 """Written by ``restore_savepoint`` next to the restored manifest: the restore's options
@@ -125,6 +126,10 @@ class OperatorSnapshot:
     operator_name: str | None = None
     """The operator's stable name (Flink's uid); None for an unnamed operator or a
     savepoint written before names (format version 1 and 2)."""
+    settings: dict[str, str] | None = None
+    """The checked settings its state was written with where not at their default
+    (``ttl_time``: "event", ``timers``: "event"); None for a savepoint written before they
+    were recorded (format version 1-3): unknown, so a restore cannot check them."""
 
     def label(self) -> str:
         """How errors and the CLI name the operator: its name, else its position."""
@@ -246,6 +251,7 @@ def create_savepoint(
                 columns=[{"name": f.name, "type": str(f.type)} for f in stored.schema],
                 key_groups=stored.key_groups,
                 operator_name=stored.operator_name,
+                settings=stored.checked_settings,
             )
         )
     manifest = Manifest(
@@ -684,6 +690,7 @@ class RestoredCheckpoint:
             checkpoint_location=self.checkpoint.location,
             operator_id=operator_id,
             operator_name=name,
+            state_settings=snapshot.settings,
         )
 
 

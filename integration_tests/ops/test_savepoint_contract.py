@@ -54,21 +54,20 @@ repository root, checked by ``test_every_contract_case_names_a_test_that_exists`
   integration_tests/ops/test_savepoint_operator_names.py::test_state_follows_operator_names_when_positions_swap
   integration_tests/ops/test_savepoint_operator_names.py::test_renaming_an_operator_after_the_restored_bootstrap_relabels_and_counts_go_on
   integration_tests/ops/test_savepoint_operator_names.py::test_a_partially_named_query_restores_exactly_and_an_unclaimed_unnamed_one_is_refused
-- ttl expiry across a restore (event time with the same ttl is the case above; turned
-  off through a savepoint, event-time ttl is OPEN):
+- ttl expiry across a restore (event time with the same ttl is the case above):
   integration_tests/ops/test_names_ttl_attacks.py::test_fixed_ttl_through_a_restore_with_other_key_groups_expires_restored_keys_once
   integration_tests/ops/test_names_ttl_attacks.py::test_held_ttl_turned_on_for_one_checkpoint_is_refused_before_its_batch_and_resumes_exactly
   integration_tests/ops/test_savepoint_event_ttl.py::test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_watermark
-  integration_tests/ops/test_savepoint_event_ttl.py::test_open_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys
+  integration_tests/ops/test_savepoint_event_ttl.py::test_fixed_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys
 - timers across a driver SIGKILL and through a savepoint of the killed checkpoint
   (processing time in the chaos lane):
   integration_tests/ops/test_savepoint_timers.py::test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/ops/test_savepoint_timers.py::test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/stateful/test_state_timers_queries.py::test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would
-- timers turned on or off through a savepoint (another kind is OPEN):
+- timers turned on, off or to another kind through a savepoint:
   integration_tests/ops/test_savepoint_timers.py::test_timers_turned_on_through_a_savepoint_start_every_restored_key_without_one
   integration_tests/ops/test_savepoint_timers.py::test_timers_turned_off_through_a_savepoint_are_refused_before_the_query_starts
-  integration_tests/ops/test_savepoint_timers.py::test_open_timers_of_another_kind_through_a_savepoint_are_refused_naming_timers
+  integration_tests/ops/test_savepoint_timers.py::test_fixed_timers_of_another_kind_through_a_savepoint_are_refused_naming_timers
 - a state larger than the driver may receive:
   integration_tests/ops/test_savepoint_scale.py::test_a_state_larger_than_the_driver_may_receive_is_savepointed_and_restored
 """

@@ -88,16 +88,7 @@ def test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_wa
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/initial_state.py with_expiry_of; the savepoint records no"
-    " ttl_time): ttl turned off through a savepoint drops the keys whose expiry is behind"
-    " the wall clock, so every key of an event-time ttl savepoint on event times older"
-    " than now is lost (z, live at the savepoint, restarts at 1). Fix: record ttl_time in"
-    " the savepoint (manifest or state file) and drop event-time expiries at or behind"
-    " its next_batch_watermark_ms",
-)
-def test_open_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys(
+def test_fixed_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys(
     spark: Any, tmp_path: Path
 ) -> None:
     """a (expired at 10 s) and b (12 s) ran out by the restore's watermark (35 s): they

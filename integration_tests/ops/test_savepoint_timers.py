@@ -311,16 +311,7 @@ def test_timers_turned_off_through_a_savepoint_are_refused_before_the_query_star
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (savepoint create and the state's settings: neither records the timers'"
-    " kind): a savepoint of processing-time timers restored into the same operator with"
-    " timers='event' is accepted, and its timers (wall-clock ms) are then compared with"
-    " the watermark (the reverse fires every event-time timer in the first batch). Fix:"
-    " record timers=<kind> in the state's settings metadata and the savepoint's operator"
-    " entry, and refuse another kind in split_by_key_group in one line naming timers",
-)
-def test_open_timers_of_another_kind_through_a_savepoint_are_refused_naming_timers(
+def test_fixed_timers_of_another_kind_through_a_savepoint_are_refused_naming_timers(
     spark: Any, tmp_path: Path
 ) -> None:
     restored = savepoint_of(spark, tmp_path, "processing", rows(("x", LATER_S)))
