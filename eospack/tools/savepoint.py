@@ -52,6 +52,7 @@ ledger starts empty; a query that sets ``sinkId`` must set a new one when restor
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -59,7 +60,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -79,7 +81,7 @@ from eospack.core.errors import EospackError
 from eospack.stateful_ops.initial_state import InitialState
 from eospack.stateful_ops.state_reader import state_frame
 from eospack.stateful_ops.validation import operator_name
-from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
+from eospack.tools.checkpoint import CheckpointInspectError, CheckpointReport, inspect_checkpoint
 
 FORMAT = "eospack-savepoint"
 FORMAT_VERSION = 3
@@ -184,9 +186,13 @@ def create_savepoint(
 ) -> Manifest:
     """Write a savepoint of ``checkpoint``'s last committed batch to ``destination`` (which
     must not exist). Reads the checkpoint only; the query should be stopped. Either may be
-    a local path or a Hadoop file system URI (through ``spark``'s Hadoop file system)."""
-    from eospack.core.version import __version__
+    a local path or a Hadoop file system URI (through ``spark``'s Hadoop file system).
 
+    A local destination is staged beside it (``.<name>.partial``) and renamed into place
+    under a lock (``exclusive_destination``): it exists complete or not at all, and a
+    second create to it while one runs is refused. Elsewhere (``s3a://``, ...) it is
+    written in place, the manifest last: a create killed midway leaves a directory
+    without manifest, which restore refuses and a create there names in one line."""
     checkpoint_location = checkpoint_files(checkpoint, spark)
     target_files = checkpoint_files(destination, spark)
     try:
@@ -203,20 +209,73 @@ def create_savepoint(
             " have applied it): start the query again from this checkpoint, stop it after it"
             " commits a batch, then create the savepoint"
         )
-    if target_files.exists():
-        raise SavepointError(
-            f"{target_files.location} exists: give a new directory for the savepoint"
-        )
-    staging: Path | None = None
-    target: Path | None = None
     if isinstance(target_files, LocalFiles):
         target = target_files.root
-        staging = target.with_name(f".{target.name}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        written: CheckpointFiles = LocalFiles(staging)
-    else:  # written in place: the state files first, the manifest last
-        written = target_files
+        with exclusive_destination(target):
+            refuse_existing(target_files)
+            staging = target.with_name(f".{target.name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)  # left by a create that was killed
+            staging.mkdir(parents=True)
+            try:
+                manifest = write_savepoint(spark, checkpoint_location, report, LocalFiles(staging))
+                os.rename(staging, target)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        return manifest
+    refuse_existing(target_files)
+    # Written in place: the state files first, the manifest last.
+    return write_savepoint(spark, checkpoint_location, report, target_files)
+
+
+def refuse_existing(target_files: CheckpointFiles) -> None:
+    """Refuse a savepoint destination that exists, in one line; one without a manifest is
+    named as what it is: a create that was interrupted (on object storage it writes in
+    place), to delete before creating there again."""
+    if not target_files.exists():
+        return
+    if not target_files.exists(MANIFEST) and target_files.is_directory(""):
+        raise SavepointError(
+            f"{target_files.location} exists without {MANIFEST} (an interrupted savepoint"
+            " create?): delete it, or give a new directory for the savepoint"
+        )
+    raise SavepointError(f"{target_files.location} exists: give a new directory for the savepoint")
+
+
+@contextmanager
+def exclusive_destination(target: Path) -> Iterator[None]:
+    """Hold ``target``'s create lock (``.<name>.lock`` beside it, ``flock``) while a create
+    stages and renames it, so two creates to one local destination never share its
+    staging directory (the second, in this or another process, is refused in one line
+    and changes nothing). The kernel releases the lock of a killed process, so a create
+    killed midway never blocks the next. The lock file is removed once the savepoint is
+    in place (a later create finds the destination and stops there); after a failure it
+    stays, empty, for the next create to take."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.with_name(f".{target.name}.lock")
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SavepointError(
+                f"{target}: another eospack savepoint create is writing this savepoint now:"
+                " wait for it to end, or give another directory"
+            ) from None
+        yield
+        lock.unlink(missing_ok=True)
+
+
+def write_savepoint(
+    spark: SparkSession,
+    checkpoint_location: CheckpointFiles,
+    report: CheckpointReport,
+    written: CheckpointFiles,
+) -> Manifest:
+    """Write the state of ``report``'s last batch and then the manifest into ``written``."""
+    from eospack.core.version import __version__
+
+    source = checkpoint_location.location
+    last = report.batches[-1]
     operators = []
     for operator in report.operators:
         operator_id = int(operator.operator_id)
@@ -252,8 +311,6 @@ def create_savepoint(
         ),
     )
     written.write_text(MANIFEST, manifest.to_json())
-    if staging is not None and target is not None:
-        os.rename(staging, target)
     return manifest
 
 
