@@ -52,6 +52,7 @@ ledger starts empty; a query that sets ``sinkId`` must set a new one when restor
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -358,14 +359,32 @@ def restore_savepoint(
     source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
     restored = target / RESTORED_DIRECTORY
+    staging = target / f".{RESTORED_DIRECTORY}.partial"
     if mode == "no-claim":
-        staging = target / f".{RESTORED_DIRECTORY}.partial"
         shutil.copytree(source, staging)
         os.rename(staging, restored)
     else:
-        shutil.move(source, restored)
+        claim_local(source, staging, restored)
     (restored / RESTORE_OPTIONS).write_text(restore_options(allow_missing))
     return manifest
+
+
+def claim_local(source: Path, staging: Path, restored: Path) -> None:
+    """Move the savepoint ``source`` to ``restored``: a rename on one file system; across
+    file systems a copy to ``staging``, renamed into place complete, and only then the
+    source removed. So ``restored`` never exists with part of the state (a move copies
+    file by file, the manifest possibly first: a restore killed midway left a manifest
+    over part of the state, which the next start restored without a word), and the
+    savepoint is whole in one place or the other at every moment."""
+    try:
+        os.rename(source, restored)
+        return
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    shutil.copytree(source, staging, symlinks=True)
+    os.rename(staging, restored)
+    shutil.rmtree(source)
 
 
 def restore_options(allow_missing: bool) -> str:
