@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from eospack.lab.testing import wait_until
+from eospack.tools import savepoint as savepoint_module
 from eospack.tools import stop_with_savepoint as stopping
 from eospack.tools.stop_with_savepoint import (
     STOP_REQUEST,
@@ -151,3 +152,118 @@ def test_fixed_a_query_made_to_stop_before_the_deadline_that_ends_after_it_is_sa
     requester.join(WAIT_SECONDS)
     assert not requester.is_alive()
     scene.assert_outcomes_agree()
+
+
+class ObjectStore:
+    """Keys to text, as an object store holds them; ``watched`` is a restored savepoint's
+    prefix: every put checks that its manifest is never there before all its state."""
+
+    def __init__(self, watched: str, state: list[str]) -> None:
+        self.objects: dict[str, str] = {}
+        self.watched, self.state = watched, state
+        self.seen_early: list[list[str]] = []
+
+    def put(self, key: str, text: str) -> None:
+        self.objects[key] = text
+        if f"{self.watched}/manifest.json" in self.objects:
+            held = sorted(k for k in self.objects if k.startswith(f"{self.watched}/state/"))
+            if held != [f"{self.watched}/{name}" for name in self.state]:
+                self.seen_early.append(held)
+
+
+class StoreFiles:
+    """``HadoopFiles`` over ``ObjectStore`` with S3A's semantics: a directory is a prefix;
+    a rename or move copies object by object (in key order), then deletes."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self.store, self.prefix = store, prefix.strip("/")
+        self.location = f"s3a://bucket/{self.prefix}"
+
+    def key(self, relative: str) -> str:
+        return "/".join(part for part in (self.prefix, relative.strip("/")) if part)
+
+    def uri(self, relative: str = "") -> str:
+        return f"s3a://bucket/{self.key(relative)}"
+
+    def under(self, relative: str) -> list[str]:
+        key = self.key(relative)
+        return sorted(k for k in self.store.objects if k == key or k.startswith(f"{key}/"))
+
+    def read_text(self, relative: str) -> str | None:
+        return self.store.objects.get(self.key(relative))
+
+    def write_text(self, relative: str, text: str) -> None:
+        self.store.put(self.key(relative), text)
+
+    def names(self, relative: str = "") -> list[str]:
+        key = self.key(relative)
+        return sorted({k[len(key) + 1 :].split("/")[0] for k in self.under(relative) if k != key})
+
+    def exists(self, relative: str = "") -> bool:
+        return bool(self.under(relative))
+
+    def is_directory(self, relative: str = "") -> bool:
+        return any(k != self.key(relative) for k in self.under(relative))
+
+    def delete(self, relative: str) -> None:
+        for key in self.under(relative):
+            del self.store.objects[key]
+
+    def copy_to(self, relative: str, target: StoreFiles, target_relative: str) -> None:
+        source = self.key(relative)
+        for key in self.under(relative):
+            target.store.put(
+                target.key(target_relative) + key[len(source) :], self.store.objects[key]
+            )
+
+    def move_to(self, relative: str, target: StoreFiles, target_relative: str) -> None:
+        self.copy_to(relative, target, target_relative)
+        self.delete(relative)
+
+    def rename(self, relative: str, target_relative: str) -> None:
+        self.move_to(relative, self, target_relative)
+
+
+@pytest.mark.parametrize("mode", ["no-claim", "claim"])
+def test_fixed_a_restore_on_object_storage_never_shows_a_manifest_over_part_of_the_state(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename on S3A copies object by object, ``manifest.json`` before ``state/`` (key
+    order): a restore killed in it left the restored manifest over part of the state, which
+    the next start restored from (keys lost without a word). Checked at every object put."""
+    state = [f"state/operator-0/part-{index}.parquet" for index in range(3)]
+    store = ObjectStore(f"checkpoint/{savepoint_module.RESTORED_DIRECTORY}", state)
+    manifest = savepoint_module.Manifest(
+        batch_id=3,
+        source_offsets=[],
+        operators=[
+            savepoint_module.OperatorSnapshot(0, "running_count", 6, "state/operator-0", [], 4)
+        ],
+        checkpoint="s3a://bucket/query",
+        eospack_version="test",
+        created_at="2026-11-29T00:00:00Z",
+    )
+    for name in state:
+        store.put(f"savepoint/{name}", "rows")
+    store.put("savepoint/manifest.json", manifest.to_json())
+    monkeypatch.setattr(
+        savepoint_module,
+        "checkpoint_files",
+        lambda location, spark=None: StoreFiles(store, str(location).removeprefix("s3a://bucket/")),
+    )
+    monkeypatch.setattr(savepoint_module, "as_hadoop", lambda files, spark=None: files)
+
+    savepoint_module.restore_savepoint(
+        "s3a://bucket/savepoint",
+        "s3a://bucket/checkpoint",
+        mode,
+        spark=None,  # type: ignore[arg-type]
+    )
+    assert store.seen_early == []
+    restored = f"checkpoint/{savepoint_module.RESTORED_DIRECTORY}"
+    assert sorted(k for k in store.objects if k.startswith("checkpoint/")) == sorted(
+        [f"{restored}/{name}" for name in [*state, "manifest.json", "restore-options.json"]]
+    )
+    assert sorted(k for k in store.objects if k.startswith("savepoint/")) == (
+        [] if mode == "claim" else sorted(f"savepoint/{n}" for n in [*state, "manifest.json"])
+    )

@@ -344,17 +344,20 @@ def restore_savepoint(
             " savepoint)"
         )
     if not (isinstance(source_files, LocalFiles) and isinstance(target_files, LocalFiles)):
+        # The manifest last, as create writes one in place: a rename on an object store
+        # copies object by object (manifest.json before state/), so a restore killed in a
+        # directory rename left a manifest over part of the state, restored without a word.
         hadoop_source, hadoop_target = as_hadoop(source_files), as_hadoop(target_files)
-        if mode == "no-claim":
-            partial = f".{RESTORED_DIRECTORY}.partial"
-            hadoop_target.delete(partial)
-            hadoop_source.copy_to("", hadoop_target, partial)
-            hadoop_target.rename(partial, RESTORED_DIRECTORY)
-        else:
-            hadoop_source.move_to("", hadoop_target, RESTORED_DIRECTORY)
+        transfer = hadoop_source.copy_to if mode == "no-claim" else hadoop_source.move_to
+        for name in sorted(hadoop_source.names("")):
+            if name != MANIFEST:
+                transfer(name, hadoop_target, f"{RESTORED_DIRECTORY}/{name}")
         target_files.write_text(
             f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}", restore_options(allow_missing)
         )
+        transfer(MANIFEST, hadoop_target, f"{RESTORED_DIRECTORY}/{MANIFEST}")
+        if mode == "claim":
+            hadoop_source.delete("")
         return manifest
     source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
