@@ -13,6 +13,9 @@ and the query then stopped without a savepoint (under ``supervise``, for good).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -267,3 +270,60 @@ def test_fixed_a_restore_on_object_storage_never_shows_a_manifest_over_part_of_t
     assert sorted(k for k in store.objects if k.startswith("savepoint/")) == (
         [] if mode == "claim" else sorted(f"savepoint/{n}" for n in [*state, "manifest.json"])
     )
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (no ``except Exception``)."""
+
+
+@pytest.mark.parametrize("mode", ["no-claim", "claim"])
+def test_fixed_a_local_restore_killed_midway_is_refused_by_the_next_start_in_one_line(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore killed while it copies (no-claim, or claim across file systems: the
+    savepoint on /dev/shm): the next start on the new checkpoint must refuse it in one line.
+    It began afresh instead (the copy was staged under a hidden name: no state, offsets
+    from the default), and a claim across file systems showed the manifest over part of
+    the state."""
+    if mode == "claim" and (
+        not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev
+    ):
+        pytest.skip("needs /dev/shm on a file system of its own")
+    holder = Path(
+        tempfile.mkdtemp(prefix="eospack-restore-", dir="/dev/shm" if mode == "claim" else tmp_path)
+    )
+    try:
+        saved = holder / "savepoint"
+        (saved / "state" / "operator-0").mkdir(parents=True)
+        for index in range(3):
+            (saved / "state" / "operator-0" / f"part-{index}.parquet").write_text("rows")
+        manifest = savepoint_module.Manifest(
+            batch_id=3,
+            source_offsets=[{"topic": {"0": 5}}],
+            operators=[
+                savepoint_module.OperatorSnapshot(0, "running_count", 6, "state/operator-0", [], 4)
+            ],
+            checkpoint="/query",
+            eospack_version="test",
+            created_at="2026-11-29T00:00:00Z",
+        )
+        (saved / "manifest.json").write_text(manifest.to_json())
+        copied: list[str] = []
+        copy_file = shutil.copyfile
+
+        def killed_at_the_second_state_file(source: Any, target: Any, **options: Any) -> Any:
+            if os.fspath(source).endswith(".parquet"):
+                copied.append(os.fspath(source))
+                if len(copied) == 2:
+                    raise Killed
+            return copy_file(source, target, **options)
+
+        monkeypatch.setattr(shutil, "copyfile", killed_at_the_second_state_file)
+        with pytest.raises(Killed):
+            savepoint_module.restore_savepoint(saved, tmp_path / "checkpoint", mode)  # type: ignore[arg-type]
+        monkeypatch.undo()
+        with pytest.raises(savepoint_module.SavepointError) as refused:
+            savepoint_module.RestoredCheckpoint(tmp_path / "checkpoint")
+        assert "\n" not in str(refused.value) and "manifest.json" in str(refused.value)
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)

@@ -362,32 +362,37 @@ def restore_savepoint(
     source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
     restored = target / RESTORED_DIRECTORY
-    staging = target / f".{RESTORED_DIRECTORY}.partial"
-    if mode == "no-claim":
-        shutil.copytree(source, staging)
-        os.rename(staging, restored)
-    else:
-        claim_local(source, staging, restored)
-    (restored / RESTORE_OPTIONS).write_text(restore_options(allow_missing))
+    if mode == "claim":
+        try:
+            os.rename(source, restored)  # one file system: the savepoint moves whole
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+        else:
+            (restored / RESTORE_OPTIONS).write_text(restore_options(allow_missing))
+            return manifest
+    copy_manifest_last(source, restored, restore_options(allow_missing))
+    if mode == "claim":
+        shutil.rmtree(source)
     return manifest
 
 
-def claim_local(source: Path, staging: Path, restored: Path) -> None:
-    """Move the savepoint ``source`` to ``restored``: a rename on one file system; across
-    file systems a copy to ``staging``, renamed into place complete, and only then the
-    source removed. So ``restored`` never exists with part of the state (a move copies
-    file by file, the manifest possibly first: a restore killed midway left a manifest
-    over part of the state, which the next start restored without a word), and the
-    savepoint is whole in one place or the other at every moment."""
-    try:
-        os.rename(source, restored)
-        return
-    except OSError as error:
-        if error.errno != errno.EXDEV:
-            raise
-    shutil.copytree(source, staging, symlinks=True)
-    os.rename(staging, restored)
-    shutil.rmtree(source)
+def copy_manifest_last(source: Path, restored: Path, options: str) -> None:
+    """Copy the savepoint ``source`` to ``restored``: every file but the manifest, then the
+    restore's options, then the manifest (renamed into place whole). A restore killed
+    midway leaves ``restored`` without a manifest, which ``RestoredCheckpoint`` refuses in
+    one line; a staging directory renamed at the end left nothing a query could see, so
+    the query started next on the checkpoint began afresh (no state, default offsets)
+    without a word, and a move across file systems copied the manifest first."""
+
+    def but_the_manifest(directory: str, names: list[str]) -> set[str]:
+        return {MANIFEST} & set(names) if Path(directory) == source else set()
+
+    shutil.copytree(source, restored, symlinks=True, ignore=but_the_manifest)
+    (restored / RESTORE_OPTIONS).write_text(options)
+    partial = restored / f".{MANIFEST}.partial"
+    shutil.copyfile(source / MANIFEST, partial)
+    os.rename(partial, restored / MANIFEST)
 
 
 def restore_options(allow_missing: bool) -> str:

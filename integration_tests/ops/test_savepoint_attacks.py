@@ -340,9 +340,10 @@ def test_fixed_a_claim_across_file_systems_shows_the_restored_savepoint_only_com
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``claim`` moves the savepoint; across file systems a move copies file by file. The
-    restored ``eospack-savepoint/`` must not exist until every file is there: a restore
-    killed midway otherwise leaves a manifest over part of the state, which the query
-    started next restores from (keys lost without a word). Checked at every file copied."""
+    restored ``eospack-savepoint/`` must not hold its manifest until every file is there:
+    a restore killed midway otherwise leaves a manifest over part of the state, which the
+    query started next restores from (keys lost without a word). Checked at every file
+    copied."""
     if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("needs /dev/shm on a file system of its own")
     checkpoint = counted_checkpoint(spark, tmp_path / "query", ["a", "b", "b", "c", "c", "c"])
@@ -354,7 +355,7 @@ def test_fixed_a_claim_across_file_systems_shows_the_restored_savepoint_only_com
         copy_file = shutil.copyfile
 
         def watched(source_path: Any, target: Any, **options: Any) -> Any:
-            if restored.exists():
+            if (restored / "manifest.json").exists():
                 seen_early.append(sorted(str(p.relative_to(restored)) for p in restored.rglob("*")))
             return copy_file(source_path, target, **options)
 
