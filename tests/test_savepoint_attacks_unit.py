@@ -7,7 +7,10 @@ stopped, and the query was not made to stop, or the query stopped and the savepo
 written. FIXED: a listener seeing the request late stopped the query up to a second past
 the deadline (``max(1.0, remaining)``), and a query made to stop just before the deadline
 ended after the requester's last check: both times the requester said "no query stopped"
-and the query then stopped without a savepoint (under ``supervise``, for good).
+and the query then stopped without a savepoint (under ``supervise``, for good). FIXED too:
+a second request while one waits overwrote it. And restores killed midway, on a local
+disk and on a model of an object store: the next start must refuse them, never restore
+a manifest over part of the state or begin afresh without a word.
 """
 
 from __future__ import annotations
@@ -327,3 +330,27 @@ def test_fixed_a_local_restore_killed_midway_is_refused_by_the_next_start_in_one
         assert "\n" not in str(refused.value) and "manifest.json" in str(refused.value)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
+
+
+def test_fixed_a_second_stop_request_while_one_waits_is_refused_and_leaves_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``create --stop`` on one checkpoint: the second overwrote the first's request
+    and removed its acknowledgement, so the first, its query stopped, could report that
+    nothing stopped (or wait for a stop that was now the second's)."""
+    scene = Scene(tmp_path, monkeypatch)
+    first = {"id": "first", "deadline": time.time() + 600, "stop_by": time.time() + 595}
+    (scene.checkpoint / STOP_REQUEST).write_text(json.dumps(first))
+    (scene.checkpoint / stopping.ACKNOWLEDGED).write_text(json.dumps({"request": "first"}))
+    with pytest.raises(StopWithSavepointError) as refused:
+        request_stop_with_savepoint(
+            None,  # type: ignore[arg-type]  # local paths need no session
+            scene.checkpoint,
+            tmp_path / "other-savepoint",
+            timeout=TIMEOUT,
+            poll_seconds=0.02,
+        )
+    assert "\n" not in str(refused.value) and "already" in str(refused.value)
+    assert json.loads((scene.checkpoint / STOP_REQUEST).read_text()) == first
+    assert (scene.checkpoint / stopping.ACKNOWLEDGED).exists()
+    assert scene.savepoints == []

@@ -431,6 +431,13 @@ def request_stop_with_savepoint(
         raise StopWithSavepointError(
             f"{destination} exists: give a new directory for the savepoint"
         )
+    pending = _read_json(files, STOP_REQUEST)
+    if pending is not None and float(pending.get("deadline", 0)) > time.time():
+        until = time.strftime("%H:%M:%S UTC", time.gmtime(float(pending["deadline"])))
+        raise StopWithSavepointError(
+            f"{files.location}: a stop request is already waiting there (until {until}): let"
+            " that eospack savepoint create --stop finish, or run again after it times out"
+        )
     request_id = uuid.uuid4().hex
     deadline = time.time() + timeout
     stop_by = deadline - min(STOP_MARGIN_SECONDS, timeout / 4)
