@@ -71,12 +71,14 @@ if TYPE_CHECKING:
     from .base import StatefulOperator
 
 SPLIT_COMPLETE = "_complete"
-KEY_GROUP_PARTITION = "key_group"
-"""The split's partition column: ``key_group=<n>/`` holds that key group's keys."""
+KEY_GROUP_PARTITION = "__so_key_group"
+"""The split's partition column: ``__so_key_group=<n>/`` holds that key group's keys.
+Reserved (``__so_``), so it never collides with a key or state column: a split by
+``key_group``, the name before, could not be written for a query keyed by a column
+``key_group`` (Spark: ambiguous reference)."""
 SETTINGS_ROW = -1
 """The key group of an operator's settings row (``base.SETTINGS_KEY_GROUP``): its blob is
 an empty table, the only rows ``operator_id_of`` brings to the driver."""
-"""The split's partition column: ``key_group=<n>/`` holds that key group's keys."""
 BOOTSTRAP_COMPLETE = "_bootstrapped"
 
 
@@ -168,8 +170,10 @@ def split_by_key_group(
 def split_name(operator: StatefulOperator) -> str:
     """The split's directory: per ``key_groups`` and stored columns, so a restart with
     another ``ttl`` setting (or columns) before the first commit splits again rather than
-    loading a split of other columns."""
+    loading a split of other columns; and per partition column, so a split written by an
+    eospack with the partition column ``key_group`` is split again, not read as empty."""
     columns = ",".join(f"{field.name}:{field.type}" for field in operator.arrow_state_schema)
+    columns = f"{KEY_GROUP_PARTITION};{columns}"
     digest = hashlib.sha256(columns.encode()).hexdigest()[:12]
     return f"key-groups-{operator.key_groups}-{digest}"
 

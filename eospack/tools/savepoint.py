@@ -57,6 +57,8 @@ ledger starts empty; a query that sets ``sinkId`` must set a new one when restor
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -64,7 +66,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -91,7 +94,7 @@ from eospack.stateful_ops.initial_state import (
 )
 from eospack.stateful_ops.state_reader import state_frame, stored_groups
 from eospack.stateful_ops.validation import operator_name
-from eospack.tools.checkpoint import CheckpointInspectError, inspect_checkpoint
+from eospack.tools.checkpoint import CheckpointInspectError, CheckpointReport, inspect_checkpoint
 
 FORMAT = "eospack-savepoint"
 FORMAT_VERSION = 4
@@ -201,9 +204,13 @@ def create_savepoint(
 ) -> Manifest:
     """Write a savepoint of ``checkpoint``'s last committed batch to ``destination`` (which
     must not exist). Reads the checkpoint only; the query should be stopped. Either may be
-    a local path or a Hadoop file system URI (through ``spark``'s Hadoop file system)."""
-    from eospack.core.version import __version__
+    a local path or a Hadoop file system URI (through ``spark``'s Hadoop file system).
 
+    A local destination is staged beside it (``.<name>.partial``) and renamed into place
+    under a lock (``exclusive_destination``): it exists complete or not at all, and a
+    second create to it while one runs is refused. Elsewhere (``s3a://``, ...) it is
+    written in place, the manifest last: a create killed midway leaves a directory
+    without manifest, which restore refuses and a create there names in one line."""
     checkpoint_location = checkpoint_files(checkpoint, spark)
     target_files = checkpoint_files(destination, spark)
     try:
@@ -220,20 +227,73 @@ def create_savepoint(
             " have applied it): start the query again from this checkpoint, stop it after it"
             " commits a batch, then create the savepoint"
         )
-    if target_files.exists():
-        raise SavepointError(
-            f"{target_files.location} exists: give a new directory for the savepoint"
-        )
-    staging: Path | None = None
-    target: Path | None = None
     if isinstance(target_files, LocalFiles):
         target = target_files.root
-        staging = target.with_name(f".{target.name}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        written: CheckpointFiles = LocalFiles(staging)
-    else:  # written in place: the state files first, the manifest last
-        written = target_files
+        with exclusive_destination(target):
+            refuse_existing(target_files)
+            staging = target.with_name(f".{target.name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)  # left by a create that was killed
+            staging.mkdir(parents=True)
+            try:
+                manifest = write_savepoint(spark, checkpoint_location, report, LocalFiles(staging))
+                os.rename(staging, target)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        return manifest
+    refuse_existing(target_files)
+    # Written in place: the state files first, the manifest last.
+    return write_savepoint(spark, checkpoint_location, report, target_files)
+
+
+def refuse_existing(target_files: CheckpointFiles) -> None:
+    """Refuse a savepoint destination that exists, in one line; one without a manifest is
+    named as what it is: a create that was interrupted (on object storage it writes in
+    place), to delete before creating there again."""
+    if not target_files.exists():
+        return
+    if not target_files.exists(MANIFEST) and target_files.is_directory(""):
+        raise SavepointError(
+            f"{target_files.location} exists without {MANIFEST} (an interrupted savepoint"
+            " create?): delete it, or give a new directory for the savepoint"
+        )
+    raise SavepointError(f"{target_files.location} exists: give a new directory for the savepoint")
+
+
+@contextmanager
+def exclusive_destination(target: Path) -> Iterator[None]:
+    """Hold ``target``'s create lock (``.<name>.lock`` beside it, ``flock``) while a create
+    stages and renames it, so two creates to one local destination never share its
+    staging directory (the second, in this or another process, is refused in one line
+    and changes nothing). The kernel releases the lock of a killed process, so a create
+    killed midway never blocks the next. The lock file is removed once the savepoint is
+    in place (a later create finds the destination and stops there); after a failure it
+    stays, empty, for the next create to take."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.with_name(f".{target.name}.lock")
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SavepointError(
+                f"{target}: another eospack savepoint create is writing this savepoint now:"
+                " wait for it to end, or give another directory"
+            ) from None
+        yield
+        lock.unlink(missing_ok=True)
+
+
+def write_savepoint(
+    spark: SparkSession,
+    checkpoint_location: CheckpointFiles,
+    report: CheckpointReport,
+    written: CheckpointFiles,
+) -> Manifest:
+    """Write the state of ``report``'s last batch and then the manifest into ``written``."""
+    from eospack.core.version import __version__
+
+    source = checkpoint_location.location
+    last = report.batches[-1]
     operators = []
     for operator in report.operators:
         operator_id = int(operator.operator_id)
@@ -270,8 +330,6 @@ def create_savepoint(
         ),
     )
     written.write_text(MANIFEST, manifest.to_json())
-    if staging is not None and target is not None:
-        os.rename(staging, target)
     return manifest
 
 
@@ -304,29 +362,55 @@ def restore_savepoint(
             " savepoint)"
         )
     if not (isinstance(source_files, LocalFiles) and isinstance(target_files, LocalFiles)):
+        # The manifest last, as create writes one in place: a rename on an object store
+        # copies object by object (manifest.json before state/), so a restore killed in a
+        # directory rename left a manifest over part of the state, restored without a word.
         hadoop_source, hadoop_target = as_hadoop(source_files), as_hadoop(target_files)
-        if mode == "no-claim":
-            partial = f".{RESTORED_DIRECTORY}.partial"
-            hadoop_target.delete(partial)
-            hadoop_source.copy_to("", hadoop_target, partial)
-            hadoop_target.rename(partial, RESTORED_DIRECTORY)
-        else:
-            hadoop_source.move_to("", hadoop_target, RESTORED_DIRECTORY)
+        transfer = hadoop_source.copy_to if mode == "no-claim" else hadoop_source.move_to
+        for name in sorted(hadoop_source.names("")):
+            if name != MANIFEST:
+                transfer(name, hadoop_target, f"{RESTORED_DIRECTORY}/{name}")
         target_files.write_text(
             f"{RESTORED_DIRECTORY}/{RESTORE_OPTIONS}", restore_options(allow_missing)
         )
+        transfer(MANIFEST, hadoop_target, f"{RESTORED_DIRECTORY}/{MANIFEST}")
+        if mode == "claim":
+            hadoop_source.delete("")
         return manifest
     source, target = source_files.root, target_files.root
     target.mkdir(parents=True, exist_ok=True)
     restored = target / RESTORED_DIRECTORY
-    if mode == "no-claim":
-        staging = target / f".{RESTORED_DIRECTORY}.partial"
-        shutil.copytree(source, staging)
-        os.rename(staging, restored)
-    else:
-        shutil.move(source, restored)
-    (restored / RESTORE_OPTIONS).write_text(restore_options(allow_missing))
+    if mode == "claim":
+        try:
+            os.rename(source, restored)  # one file system: the savepoint moves whole
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+        else:
+            (restored / RESTORE_OPTIONS).write_text(restore_options(allow_missing))
+            return manifest
+    copy_manifest_last(source, restored, restore_options(allow_missing))
+    if mode == "claim":
+        shutil.rmtree(source)
     return manifest
+
+
+def copy_manifest_last(source: Path, restored: Path, options: str) -> None:
+    """Copy the savepoint ``source`` to ``restored``: every file but the manifest, then the
+    restore's options, then the manifest (renamed into place whole). A restore killed
+    midway leaves ``restored`` without a manifest, which ``RestoredCheckpoint`` refuses in
+    one line; a staging directory renamed at the end left nothing a query could see, so
+    the query started next on the checkpoint began afresh (no state, default offsets)
+    without a word, and a move across file systems copied the manifest first."""
+
+    def but_the_manifest(directory: str, names: list[str]) -> set[str]:
+        return {MANIFEST} & set(names) if Path(directory) == source else set()
+
+    shutil.copytree(source, restored, symlinks=True, ignore=but_the_manifest)
+    (restored / RESTORE_OPTIONS).write_text(options)
+    partial = restored / f".{MANIFEST}.partial"
+    shutil.copyfile(source / MANIFEST, partial)
+    os.rename(partial, restored / MANIFEST)
 
 
 def restore_options(allow_missing: bool) -> str:

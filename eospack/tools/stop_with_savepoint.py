@@ -56,6 +56,14 @@ then checks the committed boundary, writes the savepoint and removes both files.
 honouring the request within the timeout is one line, and the request is withdrawn; a
 request past its deadline is ignored, so a stale one never stops a later run (the deadline
 is wall-clock time of both hosts).
+
+The requester and the listener agree on the outcome: the listener makes a query stop only
+until ``stop_by`` (the deadline less a margin, ``STOP_MARGIN_SECONDS``) and acknowledges it
+(``eospack-stop-acknowledged.json``); a requester past its deadline without acknowledgement
+reports that nothing stopped (and nothing will), one with it waits for the query's end.
+Before, a listener could stop the query up to a second after the deadline, or while the
+requester made its last check, and the requester reported "no query stopped" for a query
+that then stopped without a savepoint.
 """
 
 from __future__ import annotations
@@ -80,6 +88,16 @@ STOP_REQUEST = "eospack-stop-request.json"
 """Written into the checkpoint by ``request_stop_with_savepoint``: ``id``, ``deadline``."""
 STOPPED = "eospack-stopped.json"
 """Written into the checkpoint by ``StopRequestListener`` once the query it stopped ended."""
+ACKNOWLEDGED = "eospack-stop-acknowledged.json"
+"""Written into the checkpoint by ``StopRequestListener`` once it has made the query stop
+after its batch (``request``: the request's id): from then on the requester waits for the
+query's end past its deadline (up to ``TERMINATION_GRACE_SECONDS``) rather than report
+that nothing stopped."""
+STOP_MARGIN_SECONDS = 5.0
+"""A listener stops a query only until ``stop_by`` = the request's deadline less this (at
+most a quarter of the timeout): what it marks stopping is acknowledged before the requester
+gives up, so the requester never reports "not stopped" for a query that stops."""
+TERMINATION_GRACE_SECONDS = 60.0
 DEFAULT_TIMEOUT_SECONDS = 300.0
 logger = logging.getLogger("eospack.stop_with_savepoint")
 
@@ -348,22 +366,37 @@ class StopRequestListener(StreamingQueryListener):
                 location = self.checkpoints[run_id] = checkpoint_of(query)
             files = checkpoint_files(location, self.session)
             request = _read_json(files, STOP_REQUEST)
-            if request is None or float(request.get("deadline", 0)) < time.time():
+            if request is None:
                 return
-            self.honoured[run_id] = (location, str(request.get("id")))
-            remaining = float(request["deadline"]) - time.time()
-            threading.Thread(target=self.stop, args=(query, run_id, remaining), daemon=True).start()
+            stop_by = float(request.get("stop_by", request.get("deadline", 0)))
+            remaining = stop_by - time.time()
+            if remaining <= 0:  # the requester may be giving up: stopping now could go unseen
+                return
+            request_id = str(request.get("id"))
+            self.honoured[run_id] = (location, request_id)
+            threading.Thread(
+                target=self.stop, args=(query, run_id, remaining, request_id), daemon=True
+            ).start()
         except Exception:  # a listener must not fail the listener bus
             logger.exception("stop request of query %s not honoured", query_id)
 
-    def stop(self, query: StreamingQuery, run_id: str, timeout: float) -> None:
-        """``stop_after_batch`` off the listener bus (it may wait for a batch to end); when
-        it gives up, a later event of the query tries again while the request lasts."""
+    def stop(self, query: StreamingQuery, run_id: str, timeout: float, request_id: str) -> None:
+        """``stop_after_batch`` off the listener bus (it may wait for a batch to end), within
+        ``timeout`` (the request's ``stop_by``), then ``ACKNOWLEDGED``; when it gives up, a
+        later event of the query tries again while the request lasts."""
         try:
-            stop_after_batch(query, max(1.0, timeout))
+            stop_after_batch(query, timeout)
         except Exception:
             self.honoured.pop(run_id, None)
             logger.exception("stop request of query %s not honoured yet", query.id)
+            return
+        try:
+            location, _ = self.honoured.get(run_id, (checkpoint_of(query), request_id))
+            checkpoint_files(location, self.session).write_text(
+                ACKNOWLEDGED, json.dumps({"request": request_id, "run": run_id})
+            )
+        except Exception:
+            logger.exception("stop of query %s not acknowledged", query.id)
 
 
 def honour_stop_requests(spark: SparkSession) -> StopRequestListener:
@@ -398,25 +431,47 @@ def request_stop_with_savepoint(
         raise StopWithSavepointError(
             f"{destination} exists: give a new directory for the savepoint"
         )
+    pending = _read_json(files, STOP_REQUEST)
+    if pending is not None and float(pending.get("deadline", 0)) > time.time():
+        until = time.strftime("%H:%M:%S UTC", time.gmtime(float(pending["deadline"])))
+        raise StopWithSavepointError(
+            f"{files.location}: a stop request is already waiting there (until {until}): let"
+            " that eospack savepoint create --stop finish, or run again after it times out"
+        )
     request_id = uuid.uuid4().hex
     deadline = time.time() + timeout
+    stop_by = deadline - min(STOP_MARGIN_SECONDS, timeout / 4)
     _remove(files, STOPPED)
-    files.write_text(STOP_REQUEST, json.dumps({"id": request_id, "deadline": deadline}))
+    _remove(files, ACKNOWLEDGED)
+    files.write_text(
+        STOP_REQUEST, json.dumps({"id": request_id, "deadline": deadline, "stop_by": stop_by})
+    )
     try:
         while True:
             stopped = _read_json(files, STOPPED)
             if stopped is not None and stopped.get("request") == request_id:
                 break
-            if time.time() > deadline:
-                raise StopWithSavepointError(
-                    f"no query on {files.location} stopped within {timeout:g} s: run the"
-                    " query with eospack's StopRequestListener"
-                    " (eospack.honour_stop_requests(spark)), or stop"
-                    " it between batches and run eospack savepoint create (request withdrawn)"
-                )
+            now = time.time()
+            if now > deadline:
+                acknowledged = _read_json(files, ACKNOWLEDGED)
+                if acknowledged is None or acknowledged.get("request") != request_id:
+                    raise StopWithSavepointError(
+                        f"no query on {files.location} stopped within {timeout:g} s: run the"
+                        " query with eospack's StopRequestListener"
+                        " (eospack.honour_stop_requests(spark)), or stop it between batches"
+                        " and run eospack savepoint create (request withdrawn)"
+                    )
+                if now > deadline + TERMINATION_GRACE_SECONDS:
+                    raise StopWithSavepointError(
+                        f"the query on {files.location} was made to stop after its batch but"
+                        f" had not ended {TERMINATION_GRACE_SECONDS:g} s after the timeout:"
+                        f" once it has ended, run eospack savepoint create {checkpoint}"
+                        f" {destination}"
+                    )
             time.sleep(poll_seconds)
     finally:
         _remove(files, STOP_REQUEST)
+        _remove(files, ACKNOWLEDGED)
     _remove(files, STOPPED)
     if stopped.get("failure"):
         raise StopWithSavepointError(
