@@ -253,3 +253,23 @@ def test_timer_kinds_are_checked_when_the_operator_is_defined() -> None:
         " kind per operator; use the same kind for both"
     )
     assert Reminder("k").timeout == "processing" and RunningCount("k").timers == "none"
+
+
+def test_a_state_is_refused_by_the_same_operator_with_the_other_timer_kind() -> None:
+    """Due times are one clock's: a restart that switches a checkpoint's timers between
+    processing and event time is refused by its first batch, naming timers, both ways."""
+    from eospack.stateful_ops import StateSchemaMismatchError, state_codec
+
+    class ReminderOnEventTime(Reminder):
+        timers = "event"
+
+    processing, event = bound(Reminder("k")), bound(ReminderOnEventTime("k"))
+    for written, reading, message in [
+        (event, processing, "written with timers=event, this query declares timers=processing"),
+        (processing, event, "written with timers=processing, this query declares timers=event"),
+    ]:
+        blob = state_codec.encode(written.empty_state(), written.stored_schema())
+        row = (state_codec.STATE_FORMAT_VERSION, "reminder", blob)
+        with pytest.raises(StateSchemaMismatchError, match=message):
+            reading.load_value(row)
+        assert len(written.load_value(row)) == 0

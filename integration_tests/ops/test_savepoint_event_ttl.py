@@ -100,3 +100,28 @@ def test_fixed_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired
     sink = Emitted()
     counts(spark, new_input, restored, None, sink)
     assert sink.final() == [(0, [("a", 1, 1), ("z", 2, 2)])]
+
+
+@pytest.mark.timeout(300)
+def test_fixed_event_time_ttl_restored_as_processing_time_ttl_gives_live_keys_the_full_ttl(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The savepoint's expiries are event times (2023 here), which a wall clock has long
+    passed: kept as they were, z expired in the restored query's first batch and restarted
+    at 1. The keys run out by the old watermark (a, b) stay gone; z gets the full
+    processing-time ttl from the restore and keeps its count."""
+    restored = savepointed(spark, tmp_path, ttl=TTL)
+    new_input = tmp_path / "new-input"
+    new_input.mkdir()
+    write_batch(str(new_input), 0, events(("z", 50), ("a", 51)))
+    sink = Emitted()
+    output = running_count(
+        with_watermark(source(spark, str(new_input))),
+        "k",
+        key_groups=4,
+        initial_state=RestoredCheckpoint(restored).initial_state(),
+        ttl="1 hour",
+    ).selectExpr("k", "count", "version")
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        run(output, str(restored), "update", sink)
+    assert sink.final() == [(0, [("a", 1, 1), ("z", 2, 2)])]
