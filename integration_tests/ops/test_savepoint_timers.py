@@ -321,3 +321,29 @@ def test_fixed_timers_of_another_kind_through_a_savepoint_are_refused_naming_tim
     operator = countdown("event")("k", key_groups=4, initial_state=initial_state)
     with pytest.raises(OperatorDefinitionError, match="timers"):
         operator.apply(with_watermark(source(spark, str(new_input))))
+
+
+@pytest.mark.timeout(300)
+def test_fixed_ttl_turned_on_through_a_savepoint_with_timers_keeps_each_keys_timer(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The savepoint holds timers and no expiries; ttl turned on adds the expiry column,
+    which the state keeps before the timer column: it was added after it, and the restore
+    was refused as 'other columns'. Now each key keeps its timer and gets the full ttl."""
+    restored = savepoint_of(spark, tmp_path, "processing", rows(("x", LATER_S), ("y", LATER_S)))
+    new_input = tmp_path / "new-input"
+    new_input.mkdir()
+    write_batch(str(new_input), 0, rows(("z", LATER_S)))
+    initial_state = RestoredCheckpoint(restored).initial_state()
+    operator = countdown("processing")("k", key_groups=4, initial_state=initial_state, ttl="1 hour")
+    sink = Emitted()
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        run(operator.apply(source(spark, str(new_input))), str(restored), "update", sink)
+    assert sink.final() == [(0, [])]
+    old_timer = batch_timestamp_ms(tmp_path / "old", 0) + LATER_S * 1000
+    new_timer = batch_timestamp_ms(restored, 0) + LATER_S * 1000
+    assert stored(spark, restored) == {
+        "x": (1, old_timer),
+        "y": (1, old_timer),
+        "z": (1, new_timer),
+    }
