@@ -163,6 +163,7 @@ def assert_restore_refused(spark: Any, destination: str, new_checkpoint: str) ->
     assert not checkpoint_files(new_checkpoint, spark).names()
 
 
+@pytest.mark.chaos  # a driver JVM killed and a create redone, ~35 s; guards a case that held
 @pytest.mark.timeout(600)
 def test_held_a_local_create_killed_before_its_manifest_leaves_no_savepoint_and_is_redone(
     spark: Any, tmp_path: Path
@@ -182,6 +183,7 @@ def test_held_a_local_create_killed_before_its_manifest_leaves_no_savepoint_and_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["query", "savepoint"]
 
 
+@pytest.mark.chaos  # a driver JVM on s3a killed, ~40 s; guards a case that held
 @pytest.mark.timeout(600)
 def test_held_an_s3a_create_killed_before_its_manifest_is_refused_and_named_in_one_line(
     spark: Any, s3: Any, hadoop_aws_jars: Any, tmp_path: Path, unique_name: str
@@ -294,6 +296,7 @@ def run_killed_restore(checkpoint: Path, inputs: Path, key_groups: int, kill_at:
     assert "KILLING" in lines and "NOT KILLED" not in lines
 
 
+@pytest.mark.chaos  # three driver JVMs, ~60 s; guards a case that held
 @pytest.mark.timeout(900)
 def test_held_a_restored_first_start_killed_in_its_split_then_in_its_batch_restores_exactly(
     spark: Any, tmp_path: Path

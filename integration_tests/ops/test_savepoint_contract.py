@@ -59,8 +59,8 @@ repository root, checked by ``test_every_contract_case_names_a_test_that_exists`
   integration_tests/ops/test_names_ttl_attacks.py::test_held_ttl_turned_on_for_one_checkpoint_is_refused_before_its_batch_and_resumes_exactly
   integration_tests/ops/test_savepoint_event_ttl.py::test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_watermark
   integration_tests/ops/test_savepoint_event_ttl.py::test_fixed_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired_keys
-- timers across a driver SIGKILL and through a savepoint of the killed checkpoint
-  (processing time in the chaos lane):
+- timers across a driver SIGKILL and through a savepoint of the killed checkpoint (the
+  SIGKILL cases in the chaos lane: five and six driver JVMs):
   integration_tests/ops/test_savepoint_timers.py::test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/ops/test_savepoint_timers.py::test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint
   integration_tests/stateful/test_state_timers_queries.py::test_event_time_timers_restored_from_a_savepoint_fire_as_the_old_query_would

@@ -97,7 +97,7 @@ def drive(
     return run_driver(DRIVER, arguments, timeout=DRIVER_SECONDS, **crash)
 
 
-@pytest.mark.chaos  # six driver JVMs, about 6 minutes; the default lane has the event-time case
+@pytest.mark.chaos  # six driver JVMs, about 6 minutes; the default lane restarts timers in-session
 @pytest.mark.timeout(1200)
 def test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint(
     spark: Any, tmp_path: Path
@@ -177,6 +177,7 @@ def test_processing_time_timers_fire_once_after_a_driver_sigkill_and_through_a_s
     }
 
 
+@pytest.mark.chaos  # five driver JVMs, 2-4 minutes; the default lane restarts timers in-session
 @pytest.mark.timeout(1200)
 def test_event_time_timers_fire_once_after_a_driver_sigkill_and_through_a_savepoint(
     spark: Any, tmp_path: Path

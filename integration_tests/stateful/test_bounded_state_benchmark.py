@@ -44,6 +44,7 @@ def replayed_state(
     return {(key, count, expires) for key, (count, expires) in state.items()}
 
 
+@pytest.mark.chaos  # a 30 s run of benchmark 18 plus its session, ~50 s
 @pytest.mark.timeout(240)
 def test_bounded_state_benchmark_keeps_exactly_the_live_keys(spark: Any, tmp_path: Path) -> None:
     load = Load(
