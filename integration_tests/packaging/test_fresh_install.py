@@ -557,10 +557,14 @@ def test_plain_session_finds_and_writes_with_a_wheel_install(
     assert rows == ROWS
 
 
+@pytest.mark.chaos
 def test_demo_runs_to_verified_from_an_editable_install(editable_install: FreshInstall) -> None:
     """The issue's first-run check: plain ``pip install -e .`` then ``eospack demo``.
 
-    Small (3,000 events, one crash) to keep CI short; the full default run is in docs/demo.md.
+    Small (3,000 events, one crash); in the chaos lane (2.5 minutes): the default lane runs the
+    demo from the project's own editable install (test_demo_metrics, test_demo_kafka), and
+    the import hook test here checks that a fresh editable install serves its own code.
+    The full default run is in docs/demo.md.
     """
     demo = [str(editable_install.venv / "bin" / "eospack"), "demo", "--crashes", "1"]
     demo += ["--events", "3000", "--produce-seconds", "10"]
