@@ -28,6 +28,12 @@ def write_batch(directory: str, index: int, rows: list[dict[str, Any]]) -> None:
     os.utime(path, (1_000_000 + index, 1_000_000 + index))
 
 
+def batch_timestamp_ms(checkpoint: str | os.PathLike[str], batch_id: int) -> int:
+    """The processing time Spark gave batch ``batch_id`` (its offset log entry)."""
+    with open(os.path.join(checkpoint, "offsets", str(batch_id)), encoding="utf-8") as handle:
+        return int(json.loads(handle.read().splitlines()[1])["batchTimestampMs"])
+
+
 def source(spark: SparkSession, directory: str) -> DataFrame:
     return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(directory)
 

@@ -201,8 +201,8 @@ def test_fixed_a_ttl_meant_as_forever_is_refused_at_definition_not_by_the_first_
 def test_fixed_the_longest_ttl_accepted_runs_a_batch() -> None:
     operator = counter("36500 days")
     state, output = counted(operator, operator.empty_state(), ["a"], 1_000)
-    assert output == [("a", 1, 1)]
-    assert by_key(state) == {"a": (1, 1, 1_000 + 36_500 * 86_400_000)}
+    assert output == [("a", 1, 1_000)]
+    assert by_key(state) == {"a": (1, 1_000, 1_000 + 36_500 * 86_400_000)}
     dedup = Deduplicate("k", "36500 days")
     dedup.bind(["k"], KEY_ONLY)
     assert dedup.ttl_us == 36_500 * 86_400_000_000
@@ -214,17 +214,18 @@ def test_fixed_the_longest_ttl_accepted_runs_a_batch() -> None:
 
 def test_held_a_key_getting_rows_in_the_batch_it_expires_starts_again_from_one() -> None:
     """Expired means ``last batch + ttl <= now`` (Flink's rule): rows at exactly that time
-    count from 1, version 1; the other keys keep their state and expiry."""
+    count from 1, a new life's version starting at the batch's timestamp; the other keys
+    keep their state and expiry."""
     operator = counter("10 seconds")
     state, _ = counted(operator, operator.empty_state(), ["a", "a", "b"], 1_000)
     state, output = counted(operator, state, ["b"], 2_000)
-    assert output == [("b", 2, 2)]
+    assert output == [("b", 2, 1_001)]
     state, output = counted(operator, state, ["a", "a", "a"], 11_000)
-    assert output == [("a", 3, 1)]
-    assert by_key(state) == {"b": (2, 2, 12_000), "a": (3, 1, 21_000)}
+    assert output == [("a", 3, 11_000)]
+    assert by_key(state) == {"b": (2, 1_001, 12_000), "a": (3, 11_000, 21_000)}
     state, output = counted(operator, state, ["a"], 20_999)
-    assert output == [("a", 4, 2)]
-    assert by_key(state) == {"a": (4, 2, 30_999)}
+    assert output == [("a", 4, 11_001)]
+    assert by_key(state) == {"a": (4, 11_001, 30_999)}
 
 
 def test_held_a_key_expiring_and_coming_back_in_one_batch_through_the_group_call() -> None:
@@ -232,15 +233,15 @@ def test_held_a_key_expiring_and_coming_back_in_one_batch_through_the_group_call
     drops only the expired key, without output; the key then comes back at count 1."""
     bucket = Bucket(counter("10 seconds"))
     assert bucket.call([pd.DataFrame({"k": ["a", "b"]})], now_ms=1_000) == [
-        ("a", 1, 1),
-        ("b", 1, 1),
+        ("a", 1, 1_000),
+        ("b", 1, 1_000),
     ]
-    assert bucket.call([pd.DataFrame({"k": ["b"]})], now_ms=6_000) == [("b", 2, 2)]
+    assert bucket.call([pd.DataFrame({"k": ["b"]})], now_ms=6_000) == [("b", 2, 1_001)]
     assert bucket.call([pd.DataFrame({"k": []})], now_ms=11_001, timed_out=True) == []
-    assert by_key(bucket.operator.load_value(bucket.value)) == {"b": (2, 2, 16_000)}
+    assert by_key(bucket.operator.load_value(bucket.value)) == {"b": (2, 1_001, 16_000)}
     assert bucket.call([pd.DataFrame({"k": ["a", "b"]})], now_ms=16_000) == [
-        ("a", 1, 1),
-        ("b", 1, 1),
+        ("a", 1, 16_000),
+        ("b", 1, 16_000),
     ]
     assert bucket.call([pd.DataFrame({"k": []})], now_ms=26_001, timed_out=True) == []
     assert bucket.value is None
@@ -249,13 +250,13 @@ def test_held_a_key_expiring_and_coming_back_in_one_batch_through_the_group_call
 def test_held_null_keys_expire_and_refresh_like_any_key() -> None:
     operator = counter("10 seconds")
     state, output = counted(operator, operator.empty_state(), [None, None, "a"], 1_000)
-    assert output == [("a", 1, 1), (None, 2, 1)]
+    assert output == [("a", 1, 1_000), (None, 2, 1_000)]
     state, output = counted(operator, state, [None], 5_000)
-    assert output == [(None, 3, 2)]
-    assert by_key(state) == {"a": (1, 1, 11_000), None: (3, 2, 15_000)}
+    assert output == [(None, 3, 1_001)]
+    assert by_key(state) == {"a": (1, 1_000, 11_000), None: (3, 1_001, 15_000)}
     state, output = counted(operator, state, ["a"], 15_000)
-    assert output == [("a", 1, 1)]
-    assert by_key(state) == {"a": (1, 1, 25_000)}
+    assert output == [("a", 1, 15_000)]
+    assert by_key(state) == {"a": (1, 15_000, 25_000)}
 
 
 def test_held_composite_keys_with_nulls_keep_their_own_expiry_in_running_aggregate() -> None:
@@ -272,14 +273,18 @@ def test_held_composite_keys_with_nulls_keep_their_own_expiry_in_running_aggrega
         {"k": ["a", "a", None], "j": [1.0, None, None], "v": [1.0, 2.0, None]},
         1_000,
     )
-    assert plain(output) == [("a", 1, 1, 1, 1), ("a", None, 2, 1, 1), (None, None, None, 0, 1)]
+    assert plain(output) == [
+        ("a", 1, 1, 1, 1_000),
+        ("a", None, 2, 1, 1_000),
+        (None, None, None, 0, 1_000),
+    ]
     state, output = batch(state, {"k": ["a"], "j": [None], "v": [5.0]}, 4_000)
-    assert plain(output) == [("a", None, 7, 2, 2)]
+    assert plain(output) == [("a", None, 7, 2, 1_001)]
     values = state.astype(object).where(state.notna(), None)
     expiries = {(row["k"], row["j"]): int(row[EXPIRES_COLUMN]) for row in values.to_dict("records")}
     assert expiries == {("a", 1): 11_000, ("a", None): 14_000, (None, None): 11_000}
     state, output = batch(state, {"k": [None], "j": [None], "v": [3.0]}, 12_000)
-    assert plain(output) == [(None, None, 3, 1, 1)]
+    assert plain(output) == [(None, None, 3, 1, 12_000)]
     assert len(state) == 2
 
 
@@ -290,23 +295,18 @@ def test_held_a_clock_going_backwards_expires_by_each_batch_own_clock() -> None:
     operator = counter("10 seconds")
     state, _ = counted(operator, operator.empty_state(), ["a", "b"], 100_000)
     state, output = counted(operator, state, ["a"], 50_000)
-    assert output == [("a", 2, 2)]
-    assert by_key(state) == {"a": (2, 2, 60_000), "b": (1, 1, 110_000)}
+    assert output == [("a", 2, 100_001)]
+    assert by_key(state) == {"a": (2, 100_001, 60_000), "b": (1, 100_000, 110_000)}
     state, output = counted(operator, state, ["c"], 60_000)
-    assert by_key(state) == {"b": (1, 1, 110_000), "c": (1, 1, 70_000)}
+    assert by_key(state) == {"b": (1, 100_000, 110_000), "c": (1, 60_000, 70_000)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN: after expiry a key starts again at version 1, so a sink with"
-    " versionColumn=version (the documented running_count -> 2pc-jdbc upsert) refuses every"
-    " row of the key's new life until its version passes the old one and keeps the stale"
-    " count. Fix needs a decision on running_count/running_aggregate's version contract,"
-    " e.g. with ttl: version = the batch timestamp (ms) that started the key's current life"
-    " + batches in it - 1 (strictly above every earlier life's versions while batch"
-    " timestamps increase), or documenting that ttl and versionColumn do not mix",
-)
-def test_open_a_key_coming_back_after_expiry_gets_a_version_a_version_column_sink_accepts() -> None:
+def test_fixed_a_key_coming_back_after_expiry_gets_a_version_a_version_column_sink_accepts() -> (
+    None
+):
+    """With ttl a key's life starts its version at the batch's timestamp (ms), so the
+    documented running_count -> 2pc-jdbc upsert (``versionColumn=version``) takes the new
+    life's rows instead of keeping the old life's count (it started again at version 1)."""
     operator = counter("10 seconds")
     state = operator.empty_state()
     versions = []

@@ -38,16 +38,21 @@ def as_dict(state: pd.DataFrame) -> dict[str, tuple[int, int, int]]:
 def test_touched_keys_expire_ttl_after_their_batch_and_untouched_keep_their_expiry() -> None:
     operator = bound("10 seconds")
     state, output = batch(operator, operator.empty_state(), ["a", "a", "b"], 1_000)
-    assert output == [("a", 2, 1), ("b", 1, 1)]
-    assert as_dict(state) == {"a": (2, 1, 11_000), "b": (1, 1, 11_000)}
+    assert output == [("a", 2, 1_000), ("b", 1, 1_000)]
+    assert as_dict(state) == {"a": (2, 1_000, 11_000), "b": (1, 1_000, 11_000)}
     state, output = batch(operator, state, ["b"], 5_000)
-    assert output == [("b", 2, 2)]
-    assert as_dict(state) == {"a": (2, 1, 11_000), "b": (2, 2, 15_000)}
+    assert output == [("b", 2, 1_001)]
+    assert as_dict(state) == {"a": (2, 1_000, 11_000), "b": (2, 1_001, 15_000)}
     assert operator.next_wake_up_ms(state, Clock(5_000, None)) == 11_000
-    # At 11 s a's ttl has run out: it is gone before the batch, and comes back from nothing.
+    # At 11 s a's ttl has run out: it is gone before the batch, and comes back from nothing
+    # (its new life's version starts at the batch's timestamp, above its old life's).
     state, output = batch(operator, state, ["a", "c"], 11_000)
-    assert output == [("a", 1, 1), ("c", 1, 1)]
-    assert as_dict(state) == {"b": (2, 2, 15_000), "a": (1, 1, 21_000), "c": (1, 1, 21_000)}
+    assert output == [("a", 1, 11_000), ("c", 1, 11_000)]
+    assert as_dict(state) == {
+        "b": (2, 1_001, 15_000),
+        "a": (1, 11_000, 21_000),
+        "c": (1, 11_000, 21_000),
+    }
 
 
 def test_a_fired_timeout_drops_exactly_the_keys_whose_ttl_ran_out() -> None:
@@ -55,7 +60,7 @@ def test_a_fired_timeout_drops_exactly_the_keys_whose_ttl_ran_out() -> None:
     state, _ = batch(operator, operator.empty_state(), ["a"], 1_000)
     state, _ = batch(operator, state, ["b"], 4_000)
     kept, output = operator.expire(state, Clock(11_000, None))
-    assert as_dict(kept) == {"b": (1, 1, 14_000)} and not len(output)
+    assert as_dict(kept) == {"b": (1, 4_000, 14_000)} and not len(output)
     kept, _ = operator.expire(kept, Clock(14_000, None))
     assert not len(kept)
 
@@ -97,6 +102,9 @@ def test_a_savepoint_without_expiries_restored_with_ttl_gets_the_full_ttl_and_ba
     assert with_expiry_of(plain, saved) is saved
 
 
+FAR = 10**13
+
+
 def event_bound(ttl: object) -> RunningCount:
     """running_count with ttl_time="event", bound as its partial-count step sends rows."""
     operator = RunningCount("k", ttl=ttl, ttl_time="event")
@@ -118,7 +126,7 @@ def event_batch(
     watermark_ms: int,
 ) -> tuple:
     """One batch of partial counts (key, rows, latest event second) at ``watermark_ms``;
-    the processing time is far ahead and must not matter."""
+    the processing time is far ahead (``FAR`` + the watermark) and only starts versions."""
     frame = pd.DataFrame(
         {
             "k": [key for key, _, _ in partials],
@@ -130,7 +138,7 @@ def event_batch(
         }
     )
     rows = operator.fold(iter([frame]))
-    new_state, output = operator.update_live(rows, state, Clock(10**13, watermark_ms))
+    new_state, output = operator.update_live(rows, state, Clock(FAR + watermark_ms, watermark_ms))
     return new_state, sorted(map(tuple, output[["k", "count", "version"]].to_numpy().tolist()))
 
 
@@ -141,17 +149,17 @@ def test_event_time_ttl_expires_a_key_once_the_watermark_passes_its_latest_event
     state, output = event_batch(
         operator, operator.empty_state(), [("a", 2, 100), ("b", 1, 50), ("a", 1, 90)], 0
     )
-    assert output == [("a", 3, 1), ("b", 1, 1)]
-    assert as_dict(state) == {"a": (3, 1, 110_000), "b": (1, 1, 60_000)}
+    assert output == [("a", 3, FAR), ("b", 1, FAR)]
+    assert as_dict(state) == {"a": (3, FAR, 110_000), "b": (1, FAR, 60_000)}
     assert operator.next_wake_up_ms(state, Clock(0, 0)) == 60_000
     assert not operator.due(state, Clock(10**13, 59_999)) and operator.due(state, Clock(0, 60_000))
     # At watermark 60 s b is gone (it starts again); a late row of a keeps a's expiry, and a
     # row without event time counts as at the watermark.
     state, output = event_batch(operator, state, [("a", 1, 20), ("b", 1, None)], 60_000)
-    assert output == [("a", 4, 2), ("b", 1, 1)]
-    assert as_dict(state) == {"a": (4, 2, 110_000), "b": (1, 1, 70_000)}
+    assert output == [("a", 4, FAR + 1), ("b", 1, FAR + 60_000)]
+    assert as_dict(state) == {"a": (4, FAR + 1, 110_000), "b": (1, FAR + 60_000, 70_000)}
     kept, _ = operator.expire(state, Clock(0, 70_000))
-    assert as_dict(kept) == {"a": (4, 2, 110_000)}
+    assert as_dict(kept) == {"a": (4, FAR + 1, 110_000)}
     kept, _ = operator.expire(kept, Clock(0, 110_000))
     assert not len(kept)
 
@@ -215,9 +223,9 @@ def test_rows_sent_without_partial_counts_carry_their_keys_latest_event_time() -
         {"k": ["a", "b", "a"], TTL_EVENT_US_COLUMN: pd.array([5_000_000, None, 9_000_000])}
     )
     rows = operator.fold(iter([frame]))
-    state, output = operator.update_live(rows, operator.empty_state(), Clock(0, 1_000))
+    state, output = operator.update_live(rows, operator.empty_state(), Clock(5_000, 1_000))
     assert sorted(map(tuple, output[["k", "count", "version"]].to_numpy().tolist())) == [
-        ("a", 2, 1),
-        ("b", 1, 1),
+        ("a", 2, 5_000),
+        ("b", 1, 5_000),
     ]
-    assert as_dict(state) == {"a": (2, 1, 19_000), "b": (1, 1, 11_000)}
+    assert as_dict(state) == {"a": (2, 5_000, 19_000), "b": (1, 5_000, 11_000)}

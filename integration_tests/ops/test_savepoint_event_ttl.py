@@ -23,6 +23,7 @@ from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
+    batch_timestamp_ms,
     run,
     source,
     with_watermark,
@@ -74,7 +75,8 @@ def test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_wa
     spark: Any, tmp_path: Path
 ) -> None:
     """Restored keys expire at the restore's watermark (35 s) + ttl = 45 s: the batch
-    whose watermark is 45 s forgets a, b and z, so a comes back at count 1, version 1."""
+    whose watermark is 45 s forgets a, b and z, so a comes back at count 1. With ttl a new
+    life's version is its batch's timestamp (ms)."""
     restored = savepointed(spark, tmp_path, ttl=None)
     new_input = tmp_path / "new-input"
     new_input.mkdir()
@@ -82,7 +84,8 @@ def test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_wa
     write_batch(str(new_input), 1, events(("a", 52)))
     sink = Emitted()
     counts(spark, new_input, restored, TTL, sink)
-    assert sink.final() == [(0, [("c", 1, 1)]), (1, [("a", 1, 1)])]
+    first, second = (batch_timestamp_ms(restored, batch) for batch in (0, 1))
+    assert sink.final() == [(0, [("c", 1, first)]), (1, [("a", 1, second)])]
     state = read_state(spark, str(restored))
     assert dict(zip(state["k"], state["count"], strict=True)) == {"a": 1, "c": 1}
 
@@ -92,14 +95,16 @@ def test_fixed_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired
     spark: Any, tmp_path: Path
 ) -> None:
     """a (expired at 10 s) and b (12 s) ran out by the restore's watermark (35 s): they
-    never come back; z (expires at 50 s) keeps its count."""
+    never come back; z (expires at 50 s) keeps its count and version (its life started in
+    the old query's batch 1, with ttl), and a starts again at version 1 (no ttl now)."""
     restored = savepointed(spark, tmp_path, ttl=TTL)
     new_input = tmp_path / "new-input"
     new_input.mkdir()
     write_batch(str(new_input), 0, events(("z", 50), ("a", 51)))
     sink = Emitted()
     counts(spark, new_input, restored, None, sink)
-    assert sink.final() == [(0, [("a", 1, 1), ("z", 2, 2)])]
+    z_life = batch_timestamp_ms(tmp_path / "old", 1)
+    assert sink.final() == [(0, [("a", 1, 1), ("z", 2, z_life + 1)])]
 
 
 @pytest.mark.timeout(300)
@@ -124,4 +129,6 @@ def test_fixed_event_time_ttl_restored_as_processing_time_ttl_gives_live_keys_th
     ).selectExpr("k", "count", "version")
     with session_settings(spark, {NO_DATA_BATCHES: "false"}):
         run(output, str(restored), "update", sink)
-    assert sink.final() == [(0, [("a", 1, 1), ("z", 2, 2)])]
+    z_life = batch_timestamp_ms(tmp_path / "old", 1)
+    a_life = batch_timestamp_ms(restored, 0)
+    assert sink.final() == [(0, [("a", 1, a_life), ("z", 2, z_life + 1)])]

@@ -29,6 +29,7 @@ from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
+    batch_timestamp_ms,
     countdown,
     run,
     source,
@@ -44,12 +45,6 @@ DUE_S = 10
 LATER_S = 600
 
 Rows = list[tuple[Any, ...]]
-
-
-def batch_timestamp_ms(checkpoint: Path, batch_id: int) -> int:
-    """The processing time Spark gave batch ``batch_id`` (its offset log entry)."""
-    text = (checkpoint / "offsets" / str(batch_id)).read_text()
-    return int(json.loads(text.splitlines()[1])["batchTimestampMs"])
 
 
 def attempts(sink: Path) -> list[tuple[int, Rows]]:

@@ -7,7 +7,6 @@ by construction, so this test runs 30 s at 3,000 keys per 6 s ttl, with a 2 s tr
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,9 @@ import pytest
 
 from benchmarks.bounded_state import Load, keys_of_rows, measure
 from eospack.stateful_ops import read_state
+from integration_tests.stateful_parts import batch_timestamp_ms
 
 EXPIRES = "__so_expires_at_ms"  # stateful_ops.state_codec.EXPIRES_COLUMN
-
-
-def batch_timestamp_ms(checkpoint: str, batch_id: int) -> int:
-    """The processing time Spark gave batch ``batch_id`` (its offset log entry)."""
-    entry = (Path(checkpoint) / "offsets" / str(batch_id)).read_text(encoding="utf-8")
-    return int(json.loads(entry.splitlines()[1])["batchTimestampMs"])
 
 
 def replayed_state(

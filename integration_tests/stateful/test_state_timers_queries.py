@@ -9,7 +9,6 @@ Event-time timers are driven by the watermark alone, so their outputs are fixed 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -35,6 +34,7 @@ from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
+    batch_timestamp_ms,
     run,
     source,
     with_watermark,
@@ -96,12 +96,6 @@ def reminder(kind: str, delay_ms: int) -> type[StatefulOperator]:
 @pytest.fixture(scope="module")
 def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("state_timers"))
-
-
-def batch_timestamp_ms(checkpoint: str, batch_id: int) -> int:
-    """The processing time Spark gave batch ``batch_id`` (its offset log entry)."""
-    with open(os.path.join(checkpoint, "offsets", str(batch_id))) as handle:
-        return int(json.loads(handle.read().splitlines()[1])["batchTimestampMs"])
 
 
 def forget_commit(checkpoint: str, batch_id: int) -> None:

@@ -42,6 +42,7 @@ from integration_tests.stateful_parts import (
     QUERY_TIMEOUT,
     T0,
     Emitted,
+    batch_timestamp_ms,
     run,
     source,
     with_watermark,
@@ -410,23 +411,30 @@ def test_deduplicate_processing_time_ttl_expires_keys(spark: SparkSession, tmp_r
 TTL_CASES = {
     "running_count": (
         lambda df, ttl: running_count(df, "k", key_groups=4, ttl=ttl),
-        [("x", 2, 1), ("y", 1, 1)],
-        [("x", 1, 1), ("z", 1, 1)],
+        [("x", 2), ("y", 1)],
+        [("x", 1), ("z", 1)],
     ),
     "running_aggregate": (
         lambda df, ttl: running_aggregate(df, "k", {"v": "sum"}, key_groups=4, ttl=ttl),
-        [("x", 4.0, 1), ("y", 2.0, 1)],
-        [("x", 2.0, 1), ("z", 2.0, 1)],
+        [("x", 4.0), ("y", 2.0)],
+        [("x", 2.0), ("z", 2.0)],
     ),
 }
+
+
+def without_versions(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], set[int]]:
+    """The rows without their last field (the version), and the versions seen."""
+    return [row[:-1] for row in rows], {row[-1] for row in rows}
 
 
 @pytest.mark.parametrize("name", sorted(TTL_CASES))
 def test_ttl_forgets_a_key_idle_longer_than_ttl_and_it_starts_again(
     spark: SparkSession, tmp_root: str, name: str
 ) -> None:
-    """x and y, then (after the ttl) x and z: x counts from 1 again (version 1; without a
-    ttl it would be 3, version 2) and y left the state, whichever key group it is in."""
+    """x and y, then (after the ttl) x and z: x counts from 1 again (without a ttl it would
+    be 3) and y left the state, whichever key group it is in. With ttl a key's life starts
+    its version at the batch's timestamp (ms), so x's new life is versioned above its old
+    one (a ``versionColumn=version`` sink takes it)."""
     build, first_batch, second_batch = TTL_CASES[name]
     directory = os.path.join(tmp_root, f"{name}-ttl-input")
     checkpoint = os.path.join(tmp_root, f"{name}-ttl-checkpoint")
@@ -440,13 +448,22 @@ def test_ttl_forgets_a_key_idle_longer_than_ttl_and_it_starts_again(
         with session_settings(spark, {NO_DATA_BATCHES: "false"}):
             return run(build(source(spark, directory), f"{ttl_ms} ms"), checkpoint, "update", sink)
 
+    started_ms = time.time() * 1000
     first = start()
-    assert sink.final() == [(0, first_batch)]
+    [(batch, rows)] = sink.final()
+    values, first_versions = without_versions(rows)
+    assert (batch, values) == (0, first_batch)
+    [first_version] = first_versions
+    assert started_ms - 60_000 < first_version <= time.time() * 1000
     batch_time = pd.Timestamp(first.lastProgress["timestamp"]).timestamp()
     wait_until(lambda: time.time() > batch_time + 2 * ttl_ms / 1000, 10, "the ttl to pass")
     write_batch(directory, 1, [{**row, "k": k} for k in ("x", "z")])
     start()
-    assert sink.final()[1] == (1, second_batch)
+    batch, rows = sink.final()[1]
+    values, second_versions = without_versions(rows)
+    assert (batch, values) == (1, second_batch)
+    [second_version] = second_versions
+    assert second_version >= first_version + ttl_ms
     assert sorted(read_state(spark, checkpoint)["k"]) == ["x", "z"]
 
 
@@ -650,10 +667,10 @@ EVENT_TTL_CASES = {
     "running_count": (
         lambda df: running_count(df, "k", key_groups=4, ttl="10 seconds", ttl_time="event"),
         [
-            [("x", 2, 1), ("y", 1, 1)],
-            [("z", 1, 1)],
-            [("x", 1, 1), ("z", 2, 2)],
-            [("z", 3, 3)],
+            [("x", 2, (0, 0)), ("y", 1, (0, 0))],
+            [("z", 1, (1, 0))],
+            [("x", 1, (2, 0)), ("z", 2, (1, 1))],
+            [("z", 3, (1, 2))],
         ],
     ),
     "running_aggregate": (
@@ -661,13 +678,15 @@ EVENT_TTL_CASES = {
             df, "k", {"v": "sum"}, key_groups=4, ttl="10 seconds", ttl_time="event"
         ),
         [
-            [("x", 4.0, 1), ("y", 2.0, 1)],
-            [("z", 2.0, 1)],
-            [("x", 2.0, 1), ("z", 4.0, 2)],
-            [("z", 6.0, 3)],
+            [("x", 4.0, (0, 0)), ("y", 2.0, (0, 0))],
+            [("z", 2.0, (1, 0))],
+            [("x", 2.0, (2, 0)), ("z", 4.0, (1, 1))],
+            [("z", 6.0, (1, 2))],
         ],
     ),
 }
+"""Per batch, the rows (key, value, (batch that started the key's life, batches since)):
+with ttl a life's version starts at its first batch's timestamp (ms)."""
 EVENT_TTL_BATCHES = [
     [("x", 0), ("y", 1), ("x", 2)],  # expiries: x T0+12 s, y T0+11 s
     [("z", 20)],  # watermark T0-3 s: nothing expires
@@ -703,7 +722,11 @@ def test_event_time_ttl_forgets_a_key_once_the_watermark_passes_its_latest_event
         write_batch(directory, index, [{"k": k, "n": 1, "v": 2.0, "t": T0 + s} for k, s in rows])
         if index in (1, 3):
             start()
-    assert sink.final() == list(enumerate(expected))
+    versioned = [
+        [(*row[:-1], batch_timestamp_ms(checkpoint, row[-1][0]) + row[-1][1]) for row in rows]
+        for rows in expected
+    ]
+    assert sink.final() == list(enumerate(versioned))
     state = read_state(spark, checkpoint)
     assert dict(zip(state["k"], state[EXPIRES_COLUMN], strict=True)) == {
         "x": (T0 + 31) * 1000,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -26,7 +27,7 @@ from ..errors import OperatorDefinitionError
 from ..initial_state import InitialState
 from ..validation import INTEGRAL_TYPES, NUMERIC_TYPES, require_column
 from .partial_aggregation import NESTED_TYPES, partial_aggregates
-from .shared import NEW_ROWS, long_field, refuse_name_clash
+from .shared import NEW_ROWS, long_field, next_versions, refuse_name_clash
 
 SUPPORTED_AGGREGATES = ("sum", "count", "min", "max", "mean")
 
@@ -223,7 +224,12 @@ class RunningAggregate(StatefulOperator):
         spec[NEW_ROWS] = (NEW_ROWS, "sum")
         merged = both.groupby(keys, dropna=False, sort=False, as_index=False).agg(**spec)
         changed = (merged[NEW_ROWS] > 0).to_numpy()
-        merged["version"] = merged["version"] + changed.astype("int64")
+        merged["version"] = next_versions(
+            merged["version"].to_numpy(dtype=np.int64),
+            changed,
+            self.ttl_ms,
+            clock.processing_time_ms,
+        )
         new_state = merged[list(self.state_schema.names)]
         out = merged[changed]
         output = out[keys].copy()

@@ -31,7 +31,7 @@ from .partial_aggregation import (
     PARTIAL_COUNT,
     partial_counts,
 )
-from .shared import NEW_ROWS, key_codes, long_field, refuse_name_clash
+from .shared import NEW_ROWS, key_codes, long_field, next_versions, refuse_name_clash
 
 
 class RunningCount(StatefulOperator):
@@ -122,7 +122,9 @@ class RunningCount(StatefulOperator):
         changed = new_rows > 0
         new_state = both.iloc[firsts].reset_index(drop=True)
         new_state["count"] = count + new_rows
-        new_state["version"] = version + changed
+        new_state["version"] = next_versions(
+            version, changed, self.ttl_ms, clock.processing_time_ms
+        )
         return new_state, new_state[changed]
 
 
@@ -156,7 +158,10 @@ def running_count(
 
     ``ttl`` (a duration: ``"30 minutes"`` or a ``timedelta``): forget a key that received
     no row for that long in processing time (the batches' timestamps); it then counts from
-    1 again, version 1, if it comes back. Unset (default): keys are kept forever.
+    1 again if it comes back. With ttl a key's version starts at its first batch's
+    timestamp (ms) and grows by one per batch, so it keeps growing across the key's lives
+    and a sink with ``versionColumn=version`` takes a new life's rows. Unset (default):
+    keys are kept forever, and versions start at 1.
 
     ``ttl_time``: ``"processing"`` (default, as above) or ``"event"``: a key expires once
     the watermark reaches its latest event time plus ``ttl`` (the event time is the input's
