@@ -136,3 +136,41 @@ def test_open_a_savepoint_of_a_restored_checkpoint_continues_as_the_restored_que
     second_input = inputs(tmp_path / "second-input", events(("y", 21), ("z", 45)))
     event_ttl_counts(spark, second_input, second, restored)
     assert [rows for _, rows in restored.final()] == [rows for _, rows in unstopped.final()]
+
+
+def as_format_3(savepoint: Path) -> None:
+    """Rewrite ``savepoint``'s manifest in the shape format 3 wrote: no settings."""
+    path = savepoint / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["format_version"] = 3
+    for operator in manifest["operators"]:
+        del operator["settings"]
+    path.write_text(json.dumps(manifest, indent=2))
+
+
+@pytest.mark.timeout(600)
+def test_held_a_format_3_savepoint_of_event_ttl_restores_into_event_ttl_as_format_4_does(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A savepoint written before format 4 does not say its expiries are event times;
+    restored into the same event-time ttl they are kept as they are, as a format 4
+    savepoint's: a and b ran out by the old watermark (35 s), z (expires 50 s) counts on."""
+    old = tmp_path / "old"
+    old_input = inputs(tmp_path / "old-input", events(("a", 0), ("b", 2)), events(("z", 40)))
+    event_ttl_counts(spark, old_input, old, Emitted())
+    outputs = {}
+    for version in (3, 4):
+        savepoint, restored = tmp_path / f"savepoint-{version}", tmp_path / f"restored-{version}"
+        assert main(["savepoint", "create", str(old), str(savepoint)]) == 0
+        if version == 3:
+            as_format_3(savepoint)
+        assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+        initial = RestoredCheckpoint(restored).initial_state()
+        assert initial is not None
+        expected = None if version == 3 else "event"
+        assert initial.stored_setting("ttl_time") == expected
+        new_input = inputs(tmp_path / f"new-input-{version}", events(("z", 50), ("a", 51)))
+        sink = Emitted()
+        event_ttl_counts(spark, new_input, restored, sink)
+        outputs[version] = sink.final()
+    assert outputs[3] == outputs[4] == [(0, [("a", 1, 1), ("z", 2, 2)])]
