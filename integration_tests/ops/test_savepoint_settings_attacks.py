@@ -174,3 +174,43 @@ def test_held_a_format_3_savepoint_of_event_ttl_restores_into_event_ttl_as_forma
         event_ttl_counts(spark, new_input, restored, sink)
         outputs[version] = sink.final()
     assert outputs[3] == outputs[4] == [(0, [("a", 1, 1), ("z", 2, 2)])]
+
+
+@pytest.mark.timeout(600)
+def test_fixed_processing_to_event_to_processing_ttl_through_two_savepoints_keeps_every_key(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Processing-time ttl (no watermark), restored with event-time ttl (c counted there),
+    savepointed again and restored with processing-time ttl: no key ran out on the way, so
+    each counts on. Before the fix a and b got event-time expiries at 10 s after 1970,
+    which the second savepoint's watermark (45 s) had run out: they restarted at 1."""
+    old = tmp_path / "old"
+    processing_counts = running_count(
+        source(spark, str(inputs(tmp_path / "old-input", events(("a", 0), ("b", 2))))),
+        "k",
+        key_groups=4,
+        ttl="1 hour",
+    ).selectExpr("k", "count", "version")
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        run(processing_counts, str(old), "update", Emitted())
+    event = tmp_path / "event"
+    savepoint_and_restore(old, tmp_path / "savepoint-1", event)
+    event_sink = Emitted()
+    event_ttl_counts(spark, inputs(tmp_path / "event-input", events(("c", 50))), event, event_sink)
+    assert event_sink.final() == [(0, [("c", 1, 1)])]
+    processing = tmp_path / "processing"
+    manifest = savepoint_and_restore(event, tmp_path / "savepoint-2", processing)
+    assert manifest["operators"][0]["settings"] == {"ttl_time": "event"}
+    assert manifest["next_batch_watermark_ms"] == (T0 + 45) * 1000
+    last_input = inputs(tmp_path / "last-input", events(("a", 60), ("b", 60), ("c", 60)))
+    output = running_count(
+        source(spark, str(last_input)),
+        "k",
+        key_groups=4,
+        initial_state=RestoredCheckpoint(processing).initial_state(),
+        ttl="1 hour",
+    ).selectExpr("k", "count", "version")
+    sink = Emitted()
+    with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        run(output, str(processing), "update", sink)
+    assert sink.final() == [(0, [("a", 2, 2), ("b", 2, 2), ("c", 2, 2)])]
