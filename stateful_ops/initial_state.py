@@ -178,9 +178,22 @@ def split_name(operator: StatefulOperator) -> str:
     """The split's directory: per ``key_groups`` and stored columns, so a restart with
     another ``ttl`` setting (or columns) before the first commit splits again rather than
     loading a split of other columns; and per partition column, so a split written by an
-    eospack with the partition column ``key_group`` is split again, not read as empty."""
+    eospack with the partition column ``key_group`` is split again, not read as empty.
+    Per checked setting away from its default too (``ttl_time``, ``timers``): the columns
+    are the same in either time, and a split of processing-time expiries or timers loaded
+    as event times would expire or fire by the other clock (unchecked: the restore checks
+    the settings only while it splits). Settings at their defaults add nothing, so such a
+    split keeps its name."""
     columns = ",".join(f"{field.name}:{field.type}" for field in operator.arrow_state_schema)
     columns = f"{KEY_GROUP_PARTITION};{columns}"
+    metadata = operator.arrow_state_schema.metadata or {}
+    settings = [
+        f"{name.decode()}={metadata[name].decode()}"
+        for name in SETTING_DEFAULTS
+        if name in metadata
+    ]
+    if settings:
+        columns = f"{columns};{','.join(settings)}"
     digest = hashlib.sha256(columns.encode()).hexdigest()[:12]
     return f"key-groups-{operator.key_groups}-{digest}"
 
@@ -288,9 +301,18 @@ def with_expiry_of(
     wall_clock_ms = int(time.time() * 1000)
 
     def restored_at(ttl_time: str | None) -> int:
+        """The restore's time in ``ttl_time``: what the stored expiries ran out by."""
         if ttl_time == "event" and watermark_ms is not None:
             return watermark_ms
         return wall_clock_ms
+
+    def counted_from(ttl_time: str) -> int:
+        """Where a new ttl counts from: as ``restored_at``, but Spark logs watermark 0 for a
+        query without one (never nothing), which as an event time would run every restored
+        key out at the restored query's first watermark: the wall clock instead."""
+        if ttl_time == "event" and not watermark_ms:
+            return wall_clock_ms
+        return restored_at(ttl_time)
 
     has_expiry = EXPIRES_COLUMN in frame.columns
     other_time = operator.ttl_ms is not None and operator.ttl_time != (
@@ -301,7 +323,7 @@ def with_expiry_of(
         frame = frame.where(F.col(EXPIRES_COLUMN) > run_out).drop(EXPIRES_COLUMN)
         has_expiry = False
     if operator.ttl_ms is not None and not has_expiry:
-        expires = restored_at(operator.ttl_time) + operator.ttl_ms
+        expires = counted_from(operator.ttl_time) + operator.ttl_ms
         return frame.withColumn(EXPIRES_COLUMN, F.lit(expires).cast("long"))
     return frame
 
