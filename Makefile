@@ -108,6 +108,14 @@ test-wheel: $(BUILD_STAMP)
 test-compat: fetch
 	.ci/compat $(ARGS)
 
+# Keyed state on the older lines (on demand, about 30 min): the savepoint contract and
+# stop-with-savepoint (not their chaos cases) on Spark 4.0, 4.1 and 4.2 x Python 3.11, in
+# the smoke's venvs (4.3 runs them in make test).
+.PHONY: test-compat-state
+test-compat-state: fetch
+	.ci/compat --smoke integration_tests/ops/test_savepoint_contract.py \
+		integration_tests/ops/test_stop_with_savepoint.py -p no:cacheprovider -m "not chaos" $(ARGS)
+
 services: $(STAMP)
 	$(VENV)/bin/eospack services up
 
