@@ -465,3 +465,41 @@ def test_open_deduplicate_switched_between_event_and_processing_time_through_a_s
     assert emitted.to_dict("records") == [{"k": "a", "ts": 1}]  # a repeat, emitted again
     with pytest.raises(OperatorDefinitionError, match="event_time"):
         split_by_key_group(spark, initial, processing)
+
+
+@pytest.mark.parametrize(
+    ("batch_id", "own", "expected"),
+    [
+        (0, (0, 15_000), (30_000, 35_000)),  # the restored batch 0 drops behind the old batch's
+        (3, (20_000, 25_000), (35_000, 35_000)),  # later: behind the old next watermark
+        (3, (40_000, 45_000), (40_000, 45_000)),  # Spark's own has passed the old one
+    ],
+)
+def test_fixed_a_restored_checkpoints_savepoint_records_the_watermarks_its_operators_clocked(
+    tmp_path: Path, batch_id: int, own: tuple[int, int], expected: tuple[int, int]
+) -> None:
+    """A checkpoint restored from a savepoint whose watermarks were 30 s (its batch) and
+    35 s (the next): its operators clock with at least those, so a savepoint of it records
+    at least those, not Spark's own trailing ones. Without a restored savepoint, Spark's."""
+    from eospack.core.checkpoint_files import LocalFiles
+    from eospack.tools.savepoint import MANIFEST, clocked_watermarks
+
+    checkpoint = LocalFiles(tmp_path)
+    assert clocked_watermarks(checkpoint, batch_id, *own) == own
+    restored = Manifest(
+        batch_id=7,
+        source_offsets={},
+        operators=[],
+        checkpoint="old",
+        eospack_version="0.1.0",
+        created_at="2026-11-29T00:00:00Z",
+        batch_watermark_ms=30_000,
+        next_batch_watermark_ms=35_000,
+    )
+    (tmp_path / RESTORED_DIRECTORY).mkdir()
+    (tmp_path / RESTORED_DIRECTORY / MANIFEST).write_text(restored.to_json())
+    assert clocked_watermarks(checkpoint, batch_id, *own) == expected
+    assert clocked_watermarks(checkpoint, batch_id, None, None) == (
+        30_000 if batch_id == 0 else 35_000,
+        35_000,
+    )

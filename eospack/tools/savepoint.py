@@ -314,6 +314,12 @@ def write_savepoint(
                 settings=stored.checked_settings,
             )
         )
+    batch_watermark, next_batch_watermark = clocked_watermarks(
+        checkpoint_location,
+        last.batch_id,
+        watermark_in(checkpoint_location.read_text(f"offsets/{last.batch_id}"), 1),
+        watermark_in(checkpoint_location.read_text(f"commits/{last.batch_id}"), 1),
+    )
     manifest = Manifest(
         batch_id=last.batch_id,
         source_offsets=last.source_offsets,
@@ -322,15 +328,39 @@ def write_savepoint(
         eospack_version=__version__,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         settings={"state_store_provider": report.state_store_provider or "Spark default"},
-        batch_watermark_ms=watermark_in(
-            checkpoint_location.read_text(f"offsets/{last.batch_id}"), 1
-        ),
-        next_batch_watermark_ms=watermark_in(
-            checkpoint_location.read_text(f"commits/{last.batch_id}"), 1
-        ),
+        batch_watermark_ms=batch_watermark,
+        next_batch_watermark_ms=next_batch_watermark,
     )
     written.write_text(MANIFEST, manifest.to_json())
     return manifest
+
+
+def clocked_watermarks(
+    checkpoint: CheckpointFiles,
+    batch_id: int,
+    batch_watermark: int | None,
+    next_batch_watermark: int | None,
+) -> tuple[int | None, int | None]:
+    """The watermarks a checkpoint's event-time operators ran batch ``batch_id`` with and
+    would run the next one with: Spark's own (``batch_watermark``, ``next_batch_watermark``)
+    or, for a checkpoint restored from a savepoint, at least that savepoint's, since its
+    operators clock with the higher of both (``StatefulOperator.clock``): Spark's own
+    watermark starts afresh in the new checkpoint and trails the old query's for a while.
+    Recording only Spark's would let a savepoint of a restored checkpoint keep keys its
+    query had expired, and turning ttl off from it keep keys run out."""
+    if checkpoint.read_text(f"{RESTORED_DIRECTORY}/{MANIFEST}") is None:
+        return batch_watermark, next_batch_watermark
+    restored = Manifest.read(checkpoint, RESTORED_DIRECTORY)
+    floor = restored.batch_watermark_ms if batch_id == 0 else restored.next_batch_watermark_ms
+    return highest(batch_watermark, floor), highest(
+        next_batch_watermark, restored.next_batch_watermark_ms
+    )
+
+
+def highest(first: int | None, second: int | None) -> int | None:
+    """The higher of two watermarks, where None means none is known."""
+    known = [watermark for watermark in (first, second) if watermark is not None]
+    return max(known) if known else None
 
 
 def restore_savepoint(

@@ -98,20 +98,7 @@ def test_fixed_event_ttl_turned_on_from_a_query_without_watermark_keeps_the_rest
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (eospack/tools/savepoint.py write_savepoint): a savepoint of a restored"
-    " checkpoint records the restored query's own Spark watermark (offset and commit log),"
-    " which lags the first savepoint's watermark its event-time operators clock and drop"
-    " late rows with (max of both): restored again, keys the unstopped query expires at"
-    " the next batch (y, expiry 30 s at its clock 35 s) live on (restored again: y counts"
-    " on to 2; unstopped: y starts again at 1). The same lag decides which keys turning"
-    " event-time ttl off or rebasing it drops. Fix: when the checkpoint holds"
-    " eospack-savepoint/manifest.json, record batch_watermark_ms = max(own, the restored"
-    " manifest's next (its batch watermark for the restored batch 0)) and"
-    " next_batch_watermark_ms = max(own, the restored manifest's next)",
-)
-def test_open_a_savepoint_of_a_restored_checkpoint_continues_as_the_restored_query_would(
+def test_fixed_a_savepoint_of_a_restored_checkpoint_continues_as_the_restored_query_would(
     spark: Any, tmp_path: Path
 ) -> None:
     """Event-time ttl kept through two savepoints: the old query's next watermark is 35 s;
