@@ -65,7 +65,14 @@ from pyspark.sql.types import DataType
 from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
 from .errors import OperatorDefinitionError
-from .state_codec import EXPIRES_COLUMN, SETTING_DEFAULTS, TIMER_COLUMN, stored_name
+from .state_codec import (
+    EXPIRES_COLUMN,
+    EXPIRY_CLOCK,
+    SETTING_DEFAULTS,
+    TIMER_COLUMN,
+    expiry_clock_change,
+    stored_name,
+)
 
 if TYPE_CHECKING:
     from .base import StatefulOperator
@@ -111,7 +118,8 @@ class InitialState:
         """The savepoint's value of checked setting ``name``, None when unknown."""
         if self.state_settings is None:
             return None
-        return self.state_settings.get(name, SETTING_DEFAULTS[name.encode()].decode())
+        default = SETTING_DEFAULTS.get(name.encode())
+        return self.state_settings.get(name, None if default is None else default.decode())
 
 
 def split_by_key_group(
@@ -125,6 +133,7 @@ def split_by_key_group(
     system URI), compute each key's group and write it, so the driver never holds the
     state. The work directory must be one every executor can read and write (local mode,
     one host, or a shared mount)."""
+    refuse_another_expiry_clock(operator, initial_state)
     directory = Path(initial_state.work_directory) / split_name(operator)
     if (directory / SPLIT_COMPLETE).exists():
         return str(directory)
@@ -172,6 +181,18 @@ def split_by_key_group(
         pass
     shutil.rmtree(staging, ignore_errors=True)
     return str(directory)
+
+
+def refuse_another_expiry_clock(operator: StatefulOperator, initial_state: InitialState) -> None:
+    """Refuse deduplicate's expiries of one clock restored into the other (event_time
+    switched), where the savepoint says which (unknown: not refused), before any split."""
+    declared = (operator.arrow_state_schema.metadata or {}).get(EXPIRY_CLOCK)
+    stored = initial_state.stored_setting(EXPIRY_CLOCK.decode())
+    if declared is not None and stored is not None and stored != declared.decode():
+        raise OperatorDefinitionError(
+            f"{operator.name}: initial_state {initial_state.path}:"
+            f" {expiry_clock_change(stored, declared)}"
+        )
 
 
 def split_name(operator: StatefulOperator) -> str:

@@ -36,6 +36,14 @@ SETTING_DEFAULTS = {b"ttl_time": b"processing", b"timers": b"processing"}
 """Checked settings a state's schema metadata holds only when not at their default (so that
 states written before the setting existed keep their schema)."""
 
+EXPIRY_CLOCK = b"expiry_clock"
+"""deduplicate's checked setting: the clock of its expiries, ``event`` (``event_time`` set)
+or ``processing``. Written by both kinds, so it has no default: a state written before it
+existed lacks it, and is then unknown and not checked (neither kind is refused)."""
+
+CHECKED_WHEN_PRESENT = (EXPIRY_CLOCK,)
+"""Checked settings without a default: checked only where the stored state has them."""
+
 
 def encode(table: pd.DataFrame, schema: pa.Schema) -> bytes:
     """Serialize ``table`` (columns named as in ``schema``) to Arrow IPC stream bytes."""
@@ -70,6 +78,13 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
     stored_settings = {**SETTING_DEFAULTS, **(arrow_table.schema.metadata or {})}
     declared_settings = {**SETTING_DEFAULTS, **(schema.metadata or {})}
     for name, value in declared_settings.items():
+        if name in CHECKED_WHEN_PRESENT and name not in stored_settings:
+            continue
+        if name == EXPIRY_CLOCK and stored_settings[name] != value:
+            raise StateSchemaMismatchError(
+                f"{operator}: {expiry_clock_change(stored_settings[name], value)}; or restart"
+                " from a new checkpoint location"
+            )
         if stored_settings.get(name) != value:
             stored = stored_settings.get(name, b"?").decode()
             raise StateSchemaMismatchError(
@@ -84,6 +99,18 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
             " restart from a new checkpoint location"
         )
     return arrow_table.to_pandas()
+
+
+def expiry_clock_change(stored: bytes | str, declared: bytes | str) -> str:
+    """What a change of deduplicate's expiry clock is, and its fix, for a one-line error."""
+    stored_clock = stored.decode() if isinstance(stored, bytes) else stored
+    declared_clock = declared.decode() if isinstance(declared, bytes) else declared
+    fix = "set event_time= again" if stored_clock == "event" else "drop event_time"
+    return (
+        f"its state keeps expiries in {stored_clock} time and this query in {declared_clock}"
+        f" time (event_time {'set' if declared_clock == 'event' else 'unset'}), so every key"
+        f" would be forgotten or remembered by the other clock; {fix} for it"
+    )
 
 
 def stored_name(row: tuple) -> str | None:

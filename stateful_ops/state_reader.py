@@ -19,7 +19,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from .base import SETTINGS_KEY_GROUP
 from .errors import StateSchemaMismatchError
-from .state_codec import SETTING_DEFAULTS, STATE_FORMAT_VERSION
+from .state_codec import CHECKED_WHEN_PRESENT, SETTING_DEFAULTS, STATE_FORMAT_VERSION
 from .validation import OPERATOR_NAME_METADATA_KEY
 
 GROUP_COLUMNS = ("key_group", "format_version", "operator", "blob")
@@ -45,11 +45,12 @@ class StoredState:
 
     @property
     def checked_settings(self) -> dict[str, str]:
-        """The checked settings (``state_codec.SETTING_DEFAULTS``) the state was written
-        with where not at their default, as a savepoint records them."""
+        """The checked settings the state was written with, as a savepoint records them:
+        ``state_codec.SETTING_DEFAULTS``'s where not at their default, and those of
+        ``CHECKED_WHEN_PRESENT`` where present."""
         return {
             name.decode(): self.metadata[name].decode()
-            for name in SETTING_DEFAULTS
+            for name in (*SETTING_DEFAULTS, *CHECKED_WHEN_PRESENT)
             if name in self.metadata
         }
 

@@ -419,25 +419,12 @@ def test_open_ttl_lowered_through_a_savepoint_applies_to_the_restored_keys(spark
     assert expiries(restored) == {"recent": last_rows["recent"] + hour_ms}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/operators/deduplicate.py, state_codec.SETTING_DEFAULTS):"
-    " deduplicate's clock (event_time set or not) is no checked setting, so format 4"
-    " records nothing for it: a savepoint of event-time deduplicate (expires_at_us in 2023"
-    " event time) restored into processing-time deduplicate is accepted and forgets every"
-    " key at its first batch (the wall clock is years ahead), emitting repeats again; the"
-    " other way keys are remembered until the watermark reaches the wall-clock expiries. On"
-    " a restart of one checkpoint, state_codec.decode does not refuse the switch either."
-    " Fix: record the clock"
-    " of deduplicate's expiries in the state's Arrow metadata as a checked setting written"
-    " by both kinds (a new name, so event-time checkpoints written before, which lack it,"
-    " are not refused as processing time: absent = unknown, unchecked), let StoredState."
-    "checked_settings carry it into OperatorSnapshot.settings, and refuse another clock in"
-    " split_by_key_group in one line naming event_time",
-)
-def test_open_deduplicate_switched_between_event_and_processing_time_through_a_savepoint(
+def test_fixed_deduplicate_switched_between_event_and_processing_time_through_a_savepoint(
     spark: Any, tmp_path: Path
 ) -> None:
+    """deduplicate's expiry clock is a checked setting (``expiry_clock``): a savepoint of
+    event-time deduplicate restored into processing time (which would forget every key at
+    its first batch and emit repeats again) is refused in one line naming event_time."""
     from eospack.stateful_ops.operators.deduplicate import Deduplicate
     from eospack.stateful_ops.state_reader import StoredState
 
@@ -463,8 +450,11 @@ def test_open_deduplicate_switched_between_event_and_processing_time_through_a_s
     now = Clock(int(time.time() * 1000), None)
     _, emitted = processing.update(pd.DataFrame({"k": ["a"], "ts": [1]}), remembered, now)
     assert emitted.to_dict("records") == [{"k": "a", "ts": 1}]  # a repeat, emitted again
-    with pytest.raises(OperatorDefinitionError, match="event_time"):
+    assert recorded == {"expiry_clock": "event"}
+    with pytest.raises(OperatorDefinitionError, match="event_time") as refused:
         split_by_key_group(spark, initial, processing)
+    assert "\n" not in str(refused.value) and "set event_time= again" in str(refused.value)
+    assert split_by_key_group(spark, initial, event)  # the same clock restores
 
 
 @pytest.mark.parametrize(

@@ -229,3 +229,35 @@ def test_rows_sent_without_partial_counts_carry_their_keys_latest_event_time() -
         ("b", 1, 5_000),
     ]
     assert as_dict(state) == {"a": (2, 5_000, 19_000), "b": (1, 5_000, 11_000)}
+
+
+def test_a_deduplicate_state_is_refused_by_a_query_with_event_time_switched() -> None:
+    """deduplicate records the clock of its expiries (``expiry_clock``): a restart with
+    ``event_time`` set or dropped is refused in one line; a state written before the
+    setting existed (no ``expiry_clock``) is read by either."""
+    from eospack.stateful_ops import StateSchemaMismatchError, state_codec
+
+    schema = StructType([StructField("k", StringType()), StructField("ts", LongType())])
+    event = Deduplicate("k", "1 minute", event_time="ts")
+    event.bind(["k"], schema)
+    processing = Deduplicate("k", "1 minute")
+    processing.bind(["k"], schema)
+    for written, reading, fix in [
+        (event, processing, "set event_time= again"),
+        (processing, event, "drop event_time"),
+    ]:
+        blob = state_codec.encode(written.empty_state(), written.arrow_state_schema)
+        row = (state_codec.STATE_FORMAT_VERSION, "deduplicate", blob)
+        with pytest.raises(StateSchemaMismatchError) as refused:
+            reading.load_value(row)
+        assert fix in str(refused.value) and "\n" not in str(refused.value)
+        assert len(written.load_value(row)) == 0
+    metadata = dict(event.arrow_state_schema.metadata or {})
+    del metadata[state_codec.EXPIRY_CLOCK]
+    older = state_codec.encode(
+        event.empty_state(), event.arrow_state_schema.with_metadata(metadata)
+    )
+    for reading in (event, processing):
+        assert (
+            len(reading.load_value((state_codec.STATE_FORMAT_VERSION, "deduplicate", older))) == 0
+        )

@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 
 from ..base import DEFAULT_KEY_GROUPS, Clock, StatefulOperator
 from ..initial_state import InitialState
+from ..state_codec import EXPIRY_CLOCK
 from ..validation import duration_ms, require_event_time
 from .shared import EVENT_US, key_codes, long_field
 
@@ -56,6 +57,13 @@ class Deduplicate(StatefulOperator):
 
     def state_schema_for(self, input_schema: StructType) -> StructType:
         return StructType([*self.key_schema.fields, long_field("expires_at_us")])
+
+    def bind(self, keys: Sequence[str], input_schema: StructType) -> None:
+        """The state's metadata also records the clock of ``expires_at_us`` (a checked
+        setting: a restart or a restore with ``event_time`` switched is refused)."""
+        super().bind(keys, input_schema)
+        metadata = {**(self.arrow_state_schema.metadata or {}), EXPIRY_CLOCK: self.timeout.encode()}
+        self.arrow_state_schema = self.arrow_state_schema.with_metadata(metadata)
 
     def output_schema_for(self, input_schema: StructType) -> StructType:
         return StructType([f for f in input_schema.fields if f.name != EVENT_US])
