@@ -25,9 +25,10 @@ def next_versions(
     for a key not in state. Without ttl a new key starts at 1. With ttl a key may leave
     the state and come back, so a new key starts at the batch's timestamp (ms): every
     earlier life of the key ended below it (a life starting at T and changed in n batches
-    ends at T + n - 1, at most its last batch's timestamp, which is at least ttl before this
-    one), so a sink with ``versionColumn=version`` takes the new life's rows. A replayed
-    batch has the same timestamp, hence the same versions."""
+    ends at T + n - 1, at most its last batch's timestamp, which is earlier than this
+    batch's while batch timestamps increase), so a sink with ``versionColumn=version``
+    takes the new life's rows. A replayed batch has the same timestamp, hence the same
+    versions."""
     first = 1 if ttl_ms is None else max(1, processing_time_ms)
     starting = changed & (versions == 0)
     return np.where(starting, first, versions + changed.astype(np.int64))
