@@ -453,12 +453,13 @@ class StatefulOperator:
         return never_late.alias(field.name, metadata=field.metadata)
 
     def stored_schema(self) -> pa.Schema:
-        """The schema state rows are written with: the state schema plus, for a named
-        operator, its name. Only ``key_groups`` is a checked setting (``decode``)."""
-        if self.operator_name is None:
-            return self.arrow_state_schema
+        """The schema state rows are written with: the state schema plus, informational
+        (never checked by ``decode``), a named operator's name and the ttl in ms."""
         metadata = dict(self.arrow_state_schema.metadata or {})
-        metadata[OPERATOR_NAME_METADATA_KEY] = self.operator_name.encode()
+        if self.operator_name is not None:
+            metadata[OPERATOR_NAME_METADATA_KEY] = self.operator_name.encode()
+        if self.ttl_ms is not None:
+            metadata[state_codec.TTL_MS] = str(self.ttl_ms).encode()
         return self.arrow_state_schema.with_metadata(metadata)
 
     def watermarked_column(self) -> str | None:
@@ -826,8 +827,14 @@ class StatefulOperator:
         return self.empty_state()
 
     def load_value(self, value: tuple[Any, ...]) -> pd.DataFrame:
-        """Decode a stored group state row into the per-key state table."""
+        """Decode a stored group state row into the per-key state table; with ttl, the
+        expiries moved by the change of ttl since the row was written (``TTL_MS``)."""
         table = state_codec.decode(self.name, value, self.arrow_state_schema)
+        if self.ttl_ms is not None and EXPIRES_COLUMN in table.columns:
+            written = state_codec.stored_metadata(value, state_codec.TTL_MS)
+            if written is not None and int(written) != self.ttl_ms:
+                moved = table[EXPIRES_COLUMN].to_numpy(dtype=np.int64) - int(written)
+                table[EXPIRES_COLUMN] = moved + self.ttl_ms
         return self.canonical_state(table)
 
     def save(self, state: GroupState, new_state: pd.DataFrame, clock: Clock) -> int:

@@ -41,6 +41,12 @@ EXPIRY_CLOCK = b"expiry_clock"
 or ``processing``. Written by both kinds, so it has no default: a state written before it
 existed lacks it, and is then unknown and not checked (neither kind is refused)."""
 
+TTL_MS = b"ttl_ms"
+"""With ``ttl``: the ttl (ms) a key group's rows were written with, informational (not
+checked: ttl may change on a checkpoint). A changed ttl moves the stored expiries by the
+difference when the group is next loaded, so every key lives the current ttl from its last
+batch with rows (or its latest event time), as Flink applies the current ttl."""
+
 CHECKED_WHEN_PRESENT = (EXPIRY_CLOCK,)
 """Checked settings without a default: checked only where the stored state has them."""
 
@@ -113,15 +119,20 @@ def expiry_clock_change(stored: bytes | str, declared: bytes | str) -> str:
     )
 
 
-def stored_name(row: tuple) -> str | None:
-    """The operator name a stored state row was written with (None: an unnamed operator,
-    or a row written before names existed); reads the Arrow schema only."""
+def stored_metadata(row: tuple, key: bytes) -> str | None:
+    """The value of ``key`` in a stored state row's Arrow schema metadata (None: absent);
+    reads the Arrow schema only."""
     blob = row[2] if len(row) == 3 else None
     if blob is None:
         return None
-    metadata = pa.ipc.open_stream(bytes(blob)).schema.metadata or {}
-    name = metadata.get(OPERATOR_NAME_METADATA_KEY)
-    return name.decode() if name is not None else None
+    value = (pa.ipc.open_stream(bytes(blob)).schema.metadata or {}).get(key)
+    return value.decode() if value is not None else None
+
+
+def stored_name(row: tuple) -> str | None:
+    """The operator name a stored state row was written with (None: an unnamed operator,
+    or a row written before names existed)."""
+    return stored_metadata(row, OPERATOR_NAME_METADATA_KEY)
 
 
 def describe_change(stored: pa.Schema, declared: pa.Schema) -> str:

@@ -318,21 +318,27 @@ def test_fixed_a_key_coming_back_after_expiry_gets_a_version_a_version_column_si
     assert output[0][2] > max(versions)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/base.py): the state keeps each key's absolute expiry, so"
-    " lowering ttl on a checkpoint (documented: 'its value may change') leaves every key not"
-    " touched since with the old, longer ttl: a state that outgrew memory does not shrink"
-    " until the old ttl passes. Flink applies the current ttl to the last access. Fix:"
-    " store the key's last batch time (or the ttl it was written with, in the Arrow"
-    " metadata) and expire at last batch + the current ttl",
-)
-def test_open_lowering_ttl_on_a_checkpoint_shortens_the_life_of_untouched_keys() -> None:
-    month = counter("30 days")
-    state, _ = counted(month, month.empty_state(), ["idle", "busy"], 1_000)
-    hour = counter("1 hour")
-    state, _ = counted(hour, state, ["busy"], 1_000 + 2 * 3_600_000)
-    assert set(by_key(state)) == {"busy"}
+@pytest.mark.parametrize("hours", [1, 24 * 60])
+def test_fixed_changing_ttl_on_a_checkpoint_applies_it_to_untouched_keys(hours: int) -> None:
+    """ttl lowered (30 days -> 1 hour) or raised (-> 60 days) on a checkpoint applies to every
+    key from its last batch with rows (Flink: the current ttl from the last access), not
+    only to keys touched since: a state that outgrew memory shrinks as soon as its key
+    groups are visited. A key group's rows record the ttl they were written with."""
+    bucket = Bucket(counter("30 days"))
+    bucket.call([pd.DataFrame({"k": ["idle", "busy"]})], now_ms=1_000)
+    bucket.operator = counter(f"{hours} hours")
+    later = 1_000 + 2 * 3_600_000
+    emitted = bucket.call([pd.DataFrame({"k": ["busy"]})], now_ms=later)
+    stored = by_key(bucket.operator.load_value(bucket.value))
+    if hours == 1:  # both keys' last rows were 2 hours ago: busy starts a new life
+        assert emitted == [("busy", 1, later)]
+        assert stored == {"busy": (1, later, later + 3_600_000)}
+    else:
+        assert emitted == [("busy", 2, 1_001)]
+        assert stored == {
+            "idle": (1, 1_000, 1_000 + hours * 3_600_000),
+            "busy": (2, 1_001, later + hours * 3_600_000),
+        }
 
 
 # ttl across restarts ---------------------------------------------------------------------
