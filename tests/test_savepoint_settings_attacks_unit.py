@@ -400,15 +400,15 @@ def test_held_an_unnamed_event_ttl_savepoint_claimed_by_a_new_name_rescaled_and_
 
 @pytest.mark.xfail(
     strict=True,
-    reason="OPEN (stateful_ops/initial_state.py with_expiry_of, eospack/tools/savepoint.py"
-    " write_savepoint): a savepoint keeps each key's absolute expiry and records no ttl"
-    " value, so ttl lowered (or raised) through a savepoint leaves every restored key with"
-    " the old ttl until its next row: a key idle for 2 hours restored with ttl='1 hour'"
-    " lives on for 28 days (the checkpoint variant is the OPEN xfail in"
-    " tests/test_names_ttl_attacks_unit.py). Fix: record the ttl in the state's Arrow"
-    " metadata (ttl_ms, informational, unchecked like operator_name), carry it in"
-    " OperatorSnapshot.settings, and rebase kept expiries in with_expiry_of to expiry -"
-    " old ttl + new ttl (same ttl_time), dropping those then run out",
+    reason="OPEN (stateful_ops/state_reader.py decoded_rows, initial_state.py with_expiry_of):"
+    " a savepoint keeps each key's absolute expiry and records no ttl value, so ttl lowered"
+    " (or raised) through a savepoint leaves every restored key with the old ttl until its"
+    " next row: a key idle for 2 hours restored with ttl='1 hour' lives on for 28 days (on"
+    " one checkpoint a changed ttl applies: each key group's rows record their ttl_ms)."
+    " Fix: in decoded_rows move each group's expiries to one reference ttl (its rows'"
+    " ttl_ms) recorded in OperatorSnapshot.settings, and in with_expiry_of move kept"
+    " expiries by the new ttl minus that reference (same ttl_time), dropping those then"
+    " run out",
 )
 def test_open_ttl_lowered_through_a_savepoint_applies_to_the_restored_keys(spark: Any) -> None:
     now = int(time.time() * 1000)
