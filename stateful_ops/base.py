@@ -29,7 +29,8 @@ have dropped as late (Spark drops late rows before no other stateful operator).
 A call that receives no data row (only bootstrap markers, or only late rows) is a visit
 without data, as Spark's: it expires what is due and otherwise changes nothing.
 Limits: each batch rewrites the whole state row of every bucket that received rows, so
-snapshot size grows with keys per bucket (see docs/stateful-operators.md for figures).
+snapshot size grows with keys per bucket (``state_layout="segment-log"`` writes only the
+changed keys: ``segment_log_state``; docs/stateful-operators.md has figures).
 """
 
 from __future__ import annotations

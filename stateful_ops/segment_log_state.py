@@ -250,10 +250,13 @@ def handle_rows(
 
 
 def named(frames: Iterator[pd.DataFrame], columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
-    """``frames`` with their columns named ``columns``: pyspark builds TWS frames from
-    ``itertuples`` namedtuples, which rename columns starting with an underscore (the
-    operators' ``__so_*`` columns) to their position."""
+    """``frames`` with their columns named ``columns``: pyspark 4.1+ builds TWS frames
+    from ``itertuples`` namedtuples, which rename columns starting with an underscore (the
+    operators' ``__so_*`` columns) to their position; pyspark 4.0 passes the grouping key
+    column first, before the input's columns."""
     for frame in frames:
+        if len(frame.columns) == len(columns) + 1:
+            frame = frame.iloc[:, 1:]
         if len(frame.columns) != len(columns):
             raise ValueError(
                 f"segment log: a frame of {len(frame.columns)} columns, expected {columns}"

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from .base import SETTINGS_KEY_GROUP
-from .errors import StateSchemaMismatchError
+from .errors import StatefulOpsError, StateSchemaMismatchError
 from .state_codec import SETTING_DEFAULTS, STATE_FORMAT_VERSION
 from .validation import OPERATOR_NAME_METADATA_KEY
 
@@ -168,12 +168,33 @@ def stored_groups(
     spark: SparkSession, checkpoint_location: str, batch_id: int | None, operator_id: int
 ) -> DataFrame:
     """The operator's raw state rows: one per key group (``GROUP_COLUMNS``)."""
+    refuse_segment_log(spark, checkpoint_location, operator_id)
     reader = spark.read.format("statestore").option("operatorId", operator_id)
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     rows = reader.load(checkpoint_location).selectExpr("key.*", "value.groupState.*")
     named = rows.toDF(*GROUP_COLUMNS)
     return named.withColumn("key_group", named["key_group"].cast("long"))
+
+
+def refuse_segment_log(spark: SparkSession, checkpoint_location: str, operator_id: int) -> None:
+    """Refuse, in one line, the state of an operator on the segment log: Spark's operator
+    metadata names it ``transformWithStateInPandasExec``; reading its ListState (and so
+    savepoints of it) is not supported yet."""
+    operators = (
+        spark.read.format("state-metadata")
+        .load(checkpoint_location)
+        .where(f"operatorId = {int(operator_id)}")
+        .select("operatorName")
+        .distinct()
+        .collect()
+    )
+    if any(str(row[0]).startswith("transformWithState") for row in operators):
+        raise StatefulOpsError(
+            f"operator {operator_id} keeps its state with state_layout='segment-log': reading"
+            " it (read_state, savepoints) is not supported yet; use state_layout='key-groups'"
+            " for state you need to read or savepoint"
+        )
 
 
 def describe_groups(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

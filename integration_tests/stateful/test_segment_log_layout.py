@@ -21,11 +21,14 @@ from pyspark.sql import DataFrame, SparkSession
 from eospack.lab.testing import session_settings
 from eospack.stateful_ops import (
     OperatorDefinitionError,
+    StatefulOpsError,
     deduplicate,
+    read_state,
     running_aggregate,
     running_count,
 )
 from eospack.stateful_ops.segment_log import TOMBSTONE_COLUMN, fold
+from eospack.stateful_ops.state_reader import state_frame
 from eospack.stateful_ops.state_store import state_store_conf
 from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
@@ -238,3 +241,21 @@ def test_segment_log_refusals_name_the_option(spark: SparkSession, tmp_path: Any
             match="processing-time timeouts .deduplicate. is not supported yet with state_layout",
         ):
             deduplicate(df, "k", "1 hour", state_layout="segment-log")
+
+
+@pytest.mark.timeout(600)
+def test_reading_a_segment_log_state_is_refused_naming_the_layout(
+    spark: SparkSession, tmp_path: Any
+) -> None:
+    """read_state and state_frame (which savepoints read through) refuse in one line."""
+    directory, checkpoint = str(tmp_path / "input"), str(tmp_path / "cp")
+    os.makedirs(directory)
+    write_batch(directory, 0, [{"k": "a", "n": 1, "v": 1.0, "t": T0}])
+    with session_settings(spark, ROCKSDB):
+        result = running_count(source(spark, directory), "k", state_layout="segment-log")
+        run(result, checkpoint, "update", Emitted())
+    refused = r"^operator 0 keeps its state with state_layout='segment-log': .* not supported yet"
+    with pytest.raises(StatefulOpsError, match=refused):
+        read_state(spark, checkpoint)
+    with pytest.raises(StatefulOpsError, match=refused):
+        state_frame(spark, checkpoint)
