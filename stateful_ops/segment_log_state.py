@@ -25,6 +25,7 @@ imports are heavy, so the StatefulProcessor class is built on first use.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -60,6 +61,9 @@ LOG_STATE = "segments"
 SETTINGS_STATE = "settings"
 """The ValueState of the settings key group: the key-groups layout's settings row."""
 SEGMENT_DDL = "segment binary"
+OPERATOR_METADATA_KEY = b"operator"
+KEY_COLUMNS_METADATA_KEY = b"key_columns"
+"""A segment's schema metadata: the key columns (a JSON list), which ``fold`` needs."""
 
 
 def refuse_unsupported(operator: StatefulOperator) -> None:
@@ -110,10 +114,16 @@ def apply(
 
 def segment_schema(operator: StatefulOperator) -> pa.Schema:
     """The Arrow schema segments are written with: the stored state schema (settings and
-    name in its metadata) plus the tombstone flag."""
+    name in its metadata) plus the tombstone flag; the metadata also names the operator's
+    kind and key columns, so that ``read_state`` can fold a log without the operator."""
     stored = operator.stored_schema()
+    metadata = {
+        **(stored.metadata or {}),
+        OPERATOR_METADATA_KEY: operator.name.encode(),
+        KEY_COLUMNS_METADATA_KEY: json.dumps(list(operator.keys)).encode(),
+    }
     return stored.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=True)).with_metadata(
-        stored.metadata
+        metadata
     )
 
 

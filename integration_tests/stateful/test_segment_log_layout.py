@@ -78,6 +78,7 @@ def rounded(emitted: list[tuple[int, list[tuple[Any, ...]]]]) -> list[Any]:
 
 
 def uninterrupted(spark: SparkSession, root: str, build: Build, layout: str) -> Emitted:
+    """Every batch in one run (checkpoint ``<root>/<layout>-cp``)."""
     directory = os.path.join(root, f"{layout}-input")
     os.makedirs(directory)
     for index, rows in enumerate(BATCHES):
@@ -113,12 +114,20 @@ def test_segment_log_equals_key_groups_across_restart_and_replay(
     with session_settings(spark, ROCKSDB):
         expected = uninterrupted(spark, root, CASES[name], "key-groups")
         actual = interrupted(spark, root, CASES[name])
+        expected_state = read_state(spark, os.path.join(root, "key-groups-cp"))
+        actual_state = read_state(spark, os.path.join(root, "interrupted-cp"))
 
     replays = [rows for batch_id, rows in actual.attempts if batch_id == 1]
     assert len(replays) == 2
     assert replays[0] == replays[1]
     assert [batch_id for batch_id, _ in actual.final()] == list(range(len(BATCHES)))
     assert rounded(actual.final()) == rounded(expected.final())
+    # The same per-key state as the key-groups layout's (read_state folds the logs).
+    columns = list(expected_state.columns)
+    assert len(actual_state) == len(expected_state) > 0
+    assert sorted(map(repr, actual_state[columns].round(9).itertuples(index=False))) == sorted(
+        map(repr, expected_state.round(9).itertuples(index=False))
+    )
     if name == "running_count":
         # Exact: each key's last emitted count is its number of rows over all batches.
         last: dict[tuple[Any, Any], int] = {}
@@ -159,6 +168,7 @@ def test_log_compacts_to_live_rows_past_twice_the_live_keys(
         )
         run(result, checkpoint, "update", sink)
         segments = segments_of(spark, checkpoint)
+        state = read_state(spark, checkpoint)
 
     assert sink.final() == [
         (0, [("a", 1, 1), ("b", 1, 1), ("c", 1, 1)]),
@@ -176,6 +186,12 @@ def test_log_compacts_to_live_rows_past_twice_the_live_keys(
     ]
     assert appended.select(["k", "count", TOMBSTONE_COLUMN]).to_pylist() == [
         {"k": "a", "count": 6, TOMBSTONE_COLUMN: False}
+    ]
+    # read_state folds the log: the live rows, each key once.
+    assert sorted(map(tuple, state[["k", "count", "version"]].itertuples(index=False))) == [
+        ("a", 6, 6),
+        ("b", 1, 1),
+        ("c", 1, 1),
     ]
 
 
@@ -244,18 +260,17 @@ def test_segment_log_refusals_name_the_option(spark: SparkSession, tmp_path: Any
 
 
 @pytest.mark.timeout(600)
-def test_reading_a_segment_log_state_is_refused_naming_the_layout(
+def test_savepoint_of_a_segment_log_state_is_refused_naming_the_layout(
     spark: SparkSession, tmp_path: Any
 ) -> None:
-    """read_state and state_frame (which savepoints read through) refuse in one line."""
+    """state_frame, which savepoints read through, refuses in one line."""
     directory, checkpoint = str(tmp_path / "input"), str(tmp_path / "cp")
     os.makedirs(directory)
     write_batch(directory, 0, [{"k": "a", "n": 1, "v": 1.0, "t": T0}])
     with session_settings(spark, ROCKSDB):
         result = running_count(source(spark, directory), "k", state_layout="segment-log")
         run(result, checkpoint, "update", Emitted())
-    refused = r"^operator 0 keeps its state with state_layout='segment-log': .* not supported yet"
-    with pytest.raises(StatefulOpsError, match=refused):
-        read_state(spark, checkpoint)
+    refused = r"^operator 0 keeps its state with state_layout='segment-log': savepoints .*"
+    refused += "not supported yet"
     with pytest.raises(StatefulOpsError, match=refused):
         state_frame(spark, checkpoint)
