@@ -18,9 +18,12 @@ Guarantees: as the key-groups layout's. TWS state is committed with the batch (R
 so after a restart every key group's log is the log at the last committed batch, and a
 replayed batch (same batch timestamp) rewrites the same segments. Needs RocksDB (Spark
 refuses TWS on another provider; so do we, before the query starts).
-Limits (refused in one line when asked for): timeouts (``ttl``, ``timers``, deduplicate,
-sessionize), ``initial_state``, ``read_state`` and savepoints. pyspark's streaming
-imports are heavy, so the StatefulProcessor class is built on first use.
+Processing-time timeouts (``ttl``, ``timers="processing"``, deduplicate without event
+time) fire through one TWS timer per key group at its next wake-up, into the shared
+``step``. Limits (refused in one line when asked for): event time (ttl, timers,
+deduplicate, sessionize), ``initial_state``, and savepoints (``state_reader.state_frame``);
+``read_state`` folds the logs. pyspark's streaming imports are heavy, so the
+StatefulProcessor class is built on first use.
 """
 
 from __future__ import annotations
@@ -69,12 +72,12 @@ KEY_COLUMNS_METADATA_KEY = b"key_columns"
 def refuse_unsupported(operator: StatefulOperator) -> None:
     """One line naming the layout for what it does not do yet (checked before any query)."""
     asked = None
-    if operator.ttl_ms is not None:
-        asked = "ttl"
-    elif operator.timers != "none":
-        asked = f"timers={operator.timers!r}"
-    elif operator.timeout != "none":
-        asked = f"{operator.timeout}-time timeouts ({operator.name})"
+    if operator.timeout == "event" and operator.ttl_ms is not None:
+        asked = "ttl_time='event'"
+    elif operator.timeout == "event" and operator.timers != "none":
+        asked = "timers='event'"
+    elif operator.timeout == "event":
+        asked = f"event-time timeouts ({operator.name})"
     elif operator.initial_state is not None:
         asked = "initial_state (restore from a savepoint)"
     if asked is not None:
@@ -105,10 +108,11 @@ def apply(
         processor_class()(operator, tuple(bucketed.columns), layout),
         operator.out_schema,
         operator.output_mode.capitalize(),
-        # No time mode: Spark's "ProcessingTime" mode runs a no-data batch after every
-        # batch (endlessly under Trigger.AvailableNow). Timeouts are refused with this
-        # layout, and the clock's processing time is -1 (see ``handle_rows``).
-        "None",
+        # Processing-time timeouts (ttl, timers, deduplicate) fire through one TWS timer
+        # per key group. Without them no time mode: Spark's "ProcessingTime" mode runs a
+        # no-data batch after every batch (as GroupState's processing-time timeout does),
+        # and the clock's processing time is then -1 (see ``handle_rows``).
+        "ProcessingTime" if operator.timeout == "processing" else "None",
     )
 
 
@@ -134,15 +138,20 @@ def encode_segment(segment: pa.Table) -> bytes:
     return cast(bytes, sink.getvalue().to_pybytes())
 
 
-def read_log(operator: StatefulOperator, values: Iterator[tuple[Any, ...]]) -> list[pa.Table]:
-    """A key group's segments, each checked against the declared settings and schema."""
+def read_log(
+    operator: StatefulOperator, values: Iterator[tuple[Any, ...]]
+) -> tuple[list[pa.Table], int]:
+    """A key group's segments, each checked against the declared settings and schema, and
+    their encoded bytes."""
     declared = segment_schema(operator)
     segments = []
+    logged_bytes = 0
     for (blob,) in values:
+        logged_bytes += len(blob)
         segment = pa.ipc.open_stream(bytes(blob)).read_all()
         state_codec.check_schema(operator.name, segment.schema, declared)
         segments.append(segment)
-    return segments
+    return segments, logged_bytes
 
 
 def live_table(operator: StatefulOperator, frame: pd.DataFrame) -> pa.Table:
@@ -209,37 +218,37 @@ class ValueStateAsGroupState:
 def handle_rows(
     operator: StatefulOperator,
     layout: Layout,
-    log: Any,
-    settings: Any,
+    handle: Any,
     key_group: int,
-    frames: Iterator[pd.DataFrame],
+    frames: Iterator[pd.DataFrame] | None,
     processing_time_ms: int,
 ) -> Iterator[pd.DataFrame]:
     """One key group's call: the key-groups layout's ``_call`` with the segment log as
-    store (no timeouts, no bootstrap: both refused with this layout). Without a time mode
-    Spark gives no batch timestamp: the clock's processing time is ``processing_time_ms``
-    as Spark passes it (-1), its watermark None."""
+    store (no bootstrap: refused with this layout). ``frames`` None: the group's timer
+    fired (a visit without data: ``step`` expires what is due). Without a time mode Spark
+    gives no batch timestamp: the clock's processing time is ``processing_time_ms`` as
+    Spark passes it (-1), its watermark None."""
     if key_group == layout.settings_key_group:
-        for _ in frames:
+        for _ in frames or ():
             pass
-        operator.check_settings(cast(Any, ValueStateAsGroupState(settings)))
+        operator.check_settings(cast(Any, ValueStateAsGroupState(handle.settings)))
         return
     if operator.metrics_directory is not None:
         from eospack.core.metrics import RECORDER
 
         RECORDER.point_at(operator.metrics_directory)
-    rows = operator.fold(frames)
-    if not len(rows):
+    rows = operator.fold(frames) if frames is not None else None
+    if rows is not None and not len(rows):
         return
     clock = layout.clock(processing_time_ms, None)
-    segments = read_log(operator, log.get()) if log.exists() else []
+    log = handle.log
+    segments, logged_bytes = read_log(operator, log.get()) if log.exists() else ([], 0)
     empty = as_segment(operator.arrow_state_schema.empty_table())
     stored_table = fold(segments or [empty], list(operator.keys)).cast(operator.arrow_state_schema)
     stored = operator.canonical_state(stored_table.to_pandas())
     new_state, output = operator.step(rows, stored, clock)
     new_table = live_table(operator, new_state)
     changed_rows, removed = change(operator, stored_table, new_table)
-    written = 0
     if changed_rows.num_rows or removed.num_rows:
         schema = segment_schema(operator)
         segment = as_segment(changed_rows, removed).cast(schema)
@@ -247,16 +256,35 @@ def handle_rows(
         write = next_write(logged_rows, new_table, segment)
         if write.replace and not new_table.num_rows:
             log.clear()
+            logged_bytes = 0
         else:
             blob = encode_segment(write.segment.cast(schema))
-            written = len(blob)
             if write.replace:
                 log.put([(blob,)])
+                logged_bytes = len(blob)
             else:
                 log.appendValue((blob,))
-    operator.record_state(key_group, new_state, written)
+                logged_bytes += len(blob)
+    if operator.timeout == "processing":
+        set_timer(operator, handle.timers, new_state, clock)
+    # The gauge of the group's stored bytes: its log's encoded segments.
+    operator.record_state(key_group, new_state, logged_bytes)
     if len(output):
         yield output[list(operator.out_schema.names)]
+
+
+def set_timer(operator: StatefulOperator, timers: Any, state: pd.DataFrame, clock: Clock) -> None:
+    """The group's one timer at its next wake-up (``next_wake_up_ms``), none without keys.
+    Spark fires it at the first batch whose timestamp reaches it, after the batch's rows
+    (a group with rows then has expired its due keys itself, in ``step``); a fired timer
+    is gone, so exactly the group's current wake-up is registered."""
+    for registered in list(timers.listTimers()):
+        timers.deleteTimer(registered)
+    if not len(state):
+        return
+    wake_up = operator.next_wake_up_ms(state, clock)
+    if wake_up is not None:
+        timers.registerTimer(max(wake_up, clock.processing_time_ms + 1))
 
 
 def named(frames: Iterator[pd.DataFrame], columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
@@ -293,6 +321,7 @@ def processor_class() -> type:
         def init(self, handle: Any) -> None:
             self.log = handle.getListState(LOG_STATE, SEGMENT_DDL)
             self.settings = handle.getValueState(SETTINGS_STATE, state_codec.GROUP_STATE_DDL)
+            self.timers = handle
 
         def handleInputRows(
             self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
@@ -300,10 +329,21 @@ def processor_class() -> type:
             return handle_rows(
                 self.operator,
                 self.layout,
-                self.log,
-                self.settings,
+                self,
                 int(key[0]),
                 named(rows, self.columns),
+                timerValues.getCurrentProcessingTimeInMs(),
+            )
+
+        def handleExpiredTimer(
+            self, key: Any, timerValues: Any, expiredTimerInfo: Any
+        ) -> Iterator[pd.DataFrame]:
+            return handle_rows(
+                self.operator,
+                self.layout,
+                self,
+                int(key[0]),
+                None,
                 timerValues.getCurrentProcessingTimeInMs(),
             )
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
-from eospack.lab.testing import session_settings
+from eospack.lab.testing import session_settings, wait_until
 from eospack.stateful_ops import (
     OperatorDefinitionError,
     StatefulOpsError,
@@ -36,6 +39,7 @@ from integration_tests.stateful_parts import (
     Emitted,
     run,
     source,
+    with_watermark,
     write_batch,
 )
 
@@ -246,17 +250,73 @@ def test_segment_log_refusals_name_the_option(spark: SparkSession, tmp_path: Any
         ),
     ):
         running_count(df, "k", state_layout="segment-log")
+    watermarked = with_watermark(df)
     with session_settings(spark, ROCKSDB):
         with pytest.raises(
             OperatorDefinitionError,
-            match="ttl is not supported yet with state_layout='segment-log'",
+            match="ttl_time='event' is not supported yet with state_layout='segment-log'",
         ):
-            running_count(df, "k", ttl="1 hour", state_layout="segment-log")
+            running_count(
+                watermarked, "k", ttl="1 hour", ttl_time="event", state_layout="segment-log"
+            )
         with pytest.raises(
             OperatorDefinitionError,
-            match="processing-time timeouts .deduplicate. is not supported yet with state_layout",
+            match="event-time timeouts .deduplicate. is not supported yet with state_layout",
         ):
-            deduplicate(df, "k", "1 hour", state_layout="segment-log")
+            deduplicate(watermarked, "k", "1 hour", event_time="ts", state_layout="segment-log")
+
+
+TTL_CASES: dict[str, tuple[Callable[[DataFrame, str], DataFrame], list[Any], list[Any]]] = {
+    "running_count": (
+        lambda df, ttl: running_count(df, "k", key_groups=4, ttl=ttl, state_layout="segment-log"),
+        [("x", 2, 1), ("y", 1, 1)],
+        [("u", 1, 1), ("x", 1, 1)],
+    ),
+    "running_aggregate": (
+        lambda df, ttl: running_aggregate(
+            df, "k", {"v": "sum"}, key_groups=4, ttl=ttl, state_layout="segment-log"
+        ),
+        [("x", 4.0, 1), ("y", 2.0, 1)],
+        [("u", 2.0, 1), ("x", 2.0, 1)],
+    ),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(TTL_CASES))
+def test_processing_time_ttl_on_the_segment_log_forgets_idle_keys(
+    spark: SparkSession, tmp_path: Any, name: str
+) -> None:
+    """As the key-groups layout's ttl test: x and y, then (after the ttl) x and u: x counts
+    from 1 again and y left the state through its key group's TWS timer (the group gets no
+    row)."""
+    build, first_batch, second_batch = TTL_CASES[name]
+    groups = dict(
+        spark.createDataFrame([(k,) for k in "xyu"], "k string")
+        .selectExpr("k", "pmod(xxhash64(k), 4)")
+        .collect()
+    )
+    # y's key group gets no row in the second batch: y leaves through the group's timer.
+    assert groups["y"] not in (groups["x"], groups["u"]), groups
+    directory, checkpoint = str(tmp_path / "input"), str(tmp_path / "cp")
+    os.makedirs(directory)
+    ttl_ms = 1000
+    row = {"n": 1, "v": 2.0, "t": T0}
+    write_batch(directory, 0, [{**row, "k": k} for k in ("x", "y", "x")])
+    sink = Emitted()
+
+    def start() -> StreamingQuery:
+        with session_settings(spark, ROCKSDB):
+            return run(build(source(spark, directory), f"{ttl_ms} ms"), checkpoint, "update", sink)
+
+    first = start()
+    assert sink.final() == [(0, first_batch)]
+    batch_time = pd.Timestamp(first.lastProgress["timestamp"]).timestamp()
+    wait_until(lambda: time.time() > batch_time + 2 * ttl_ms / 1000, 10, "the ttl to pass")
+    write_batch(directory, 1, [{**row, "k": k} for k in ("x", "u")])
+    start()
+    assert sink.final()[1] == (1, second_batch)
+    assert sorted(read_state(spark, checkpoint)["k"]) == ["u", "x"]
 
 
 @pytest.mark.timeout(600)
