@@ -267,6 +267,11 @@ def test_segment_log_refusals_name_the_option(spark: SparkSession, tmp_path: Any
 
 
 TTL_CASES: dict[str, tuple[Callable[[DataFrame, str], DataFrame], list[Any], list[Any]]] = {
+    "deduplicate": (
+        lambda df, ttl: deduplicate(df, "k", ttl, key_groups=4, state_layout="segment-log"),
+        [("x", 1, 2.0, T0), ("y", 1, 2.0, T0)],
+        [("u", 1, 2.0, T0), ("x", 1, 2.0, T0)],
+    ),
     "running_count": (
         lambda df, ttl: running_count(df, "k", key_groups=4, ttl=ttl, state_layout="segment-log"),
         [("x", 2, 1), ("y", 1, 1)],
@@ -307,7 +312,8 @@ def test_processing_time_ttl_on_the_segment_log_forgets_idle_keys(
 
     def start() -> StreamingQuery:
         with session_settings(spark, ROCKSDB):
-            return run(build(source(spark, directory), f"{ttl_ms} ms"), checkpoint, "update", sink)
+            result = build(source(spark, directory), f"{ttl_ms} ms")
+            return run(result, checkpoint, "append" if name == "deduplicate" else "update", sink)
 
     first = start()
     assert sink.final() == [(0, first_batch)]
