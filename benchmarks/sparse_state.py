@@ -11,12 +11,12 @@ then ``SPARSE_BATCHES`` files of ``SPARSE_ROWS`` rows on random keys, one file p
 
 - ``running_count`` (key groups, the shipped layout): a batch rewrites the state row of every
   key group it touches, so 1,000 random keys rewrite the whole state.
-- ``segment log`` (the candidate layout, ``transformWithStateInPandas``; not shipped): each key
-  group keeps a list of Arrow segments in a ListState, a batch appends one segment with its
-  changed keys (RocksDB merges the appended element only), and a group whose log outgrows
-  twice its live keys is compacted to one segment (``stateful_ops/segment_log.py``, which
-  the operators move to next). It is here to measure the design against the goal first
-  (docs/stateful-operators.md, "The next layout").
+- ``running_count (segment log)`` (``state_layout="segment-log"``, opt-in): each key group
+  keeps a list of Arrow segments in a ``transformWithStateInPandas`` ListState, a batch
+  appends one segment with its changed keys (RocksDB merges the appended element only), and
+  a group whose log outgrows twice its live keys is compacted to one segment
+  (``stateful_ops/segment_log_state.py``). It replaced the hand-written candidate processor
+  that measured the design first (1.24x, benchmarks/results/2026-11-29-sparse-state.md).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -42,7 +41,6 @@ SPARSE_ROWS = 1000
 SPARSE_BATCHES = 5
 TARGET = 5.0
 """Issue 41's goal: a sparse batch writes at most 5x the built-in count's state bytes."""
-CANDIDATE_KEY_GROUPS = 8
 
 
 def sparse_parquet_directory(directory: Path, keys: int, seed: int = 41) -> Path:
@@ -107,70 +105,13 @@ def running_count_query(events: Any) -> Any:
 
 
 def segment_log_query(events: Any) -> Any:
-    from pyspark.sql import functions as F
+    from eospack.stateful_ops import running_count
 
-    return (
-        events.withColumn("key_group", F.expr(f"pmod(xxhash64(key), {CANDIDATE_KEY_GROUPS})"))
-        .groupBy("key_group")
-        .transformWithStateInPandas(
-            segment_log_processor(), "key string, count long", "Update", "None"
-        )
-    )
-
-
-def _encoded(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _stateful_processor() -> type:
-    from pyspark.sql.streaming import StatefulProcessor
-
-    from eospack.stateful_ops.segment_log import as_segment, fold, next_write
-
-    empty = as_segment(
-        pa.table({"key": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
-    )
-
-    class SegmentLog(StatefulProcessor):  # type: ignore[misc]
-        """A running count per key kept as a segment log per key group
-        (stateful_ops/segment_log.py)."""
-
-        def init(self, handle: Any) -> None:
-            self.log = handle.getListState("log", "segment binary")
-
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
-            increments = pd.concat(list(rows))["key"].value_counts()
-            segments = [pa.ipc.open_stream(row[0]).read_all() for row in self.log.get()]
-            stored = fold(segments or [empty], ["key"]).to_pandas().set_index("key")["count"]
-            counts = stored.reindex(increments.index).fillna(0).astype("int64") + increments
-            changed = as_segment(
-                pa.table({"key": pa.array(counts.index, pa.string()), "count": counts.to_numpy()})
-            )
-            live = fold([*segments, changed], ["key"])
-            write = next_write(sum(segment.num_rows for segment in segments), live, changed)
-            if write.replace:
-                self.log.put([(_encoded(write.segment),)])
-            else:
-                self.log.appendList([(_encoded(write.segment),)])
-            yield pd.DataFrame({"key": counts.index, "count": counts.to_numpy()})
-
-        def close(self) -> None:
-            return None
-
-    return SegmentLog
-
-
-def segment_log_processor() -> Any:
-    """A new ``SegmentLog`` processor (its class is built on first use: pyspark's streaming
-    module is imported only when the benchmark runs)."""
-    return _stateful_processor()()
+    return running_count(events, "key", state_layout="segment-log")
 
 
 def run(report: Report, spark: Any, workdir: Path, keys: int) -> None:
-    """The row: running_count and the candidate layout against the built-in count."""
+    """The row: running_count on both layouts against the built-in count."""
     say(
         f"sparse state: {keys:,} keys loaded, then {SPARSE_BATCHES} batches of {SPARSE_ROWS:,}"
         " rows on random keys (RocksDB, changelog checkpointing)"
@@ -181,7 +122,7 @@ def run(report: Report, spark: Any, workdir: Path, keys: int) -> None:
         for label, query in (
             ("groupBy(key).count()", built_in_count),
             ("running_count", running_count_query),
-            ("segment log (candidate)", segment_log_query),
+            ("running_count (segment log)", segment_log_query),
         ):
             say(f"  sparse state: {label}")
             started = time.monotonic()
@@ -189,7 +130,7 @@ def run(report: Report, spark: Any, workdir: Path, keys: int) -> None:
             say(f"  sparse state: {label} done in {time.monotonic() - started:.1f} s")
     baseline = _bytes_figure("groupBy(key).count()", measured)
     size = f"{SPARSE_ROWS:,} rows over {keys:,} keys"
-    for label in ("running_count", "segment log (candidate)"):
+    for label in ("running_count", "running_count (segment log)"):
         report.add(
             Comparison(
                 "17. sparse state bytes",
@@ -208,8 +149,7 @@ def run(report: Report, spark: Any, workdir: Path, keys: int) -> None:
     report.notes.append(
         "sparse state: bytes are the RocksDB changelog files of each sparse batch (snapshots,"
         " written in the background from the whole state, left out for all contenders);"
-        " 'segment log (candidate)' is the measured design for the next key-group layout"
-        " (benchmarks/sparse_state.py), not shipped"
+        " 'running_count (segment log)' is running_count(..., state_layout='segment-log')"
     )
 
 

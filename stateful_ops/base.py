@@ -29,7 +29,8 @@ have dropped as late (Spark drops late rows before no other stateful operator).
 A call that receives no data row (only bootstrap markers, or only late rows) is a visit
 without data, as Spark's: it expires what is due and otherwise changes nothing.
 Limits: each batch rewrites the whole state row of every bucket that received rows, so
-snapshot size grows with keys per bucket (see docs/stateful-operators.md for figures).
+snapshot size grows with keys per bucket (``state_layout="segment-log"`` writes only the
+changed keys: ``segment_log_state``; docs/stateful-operators.md has figures).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from pyspark.sql.types import (
 from eospack.core.metrics import RECORDER
 from eospack.core.spark_features import ARROW_UDF, arrow_type_utc
 
-from . import state_codec
+from . import segment_log_state, state_codec
 from .errors import OperatorDefinitionError
 from .initial_state import (
     InitialState,
@@ -109,6 +110,11 @@ SETTINGS_KEY_GROUP = -1
 # 2262-01-01 UTC, shortly before the last instant pandas holds: a marker's event time, never
 # behind the watermark, and still convertible when the marker reaches pandas.
 _NEVER_LATE_US = 9_214_646_400_000_000
+
+# Where a key group's state lives: one GroupState row ("key-groups", the default, which
+# existing checkpoints hold), or a transformWithStateInPandas ListState of Arrow segments
+# ("segment-log", opt-in: see segment_log_state).
+STATE_LAYOUTS = ("key-groups", "segment-log")
 
 _TIMEOUTS = {
     "none": GroupStateTimeout.NoTimeout,
@@ -183,6 +189,11 @@ class StatefulOperator:
     encoding and pandas conversion. Rows reaching ``update`` keep their key and value columns
     (integers as nullable Int64, booleans as nullable boolean).
 
+    ``state_layout``: "key-groups" (default) keeps a key group's keys in one GroupState
+    row, rewritten whenever one of its keys changes; "segment-log" (opt-in, RocksDB only)
+    appends only the changed keys to a ListState (``segment_log_state``). The layout is
+    part of the checkpoint: restart a checkpoint with the layout it was written with.
+
     ``name`` (the constructor argument, kept as ``operator_name``; the class attribute
     ``name`` is the operator's kind) is the operator's stable name, Flink's uid: stored in
     every state row it writes (Arrow metadata ``operator_name``), listed by ``savepoint
@@ -210,8 +221,15 @@ class StatefulOperator:
         name: str | None = None,
         ttl: object | None = None,
         ttl_time: str = "processing",
+        state_layout: str = "key-groups",
     ) -> None:
         self.operator_name = operator_name(self.name, name)
+        if state_layout not in STATE_LAYOUTS:
+            raise OperatorDefinitionError(
+                f"{self.name}: state_layout={state_layout!r}; use 'key-groups' (the default)"
+                " or 'segment-log'"
+            )
+        self.state_layout = state_layout
         if output_mode is not None:
             if output_mode not in ("update", "append"):
                 raise OperatorDefinitionError(
@@ -393,6 +411,13 @@ class StatefulOperator:
                 " carry no event time); use running_count or running_aggregate"
             )
         self.bind(keys, without_marker(prepared.schema))
+        if self.state_layout == "segment-log":
+            segment_log_state.refuse_unsupported(self)
+            layout = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock)
+            result = segment_log_state.apply(
+                self, self.bucketed(prepared), KEY_GROUP_COLUMN, layout
+            )
+            return self.finish(result)
         if self.initial_state is not None:
             self.emit_settings_markers = True
             self.restored_watermarks = (

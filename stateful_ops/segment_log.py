@@ -17,9 +17,9 @@ What is guaranteed, whatever the order of appends and compactions:
   rows, without tombstones. So the log never holds more than ``2 * live + changed`` rows,
   and the rows written per batch are, amortised, at most about twice the rows changed.
 
-Pure: Arrow tables in, Arrow tables out; no Spark. Not yet used by the operators, which
-move to it next (docs/stateful-operators.md, "The next layout"); benchmark 17's candidate
-runs it.
+Pure: Arrow tables in, Arrow tables out; no Spark. The operators run on it with
+``state_layout="segment-log"`` (``segment_log_state``; docs/stateful-operators.md, "The
+segment log").
 """
 
 from __future__ import annotations

@@ -81,7 +81,14 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
             " restart from a new checkpoint location"
         )
     arrow_table = pa.ipc.open_stream(bytes(blob)).read_all()
-    stored_settings = {**SETTING_DEFAULTS, **(arrow_table.schema.metadata or {})}
+    check_schema(operator, arrow_table.schema, schema)
+    return arrow_table.to_pandas()
+
+
+def check_schema(operator: str, stored: pa.Schema, schema: pa.Schema) -> None:
+    """Raise StateSchemaMismatchError unless ``stored`` (a state table's schema) has the
+    checked settings and the columns of ``schema`` (what this query declares)."""
+    stored_settings = {**SETTING_DEFAULTS, **(stored.metadata or {})}
     declared_settings = {**SETTING_DEFAULTS, **(schema.metadata or {})}
     for name, value in declared_settings.items():
         if name in CHECKED_WHEN_PRESENT and name not in stored_settings:
@@ -92,19 +99,18 @@ def decode(operator: str, row: tuple, schema: pa.Schema) -> pd.DataFrame:
                 " from a new checkpoint location"
             )
         if stored_settings.get(name) != value:
-            stored = stored_settings.get(name, b"?").decode()
+            kept = stored_settings.get(name, b"?").decode()
             raise StateSchemaMismatchError(
-                f"{operator}: stored state was written with {name.decode()}={stored}, this"
-                f" query declares {name.decode()}={value.decode()}; keep {name.decode()}={stored}"
+                f"{operator}: stored state was written with {name.decode()}={kept}, this"
+                f" query declares {name.decode()}={value.decode()}; keep {name.decode()}={kept}"
                 " for this checkpoint or restart from a new checkpoint location"
             )
-    if not arrow_table.schema.equals(schema):
+    if not stored.equals(schema):
         raise StateSchemaMismatchError(
             f"{operator}: stored state schema changed:"
-            f" {describe_change(arrow_table.schema, schema)};"
+            f" {describe_change(stored, schema)};"
             " restart from a new checkpoint location"
         )
-    return arrow_table.to_pandas()
 
 
 def expiry_clock_change(stored: bytes | str, declared: bytes | str) -> str:

@@ -9,6 +9,7 @@ hundred bytes each) reach the driver, to type the frame and name the operator.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -18,7 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from .base import SETTINGS_KEY_GROUP
-from .errors import StateSchemaMismatchError
+from .errors import StatefulOpsError, StateSchemaMismatchError
+from .segment_log import fold
+from .segment_log_state import KEY_COLUMNS_METADATA_KEY, LOG_STATE
 from .state_codec import CHECKED_WHEN_PRESENT, SETTING_DEFAULTS, STATE_FORMAT_VERSION
 from .validation import OPERATOR_NAME_METADATA_KEY
 
@@ -82,6 +85,8 @@ def read_state_table(
     table, collected into the driver in one Spark job (``state_frame`` for a large state),
     its schema's metadata the ``StoredState.metadata``; None when the operator has stored
     nothing (no batch with rows yet)."""
+    if operator_layout(spark, checkpoint_location, operator_id) == "segment-log":
+        return segment_log_table(spark, checkpoint_location, batch_id, operator_id)
     rows = stored_groups(spark, checkpoint_location, batch_id, operator_id).collect()
     tables = []
     settings_names: list[str | None] = []
@@ -169,12 +174,66 @@ def stored_groups(
     spark: SparkSession, checkpoint_location: str, batch_id: int | None, operator_id: int
 ) -> DataFrame:
     """The operator's raw state rows: one per key group (``GROUP_COLUMNS``)."""
+    refuse_segment_log(spark, checkpoint_location, operator_id)
     reader = spark.read.format("statestore").option("operatorId", operator_id)
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     rows = reader.load(checkpoint_location).selectExpr("key.*", "value.groupState.*")
     named = rows.toDF(*GROUP_COLUMNS)
     return named.withColumn("key_group", named["key_group"].cast("long"))
+
+
+def operator_layout(spark: SparkSession, checkpoint_location: str, operator_id: int) -> str:
+    """The operator's state layout: "segment-log" when Spark's operator metadata names it
+    ``transformWithStateInPandasExec``, else "key-groups"."""
+    operators = (
+        spark.read.format("state-metadata")
+        .load(checkpoint_location)
+        .where(f"operatorId = {int(operator_id)}")
+        .select("operatorName")
+        .distinct()
+        .collect()
+    )
+    if any(str(row[0]).startswith("transformWithState") for row in operators):
+        return "segment-log"
+    return "key-groups"
+
+
+def refuse_segment_log(spark: SparkSession, checkpoint_location: str, operator_id: int) -> None:
+    """Refuse, in one line, a state on the segment log where only the key-groups layout is
+    read (``state_frame``, and so savepoints)."""
+    if operator_layout(spark, checkpoint_location, operator_id) == "segment-log":
+        raise StatefulOpsError(
+            f"operator {operator_id} keeps its state with state_layout='segment-log':"
+            " savepoints (state_frame) of it are not supported yet; read_state reads it, or"
+            " use state_layout='key-groups' for state you need to savepoint"
+        )
+
+
+def segment_log_table(
+    spark: SparkSession, checkpoint_location: str, batch_id: int | None, operator_id: int
+) -> pa.Table | None:
+    """``read_state_table`` of an operator on the segment log: each key group's ListState
+    (in list order, through the state data source) folded to its live rows."""
+    reader = (
+        spark.read.format("statestore")
+        .option("operatorId", operator_id)
+        .option("stateVarName", LOG_STATE)
+        .option("flattenCollectionTypes", "false")
+    )
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    tables = []
+    for row in reader.load(checkpoint_location).select("list_value").collect():
+        segments = [pa.ipc.open_stream(bytes(element[0])).read_all() for element in row[0]]
+        if not segments:
+            continue
+        metadata = dict(segments[0].schema.metadata or {})
+        keys = json.loads(metadata.pop(KEY_COLUMNS_METADATA_KEY).decode())
+        tables.append(fold(segments, keys).replace_schema_metadata(metadata))
+    if not tables:
+        return None
+    return pa.concat_tables(tables)
 
 
 def describe_groups(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -30,6 +30,7 @@ from eospack.stateful_ops import (
     read_state,
     register_timer,
 )
+from eospack.stateful_ops.state_store import state_store_conf
 from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
@@ -116,18 +117,23 @@ def rows_of(keys: list[str], t: int = T0) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("layout", ["key-groups", "segment-log"])
 def test_processing_time_timers_fire_once_across_restarts_and_a_replay(
-    spark: SparkSession, tmp_root: str
+    spark: SparkSession, tmp_root: str, layout: str
 ) -> None:
-    directory = os.path.join(tmp_root, "processing-input")
-    checkpoint = os.path.join(tmp_root, "processing-checkpoint")
+    """On both state layouts (the segment log: one TWS timer per key group)."""
+    directory = os.path.join(tmp_root, f"processing-{layout}-input")
+    checkpoint = os.path.join(tmp_root, f"processing-{layout}-checkpoint")
     os.makedirs(directory)
     operator = reminder("processing", 1_000)
     sink = Emitted()
+    store = state_store_conf("rocksdb") if layout == "segment-log" else {}
 
     def start() -> StreamingQuery:
-        result = operator("k", key_groups=4).apply(source(spark, directory))
-        with session_settings(spark, {NO_DATA_BATCHES: "false"}):
+        with session_settings(spark, {NO_DATA_BATCHES: "false", **store}):
+            result = operator("k", key_groups=4, state_layout=layout).apply(
+                source(spark, directory)
+            )
             return run(result, checkpoint, "update", sink)
 
     write_batch(directory, 0, rows_of(["x", "y", "x"]))

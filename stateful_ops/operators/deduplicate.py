@@ -38,8 +38,15 @@ class Deduplicate(StatefulOperator):
         key_groups: int = DEFAULT_KEY_GROUPS,
         initial_state: InitialState | None = None,
         name: str | None = None,
+        state_layout: str = "key-groups",
     ) -> None:
-        super().__init__(key, key_groups, initial_state=initial_state, name=name)
+        super().__init__(
+            key,
+            key_groups,
+            initial_state=initial_state,
+            name=name,
+            state_layout=state_layout,
+        )
         self.ttl_us = duration_ms(self.name, "ttl", ttl) * 1000
         self.event_time = event_time
         self.timeout = "event" if event_time is not None else "processing"
@@ -114,11 +121,18 @@ def deduplicate(
     key_groups: int = DEFAULT_KEY_GROUPS,
     initial_state: InitialState | None = None,
     name: str | None = None,
+    state_layout: str = "key-groups",
 ) -> DataFrame:
     """First row per key within ``ttl`` (processing time, or event time with a watermark).
 
     ``initial_state``, ``name``: as for ``running_count``.
     """
     return Deduplicate(
-        key, ttl, event_time, key_groups=key_groups, initial_state=initial_state, name=name
+        key,
+        ttl,
+        event_time,
+        key_groups=key_groups,
+        initial_state=initial_state,
+        name=name,
+        state_layout=state_layout,
     ).apply(df)

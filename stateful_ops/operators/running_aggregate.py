@@ -52,8 +52,11 @@ class RunningAggregate(StatefulOperator):
         name: str | None = None,
         ttl: object | None = None,
         ttl_time: str = "processing",
+        state_layout: str = "key-groups",
     ) -> None:
-        super().__init__(key, key_groups, output_mode, initial_state, name, ttl, ttl_time)
+        super().__init__(
+            key, key_groups, output_mode, initial_state, name, ttl, ttl_time, state_layout
+        )
         if not isinstance(aggs, Mapping) or not aggs:
             raise OperatorDefinitionError(
                 f'{self.name}: aggs={aggs!r}; pass a mapping like {{"amount": ["sum", "max"]}}'
@@ -260,6 +263,7 @@ def running_aggregate(
     name: str | None = None,
     ttl: object | None = None,
     ttl_time: str = "processing",
+    state_layout: str = "key-groups",
 ) -> DataFrame:
     """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
 
@@ -275,4 +279,5 @@ def running_aggregate(
         name=name,
         ttl=ttl,
         ttl_time=ttl_time,
+        state_layout=state_layout,
     ).apply(df)

@@ -138,6 +138,7 @@ def running_count(
     name: str | None = None,
     ttl: object | None = None,
     ttl_time: str = "processing",
+    state_layout: str = "key-groups",
 ) -> DataFrame:
     """Key column(s), ``count`` and ``version`` per key changed in the batch.
 
@@ -167,6 +168,10 @@ def running_count(
     the watermark reaches its latest event time plus ``ttl`` (the event time is the input's
     watermarked column; ``withWatermark`` is required). Rows behind the watermark still
     count, as without ttl.
+
+    ``state_layout``: ``"key-groups"`` (default) or ``"segment-log"`` (opt-in, RocksDB
+    only: a batch writes only the keys it changed; no event-time ttl, initial_state or
+    savepoints yet). See docs/stateful-operators.md, "The segment log".
     """
     return RunningCount(
         key,
@@ -176,4 +181,5 @@ def running_count(
         name=name,
         ttl=ttl,
         ttl_time=ttl_time,
+        state_layout=state_layout,
     ).apply(df)

@@ -39,8 +39,15 @@ class Sessionize(StatefulOperator):
         key_groups: int = DEFAULT_KEY_GROUPS,
         initial_state: InitialState | None = None,
         name: str | None = None,
+        state_layout: str = "key-groups",
     ) -> None:
-        super().__init__(key, key_groups, initial_state=initial_state, name=name)
+        super().__init__(
+            key,
+            key_groups,
+            initial_state=initial_state,
+            name=name,
+            state_layout=state_layout,
+        )
         self.gap_us = duration_ms(self.name, "gap", gap) * 1000
         self.event_time = event_time
 
@@ -118,11 +125,18 @@ def sessionize(
     key_groups: int = DEFAULT_KEY_GROUPS,
     initial_state: InitialState | None = None,
     name: str | None = None,
+    state_layout: str = "key-groups",
 ) -> DataFrame:
     """Closed sessions per key: key column(s), ``session_start``, ``session_end``, ``count``.
 
     ``initial_state``, ``name``: as for ``running_count``.
     """
     return Sessionize(
-        key, event_time, gap, key_groups=key_groups, initial_state=initial_state, name=name
+        key,
+        event_time,
+        gap,
+        key_groups=key_groups,
+        initial_state=initial_state,
+        name=name,
+        state_layout=state_layout,
     ).apply(df)
