@@ -37,6 +37,7 @@ from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
+    batch_timestamp_ms,
     run,
     source,
     with_watermark,
@@ -266,6 +267,7 @@ def test_segment_log_refusals_name_the_option(spark: SparkSession, tmp_path: Any
             deduplicate(watermarked, "k", "1 hour", event_time="ts", state_layout="segment-log")
 
 
+FIRST_BATCH, SECOND_BATCH = "<batch 0 timestamp>", "<batch 1 timestamp>"
 TTL_CASES: dict[str, tuple[Callable[[DataFrame, str], DataFrame], list[Any], list[Any]]] = {
     "deduplicate": (
         lambda df, ttl: deduplicate(df, "k", ttl, key_groups=4, state_layout="segment-log"),
@@ -274,17 +276,31 @@ TTL_CASES: dict[str, tuple[Callable[[DataFrame, str], DataFrame], list[Any], lis
     ),
     "running_count": (
         lambda df, ttl: running_count(df, "k", key_groups=4, ttl=ttl, state_layout="segment-log"),
-        [("x", 2, 1), ("y", 1, 1)],
-        [("u", 1, 1), ("x", 1, 1)],
+        [("x", 2, FIRST_BATCH), ("y", 1, FIRST_BATCH)],
+        [("u", 1, SECOND_BATCH), ("x", 1, SECOND_BATCH)],
     ),
     "running_aggregate": (
         lambda df, ttl: running_aggregate(
             df, "k", {"v": "sum"}, key_groups=4, ttl=ttl, state_layout="segment-log"
         ),
-        [("x", 4.0, 1), ("y", 2.0, 1)],
-        [("u", 2.0, 1), ("x", 2.0, 1)],
+        [("x", 4.0, FIRST_BATCH), ("y", 2.0, FIRST_BATCH)],
+        [("u", 2.0, SECOND_BATCH), ("x", 2.0, SECOND_BATCH)],
     ),
 }
+"""With ttl a key's version starts at its life's first batch timestamp (ms):
+``FIRST_BATCH`` and ``SECOND_BATCH`` stand for batch 0's and batch 1's."""
+
+
+def with_batch_timestamps(rows: list[Any], checkpoint: str) -> list[Any]:
+    """``rows`` with ``FIRST_BATCH`` / ``SECOND_BATCH`` replaced by those batches' timestamps."""
+    stamps = {FIRST_BATCH: 0, SECOND_BATCH: 1}
+    return [
+        tuple(
+            batch_timestamp_ms(checkpoint, stamps[field]) if field in stamps else field
+            for field in row
+        )
+        for row in rows
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -316,12 +332,12 @@ def test_processing_time_ttl_on_the_segment_log_forgets_idle_keys(
             return run(result, checkpoint, "append" if name == "deduplicate" else "update", sink)
 
     first = start()
-    assert sink.final() == [(0, first_batch)]
+    assert sink.final() == [(0, with_batch_timestamps(first_batch, checkpoint))]
     batch_time = pd.Timestamp(first.lastProgress["timestamp"]).timestamp()
     wait_until(lambda: time.time() > batch_time + 2 * ttl_ms / 1000, 10, "the ttl to pass")
     write_batch(directory, 1, [{**row, "k": k} for k in ("x", "u")])
     start()
-    assert sink.final()[1] == (1, second_batch)
+    assert sink.final()[1] == (1, with_batch_timestamps(second_batch, checkpoint))
     assert sorted(read_state(spark, checkpoint)["k"]) == ["u", "x"]
 
 
