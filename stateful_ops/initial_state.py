@@ -7,8 +7,8 @@ state fields, as ``eospack savepoint create`` writes it) bootstraps on first use
 - Before the query starts, a Spark job splits the savepoint by key group with the same
   Spark expression the stream uses (``pmod(xxhash64(keys), key_groups)``), so the split
   follows this query's ``key_groups``, whatever the savepoint's were: rescaling. The
-  executors read the savepoint and write the split (one Parquet directory per key group);
-  the driver never holds the keys.
+  executors read the savepoint and write the split (one Parquet directory per key group,
+  ``write_split``); the driver never holds the keys.
 - Every batch with input rows routes one bootstrap marker per input partition to every
   key group (next to the settings marker), so its first such batch visits all of them.
   A key group without state loads its keys from the split and goes on as usual; once
@@ -49,10 +49,13 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -172,8 +175,7 @@ def split_by_key_group(
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     written = staging / "groups"
-    # No shuffle: each task writes a file per key group its part of the savepoint holds.
-    split.write.partitionBy(KEY_GROUP_PARTITION).parquet(spark_path(written))
+    write_split(split, written)
     (written / SPLIT_COMPLETE).touch()
     try:
         os.rename(written, directory)
@@ -193,6 +195,70 @@ def refuse_another_expiry_clock(operator: StatefulOperator, initial_state: Initi
             f"{operator.name}: initial_state {initial_state.path}:"
             f" {expiry_clock_change(stored, declared)}"
         )
+
+
+SPLIT_BUFFER_BYTES = 128 * 1024 * 1024
+"""How much of its part of the savepoint a task of the split holds before writing it out."""
+
+
+def write_split(split: DataFrame, directory: Path) -> None:
+    """Write ``split`` (the state columns and ``KEY_GROUP_PARTITION``) into ``directory``,
+    one ``KEY_GROUP_PARTITION=<n>/`` directory of Parquet files per key group, in one Spark
+    job without a shuffle: Spark computes each key's group (the stream's expression) and
+    each task's Python worker sorts its part of the savepoint by it and writes each key
+    group's rows with Arrow's Parquet writer (``split_writer``).
+
+    Why not ``split.write.partitionBy(...)``: Spark sorts every task's rows by key group
+    for its Parquet writer, which took about half of a restore's seconds (docs/
+    performance.md). Commit: each task attempt writes files of its own names and reports
+    them; the files no successful attempt reported (a failed attempt's) are deleted, so no
+    key is loaded twice."""
+    written = split.mapInArrow(split_writer(str(directory)), "file string").collect()
+    kept = {row["file"] for row in written}
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in directory.glob(f"{KEY_GROUP_PARTITION}=*/*"):
+        if f"{path.parent.name}/{path.name}" not in kept:
+            path.unlink()
+
+
+def split_writer(directory: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function writing its rows into ``directory``, one Parquet file per
+    key group (``KEY_GROUP_PARTITION``, not written: the directory names it) and per
+    ``SPLIT_BUFFER_BYTES`` of rows, and yielding the files' names relative to
+    ``directory``."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        files: list[str] = []
+        buffered: list[pa.RecordBatch] = []
+        size = 0
+
+        def flush() -> None:
+            table = pa.Table.from_batches(buffered).sort_by(KEY_GROUP_PARTITION)
+            groups = table.column(KEY_GROUP_PARTITION).to_numpy()
+            starts = [0, *(np.flatnonzero(np.diff(groups)) + 1)]
+            ends = [*starts[1:], len(groups)]
+            rows = table.drop_columns([KEY_GROUP_PARTITION])
+            for start, end in zip(starts, ends, strict=True):
+                group = f"{KEY_GROUP_PARTITION}={int(groups[start])}"
+                os.makedirs(os.path.join(directory, group), exist_ok=True)
+                file = f"{group}/part-{uuid.uuid4().hex}.parquet"
+                pq.write_table(rows.slice(start, end - start), os.path.join(directory, file))
+                files.append(file)
+
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            buffered.append(batch)
+            size += batch.nbytes
+            if size >= SPLIT_BUFFER_BYTES:
+                flush()
+                buffered, size = [], 0
+        if buffered:
+            flush()
+        if files:
+            yield pa.RecordBatch.from_arrays([pa.array(files, pa.string())], names=["file"])
+
+    return write
 
 
 def split_name(operator: StatefulOperator) -> str:

@@ -10,11 +10,17 @@ hundred bytes each) reach the driver, to type the frame and name the operator.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -30,17 +36,16 @@ DESCRIPTION_DDL = "key_group long, format_version int, operator string, schema b
 
 
 @dataclass(frozen=True)
-class StoredState:
-    """One operator's state after one batch: ``frame`` holds one row per stored key (key
-    columns and state fields, typed by ``schema``), decoded by the executors when an action
-    runs; ``metadata`` is the state's Arrow schema metadata (``key_groups``), with the
-    operator's kind (``operator``) and, for a named operator, its name (``operator_name``)."""
+class DescribedState:
+    """What the driver knows of one operator's state after one batch: its columns
+    (``schema``), its Arrow schema metadata (``metadata``: ``key_groups``), with the
+    operator's kind (``operator``) and, for a named operator, its name (``operator_name``),
+    and its number of keys (``rows``)."""
 
-    frame: DataFrame
     schema: pa.Schema
     metadata: dict[bytes, bytes]
     rows: int
-    """The number of keys (what ``frame.count()`` gives, known without reading it again)."""
+    """The number of keys (what reading the state gives, known without reading it again)."""
 
     @property
     def kind(self) -> str:
@@ -64,6 +69,14 @@ class StoredState:
     @property
     def operator_name(self) -> str | None:
         return (self.metadata.get(OPERATOR_NAME_METADATA_KEY) or b"").decode() or None
+
+
+@dataclass(frozen=True)
+class StoredState(DescribedState):
+    """A ``DescribedState`` with ``frame``: one row per stored key (key columns and state
+    fields, typed by ``schema``), decoded by the executors when an action runs."""
+
+    frame: DataFrame
 
 
 def read_state(
@@ -128,6 +141,24 @@ def state_frame(
     groups holding different columns (a checkpoint written by two incompatible queries)."""
     groups = stored_groups(spark, checkpoint_location, batch_id, operator_id)
     descriptions = groups.mapInArrow(describe_groups, DESCRIPTION_DDL).collect()
+    described = described_state(operator_id, descriptions)
+    if described is None:
+        return None
+    schema, metadata, rows = described
+    spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+    frame = groups.mapInArrow(decoded_rows(schema), spark_schema)
+    return StoredState(schema, metadata, rows, frame)
+
+
+def described_state(
+    operator_id: int, descriptions: Iterable[Sequence[Any]]
+) -> tuple[pa.Schema, dict[bytes, bytes], int] | None:
+    """The state's columns, metadata (``StoredState.metadata``) and number of keys from one
+    description per state row (``DESCRIPTION_DDL``'s first five columns: what
+    ``describe_groups`` gives), or None for no state row. Refused
+    (``StateSchemaMismatchError``): a state row of another format version, and key groups
+    holding different columns."""
+    descriptions = list(descriptions)
     if not descriptions:
         return None
     settings_names: list[str | None] = []
@@ -164,10 +195,7 @@ def state_frame(
         name = next(iter(names))
     if name is not None:
         metadata[OPERATOR_NAME_METADATA_KEY] = name.encode()
-    schema = next(iter(columns))
-    spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
-    frame = groups.mapInArrow(decoded_rows(schema), spark_schema)
-    return StoredState(frame, schema, metadata, rows)
+    return next(iter(columns)), metadata, rows
 
 
 def stored_groups(
@@ -278,3 +306,117 @@ def decoded_rows(
                     yield from table.replace_schema_metadata(None).cast(schema).to_batches()
 
     return decode
+
+
+WRITTEN_DDL = f"{DESCRIPTION_DDL}, file string"
+"""``describe_groups``' columns and the file (its name) the state row's keys went to ("" for
+none)."""
+
+
+def write_state_files(
+    spark: SparkSession,
+    checkpoint_location: str,
+    batch_id: int | None,
+    operator_id: int,
+    directory: Path,
+) -> DescribedState | None:
+    """Write the state of operator ``operator_id`` after ``batch_id`` (default last) into
+    ``directory`` as Parquet (one row per key: key columns and state fields, what
+    ``state_frame`` reads) and describe it, in one Spark job; None (and no directory) when
+    the operator has stored nothing. Refused as ``state_frame`` refuses, leaving no
+    directory.
+
+    Why not ``state_frame(...).frame.write.parquet``: that reads the state twice (once to
+    type the frame, once to write it) and hands every decoded key from the Python worker
+    to the JVM for Spark's Parquet writer; here the executors' Python workers write the
+    keys as they decode them (``written_groups``, Arrow's Parquet writer) and return only
+    the descriptions. ``directory`` is a local path every executor can write (local mode,
+    one host, or a shared mount), as for the restore's split.
+
+    Commit: each task attempt writes files of its own names and reports them; the driver
+    keeps the reported files (one attempt per partition: the successful one) and deletes
+    the rest (those of failed attempts), so no key is written twice. The Parquet schema is
+    the state's columns (timestamps in microseconds, as Spark writes them); an operator
+    without keys gets one empty file with that schema, so a restore reads its columns."""
+    groups = stored_groups(spark, checkpoint_location, batch_id, operator_id)
+    rows = groups.mapInArrow(written_groups(str(directory)), WRITTEN_DDL).collect()
+    try:
+        described = described_state(operator_id, [tuple(row)[:5] for row in rows])
+    except StateSchemaMismatchError:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    if described is None:
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    schema, metadata, keys = described
+    kept = {row["file"] for row in rows if row["file"]}
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in directory.iterdir():
+        if path.name not in kept:  # a failed task attempt's
+            path.unlink()
+    if not kept:
+        pq.write_table(schema.empty_table(), str(directory / "part-empty.parquet"))
+    return DescribedState(schema, metadata, keys)
+
+
+def written_groups(
+    directory: str,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function writing each state row's keys into a Parquet file of this
+    task attempt in ``directory`` (one per distinct columns: key groups of other columns,
+    which ``described_state`` refuses, never share a file) and yielding, once the files are
+    closed, ``describe_groups``' description of each state row and its file's name. An
+    executor holds one key group's table at a time."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writers: dict[pa.Schema, tuple[str, pq.ParquetWriter]] = {}
+        described: list[tuple[Any, ...]] = []
+        try:
+            for batch in batches:
+                blobs = batch.column("blob")
+                key_groups = batch.column("key_group").to_pylist()
+                versions = batch.column("format_version").to_pylist()
+                operators = batch.column("operator").to_pylist()
+                for index in range(batch.num_rows):
+                    row = (key_groups[index], versions[index], operators[index])
+                    if versions[index] != STATE_FORMAT_VERSION:
+                        described.append((*row, b"", 0, ""))
+                        continue
+                    table = pa.ipc.open_stream(blobs[index].as_buffer()).read_all()
+                    name = ""
+                    if table.num_rows:
+                        plain = table.schema.remove_metadata()
+                        if plain not in writers:
+                            file = f"part-{uuid.uuid4().hex}.parquet"
+                            os.makedirs(directory, exist_ok=True)
+                            writers[plain] = (
+                                file,
+                                pq.ParquetWriter(
+                                    os.path.join(directory, file),
+                                    plain,
+                                    coerce_timestamps="us",
+                                    allow_truncated_timestamps=True,
+                                ),
+                            )
+                        name, writer = writers[plain]
+                        writer.write_table(table.replace_schema_metadata(None))
+                    schema = table.schema.serialize().to_pybytes()
+                    described.append((*row, schema, table.num_rows, name))
+        finally:
+            for _, writer in writers.values():
+                writer.close()
+        if described:
+            columns = list(zip(*described, strict=True))
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(columns[0], pa.int64()),
+                    pa.array(columns[1], pa.int32()),
+                    pa.array(columns[2], pa.string()),
+                    pa.array(columns[3], pa.binary()),
+                    pa.array(columns[4], pa.int64()),
+                    pa.array(columns[5], pa.string()),
+                ],
+                names=["key_group", "format_version", "operator", "schema", "rows", "file"],
+            )
+
+    return write

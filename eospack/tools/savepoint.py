@@ -12,7 +12,9 @@ such as ``s3a://``, read and written through Spark's Hadoop file system:
 
 Neither create nor restore passes the state through the driver: ``create_savepoint`` reads
 it with Spark's state data source, the executors decode the key groups and write the
-Parquet files straight to the savepoint's path (``state_reader.state_frame``); a restore
+Parquet files straight to the savepoint's path, in one Spark job for a local savepoint
+(``state_reader.write_state_files``), through Spark's Parquet writer elsewhere
+(``state_reader.state_frame``); a restore
 splits it by key group in a Spark job (``initial_state.split_by_key_group``). The driver
 holds each key group's schema only, so its memory does not grow with the number of keys.
 
@@ -92,7 +94,12 @@ from eospack.stateful_ops.initial_state import (
     bootstrap_needed,
     operator_id_of,
 )
-from eospack.stateful_ops.state_reader import state_frame, stored_groups
+from eospack.stateful_ops.state_reader import (
+    DescribedState,
+    state_frame,
+    stored_groups,
+    write_state_files,
+)
 from eospack.stateful_ops.validation import operator_name
 from eospack.tools.checkpoint import CheckpointInspectError, CheckpointReport, inspect_checkpoint
 
@@ -297,11 +304,19 @@ def write_savepoint(
     operators = []
     for operator in report.operators:
         operator_id = int(operator.operator_id)
-        stored = state_frame(spark, source, last.batch_id, operator_id)
+        relative = f"state/operator-{operator_id}"
+        stored: DescribedState | None
+        if isinstance(written, LocalFiles):
+            # One Spark job: the executors decode and write (state_reader.write_state_files).
+            stored = write_state_files(
+                spark, source, last.batch_id, operator_id, written.root / relative
+            )
+        else:
+            stored = state_frame(spark, source, last.batch_id, operator_id)
+            if stored is not None:
+                stored.frame.write.parquet(spark_path(written.uri(relative)))
         if stored is None:
             continue
-        relative = f"state/operator-{operator_id}"
-        stored.frame.write.parquet(spark_path(written.uri(relative)))
         operators.append(
             OperatorSnapshot(
                 operator_id=operator_id,
