@@ -34,6 +34,11 @@ def batch_timestamp_ms(checkpoint: str | os.PathLike[str], batch_id: int) -> int
         return int(json.loads(handle.read().splitlines()[1])["batchTimestampMs"])
 
 
+def events_at(*keys_and_seconds: tuple[str, int]) -> list[dict[str, Any]]:
+    """Input rows of ``SCHEMA``: one per (key, event time in seconds after ``T0``)."""
+    return [{"k": key, "n": 1, "v": 0.0, "t": T0 + second} for key, second in keys_and_seconds]
+
+
 def source(spark: SparkSession, directory: str) -> DataFrame:
     return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(directory)
 

@@ -426,18 +426,15 @@ def test_fixed_deduplicate_switched_between_event_and_processing_time_through_a_
     event-time deduplicate restored into processing time (which would forget every key at
     its first batch and emit repeats again) is refused in one line naming event_time."""
     from eospack.stateful_ops.operators.deduplicate import Deduplicate
-    from eospack.stateful_ops.state_reader import StoredState
+    from eospack.stateful_ops.state_reader import DescribedState
 
     schema = StructType([StructField("k", StringType()), StructField("ts", LongType())])
     event = Deduplicate("k", ttl="1 minute", event_time="ts", key_groups=1)
     event.bind(["k"], schema)
     processing = Deduplicate("k", ttl="1 minute", key_groups=1)
     processing.bind(["k"], schema)
-    recorded = StoredState(
-        None,  # type: ignore[arg-type]
-        event.arrow_state_schema,
-        dict(event.stored_schema().metadata or {}),
-        1,
+    recorded = DescribedState(
+        event.arrow_state_schema, dict(event.stored_schema().metadata or {}), 1
     ).checked_settings
     saved = pa.table({"k": ["a"], "expires_at_us": [(OLD_WATERMARK_MS + 60_000) * 1000]})
     initial = InitialState(

@@ -21,9 +21,9 @@ from eospack.stateful_ops import read_state, running_count
 from eospack.tools.savepoint import RestoredCheckpoint
 from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
-    T0,
     Emitted,
     batch_timestamp_ms,
+    events_at,
     run,
     source,
     with_watermark,
@@ -33,10 +33,6 @@ from integration_tests.stateful_parts import (
 pytestmark = pytest.mark.integration
 
 TTL = "10 seconds"
-
-
-def events(*keys_and_seconds: tuple[str, int]) -> list[dict[str, Any]]:
-    return [{"k": key, "n": 1, "v": 0.0, "t": T0 + second} for key, second in keys_and_seconds]
 
 
 def counts(
@@ -61,8 +57,8 @@ def savepointed(spark: Any, tmp_path: Path, ttl: str | None) -> Path:
     restored into a new checkpoint (returned)."""
     old_input, old = tmp_path / "old-input", tmp_path / "old"
     old_input.mkdir()
-    write_batch(str(old_input), 0, events(("a", 0), ("b", 2)))
-    write_batch(str(old_input), 1, events(("z", 40)))
+    write_batch(str(old_input), 0, events_at(("a", 0), ("b", 2)))
+    write_batch(str(old_input), 1, events_at(("z", 40)))
     counts(spark, old_input, old, ttl, Emitted())
     savepoint, restored = tmp_path / "savepoint", tmp_path / "restored"
     assert main(["savepoint", "create", str(old), str(savepoint)]) == 0
@@ -80,8 +76,8 @@ def test_event_time_ttl_turned_on_through_a_savepoint_counts_from_the_restore_wa
     restored = savepointed(spark, tmp_path, ttl=None)
     new_input = tmp_path / "new-input"
     new_input.mkdir()
-    write_batch(str(new_input), 0, events(("c", 50)))
-    write_batch(str(new_input), 1, events(("a", 52)))
+    write_batch(str(new_input), 0, events_at(("c", 50)))
+    write_batch(str(new_input), 1, events_at(("a", 52)))
     sink = Emitted()
     counts(spark, new_input, restored, TTL, sink)
     first, second = (batch_timestamp_ms(restored, batch) for batch in (0, 1))
@@ -100,7 +96,7 @@ def test_fixed_event_time_ttl_turned_off_through_a_savepoint_keeps_the_unexpired
     restored = savepointed(spark, tmp_path, ttl=TTL)
     new_input = tmp_path / "new-input"
     new_input.mkdir()
-    write_batch(str(new_input), 0, events(("z", 50), ("a", 51)))
+    write_batch(str(new_input), 0, events_at(("z", 50), ("a", 51)))
     sink = Emitted()
     counts(spark, new_input, restored, None, sink)
     z_life = batch_timestamp_ms(tmp_path / "old", 1)
@@ -118,7 +114,7 @@ def test_fixed_event_time_ttl_restored_as_processing_time_ttl_gives_live_keys_th
     restored = savepointed(spark, tmp_path, ttl=TTL)
     new_input = tmp_path / "new-input"
     new_input.mkdir()
-    write_batch(str(new_input), 0, events(("z", 50), ("a", 51)))
+    write_batch(str(new_input), 0, events_at(("z", 50), ("a", 51)))
     sink = Emitted()
     output = running_count(
         with_watermark(source(spark, str(new_input))),

@@ -23,6 +23,7 @@ from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
+    events_at,
     run,
     source,
     with_watermark,
@@ -32,10 +33,6 @@ from integration_tests.stateful_parts import (
 pytestmark = pytest.mark.integration
 
 TTL = "10 seconds"
-
-
-def events(*keys_and_seconds: tuple[str, int]) -> list[dict[str, Any]]:
-    return [{"k": key, "n": 1, "v": 0.0, "t": T0 + second} for key, second in keys_and_seconds]
 
 
 def inputs(directory: Path, *batches: list[dict[str, Any]]) -> Path:
@@ -80,7 +77,7 @@ def test_fixed_event_ttl_turned_on_from_a_query_without_watermark_keeps_the_rest
     old = tmp_path / "old"
     ttl_arguments = {"ttl": old_ttl} if old_ttl is not None else {}
     output = running_count(
-        source(spark, str(inputs(tmp_path / "old-input", events(("a", 0), ("b", 2))))),
+        source(spark, str(inputs(tmp_path / "old-input", events_at(("a", 0), ("b", 2))))),
         "k",
         key_groups=4,
         **ttl_arguments,
@@ -91,7 +88,7 @@ def test_fixed_event_ttl_turned_on_from_a_query_without_watermark_keeps_the_rest
     manifest = savepoint_and_restore(old, tmp_path / "savepoint", restored)
     assert (manifest["batch_watermark_ms"], manifest["next_batch_watermark_ms"]) == (0, 0)
     assert manifest["operators"][0]["settings"] == {}
-    new_input = inputs(tmp_path / "new-input", events(("c", 50)), events(("b", 52)))
+    new_input = inputs(tmp_path / "new-input", events_at(("c", 50)), events_at(("b", 52)))
     sink = Emitted()
     event_ttl_counts(spark, new_input, restored, sink)
     assert sink.final() == [(0, [("c", 1)]), (1, [("b", 2)])]
@@ -106,22 +103,22 @@ def test_fixed_a_savepoint_of_a_restored_checkpoint_continues_as_the_restored_qu
     15 s. Savepointed and restored again, the second restored query must emit what the
     first emits when it goes on with the same rows (y at 21 s, z at 45 s)."""
     old = tmp_path / "old"
-    old_input = inputs(tmp_path / "old-input", events(("a", 0), ("b", 2)), events(("z", 40)))
+    old_input = inputs(tmp_path / "old-input", events_at(("a", 0), ("b", 2)), events_at(("z", 40)))
     event_ttl_counts(spark, old_input, old, Emitted())
     first = tmp_path / "first"
     manifest = savepoint_and_restore(old, tmp_path / "savepoint-1", first)
     assert manifest["next_batch_watermark_ms"] == (T0 + 35) * 1000
-    first_input = inputs(tmp_path / "first-input", events(("y", 20)))
+    first_input = inputs(tmp_path / "first-input", events_at(("y", 20)))
     first_sink = Emitted()
     event_ttl_counts(spark, first_input, first, first_sink)
     assert first_sink.final() == [(0, [("y", 1)])]
     second = tmp_path / "second"
     savepoint_and_restore(first, tmp_path / "savepoint-2", second)
-    write_batch(str(first_input), 1, events(("y", 21), ("z", 45)))
+    write_batch(str(first_input), 1, events_at(("y", 21), ("z", 45)))
     unstopped = Emitted()
     event_ttl_counts(spark, first_input, first, unstopped)
     restored = Emitted()
-    second_input = inputs(tmp_path / "second-input", events(("y", 21), ("z", 45)))
+    second_input = inputs(tmp_path / "second-input", events_at(("y", 21), ("z", 45)))
     event_ttl_counts(spark, second_input, second, restored)
     assert [rows for _, rows in restored.final()] == [rows for _, rows in unstopped.final()]
 
@@ -144,7 +141,7 @@ def test_held_a_format_3_savepoint_of_event_ttl_restores_into_event_ttl_as_forma
     restored into the same event-time ttl they are kept as they are, as a format 4
     savepoint's: a and b ran out by the old watermark (35 s), z (expires 50 s) counts on."""
     old = tmp_path / "old"
-    old_input = inputs(tmp_path / "old-input", events(("a", 0), ("b", 2)), events(("z", 40)))
+    old_input = inputs(tmp_path / "old-input", events_at(("a", 0), ("b", 2)), events_at(("z", 40)))
     event_ttl_counts(spark, old_input, old, Emitted())
     outputs = {}
     for version in (3, 4):
@@ -157,7 +154,7 @@ def test_held_a_format_3_savepoint_of_event_ttl_restores_into_event_ttl_as_forma
         assert initial is not None
         expected = None if version == 3 else "event"
         assert initial.stored_setting("ttl_time") == expected
-        new_input = inputs(tmp_path / f"new-input-{version}", events(("z", 50), ("a", 51)))
+        new_input = inputs(tmp_path / f"new-input-{version}", events_at(("z", 50), ("a", 51)))
         sink = Emitted()
         event_ttl_counts(spark, new_input, restored, sink)
         outputs[version] = sink.final()
@@ -174,7 +171,7 @@ def test_fixed_processing_to_event_to_processing_ttl_through_two_savepoints_keep
     which the second savepoint's watermark (45 s) had run out: they restarted at 1."""
     old = tmp_path / "old"
     processing_counts = running_count(
-        source(spark, str(inputs(tmp_path / "old-input", events(("a", 0), ("b", 2))))),
+        source(spark, str(inputs(tmp_path / "old-input", events_at(("a", 0), ("b", 2))))),
         "k",
         key_groups=4,
         ttl="1 hour",
@@ -184,13 +181,14 @@ def test_fixed_processing_to_event_to_processing_ttl_through_two_savepoints_keep
     event = tmp_path / "event"
     savepoint_and_restore(old, tmp_path / "savepoint-1", event)
     event_sink = Emitted()
-    event_ttl_counts(spark, inputs(tmp_path / "event-input", events(("c", 50))), event, event_sink)
+    event_input = inputs(tmp_path / "event-input", events_at(("c", 50)))
+    event_ttl_counts(spark, event_input, event, event_sink)
     assert event_sink.final() == [(0, [("c", 1)])]
     processing = tmp_path / "processing"
     manifest = savepoint_and_restore(event, tmp_path / "savepoint-2", processing)
     assert manifest["operators"][0]["settings"] == {"ttl_time": "event"}
     assert manifest["next_batch_watermark_ms"] == (T0 + 45) * 1000
-    last_input = inputs(tmp_path / "last-input", events(("a", 60), ("b", 60), ("c", 60)))
+    last_input = inputs(tmp_path / "last-input", events_at(("a", 60), ("b", 60), ("c", 60)))
     output = running_count(
         source(spark, str(last_input)),
         "k",
