@@ -1,0 +1,196 @@
+"""Attacks on the segment log's store side without Spark (``segment_log_state.handle_rows``
+on an in-memory ListState and timer list): a changed ttl, a name added on a checkpoint,
+tombstones of null / composite / timestamp keys, a group emptied by its timer, a timer
+visit in a batch that had rows, and a replayed batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+from eospack.stateful_ops import segment_log_state
+from eospack.stateful_ops.base import SETTINGS_KEY_GROUP, Clock
+from eospack.stateful_ops.operators.running_count import RunningCount
+from eospack.stateful_ops.segment_log import fold
+from eospack.stateful_ops.state_codec import EXPIRES_COLUMN
+
+LAYOUT = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock)
+
+
+class ListState:
+    """TWS ListState's calls as ``handle_rows`` makes them."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[bytes]] | None = None
+
+    def exists(self) -> bool:
+        return self.items is not None
+
+    def get(self) -> Iterator[tuple[bytes]]:
+        return iter(list(self.items or []))
+
+    def appendValue(self, value: tuple[bytes]) -> None:
+        self.items = [*(self.items or []), value]
+
+    def put(self, values: list[tuple[bytes]]) -> None:
+        self.items = list(values)
+
+    def clear(self) -> None:
+        self.items = None
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.registered: list[int] = []
+
+    def listTimers(self) -> Iterator[int]:
+        return iter(list(self.registered))
+
+    def deleteTimer(self, at_ms: int) -> None:
+        self.registered.remove(at_ms)
+
+    def registerTimer(self, at_ms: int) -> None:
+        self.registered.append(at_ms)
+
+
+def new_handle() -> Any:
+    return SimpleNamespace(log=ListState(), timers=Timers(), settings=None)
+
+
+def bound(ttl: object, keys: tuple[str, ...] = ("k",), name: str | None = None) -> RunningCount:
+    operator = RunningCount(list(keys), ttl=ttl, name=name)
+    types = {"k": StringType(), "t": TimestampType()}
+    operator.bind(list(keys), StructType([StructField(key, types[key]) for key in keys]))
+    return operator
+
+
+def visit(
+    operator: RunningCount, handle: Any, rows: pd.DataFrame | None, at_ms: int
+) -> list[tuple[Any, ...]]:
+    """One key group's call (``rows`` None: its timer fired); the (keys..., count, version)
+    rows it emits, sorted."""
+    frames = iter([rows]) if rows is not None else None
+    emitted = list(segment_log_state.handle_rows(operator, LAYOUT, handle, 0, frames, at_ms))
+    columns = [*operator.keys, "count", "version"]
+    out = [tuple(row) for frame in emitted for row in frame[columns].itertuples(index=False)]
+    return sorted(out, key=repr)
+
+
+def live(operator: RunningCount, handle: Any) -> dict[Any, tuple[int, int, int]]:
+    """The group's folded log: key -> (count, version, expiry ms)."""
+    if not handle.log.exists():
+        return {}
+    segments, _ = segment_log_state.read_log(operator, handle.log.get())
+    table = fold(segments, list(operator.keys)).to_pandas()
+    return {
+        tuple(row[k] for k in operator.keys): (
+            int(row["count"]),
+            int(row["version"]),
+            int(row[EXPIRES_COLUMN]),
+        )
+        for row in table.to_dict("records")
+    }
+
+
+def keys(*values: str) -> pd.DataFrame:
+    return pd.DataFrame({"k": list(values)})
+
+
+def test_ttl_raised_then_lowered_on_a_segment_log_moves_every_key_as_key_groups() -> None:
+    """Failed before the fix: the segment's informational ``ttl_ms`` was a checked setting,
+    so any ttl change on a segment-log checkpoint was refused (StateSchemaMismatchError),
+    where the key-groups layout moves the expiries (``base.load_value``)."""
+    handle = new_handle()
+    assert visit(bound("10 seconds"), handle, keys("a", "b"), 1_000) == [
+        ("a", 1, 1_000),
+        ("b", 1, 1_000),
+    ]
+    raised = bound("20 seconds")
+    assert visit(raised, handle, keys("c"), 2_000) == [("c", 1, 2_000)]
+    # a and b live 20 s from their last batch with rows (1 s), c from 2 s.
+    assert live(raised, handle) == {
+        ("a",): (1, 1_000, 21_000),
+        ("b",): (1, 1_000, 21_000),
+        ("c",): (1, 2_000, 22_000),
+    }
+    assert handle.timers.registered == [21_000]
+    # At 15 s (past the old ttl, before the new one) the group's timer keeps them all.
+    assert visit(raised, handle, None, 15_000) == []
+    assert set(live(raised, handle)) == {("a",), ("b",), ("c",)}
+    # Lowered to 5 s: at 16 s every old key's ttl has run out (a, b at 6 s; c at 7 s).
+    lowered = bound("5 seconds")
+    assert visit(lowered, handle, keys("a", "d"), 16_000) == [
+        ("a", 1, 16_000),
+        ("d", 1, 16_000),
+    ]
+    assert live(lowered, handle) == {
+        ("a",): (1, 16_000, 21_000),
+        ("d",): (1, 16_000, 21_000),
+    }
+
+
+def test_a_name_added_on_a_segment_log_checkpoint_is_accepted_as_with_key_groups() -> None:
+    """Failed before the fix: the segment's informational operator name was checked, so
+    naming an unnamed operator on its checkpoint was refused (key-groups accepts it)."""
+    handle = new_handle()
+    visit(bound("10 seconds"), handle, keys("a"), 1_000)
+    named = bound("10 seconds", name="counts")
+    assert visit(named, handle, keys("a"), 2_000) == [("a", 2, 1_001)]
+
+
+def test_null_composite_timestamp_keys_expire_by_tombstones_and_an_emptied_group_clears() -> None:
+    """Composite (string, timestamp) keys with nulls: expired keys are tombstoned (not
+    folded back), a group whose every key expired by its timer clears its log and timer,
+    and a key coming back starts a new life at the batch's timestamp."""
+    operator = bound("10 seconds", keys=("k", "t"))
+    handle = new_handle()
+    t = pd.Timestamp("2026-11-29 12:00:00")  # as Spark passes them: naive
+    first = pd.DataFrame({"k": ["a", None, "a", None], "t": [t, t, pd.NaT, pd.NaT]})
+    assert len(visit(operator, handle, first, 1_000)) == 4
+    second = pd.DataFrame({"k": [None], "t": [t]})
+    assert len(visit(operator, handle, second, 5_000)) == 1
+    # At 11 s the three keys last written at 1 s expire through the timer: tombstones.
+    assert handle.timers.registered == [11_000]
+    assert visit(operator, handle, None, 11_000) == []
+    assert list(live(operator, handle)) == [(None, t)]
+    assert handle.timers.registered == [15_000]
+    # At 15 s the last key expires: the log is cleared, no timer is left.
+    assert visit(operator, handle, None, 15_000) == []
+    assert handle.log.items is None and handle.timers.registered == []
+    back = visit(operator, handle, pd.DataFrame({"k": ["a"], "t": [pd.NaT]}), 20_000)
+    assert [(row[0], row[2], row[3]) for row in back] == [("a", 1, 20_000)]
+
+
+def test_a_timer_visit_after_rows_in_the_same_batch_changes_nothing() -> None:
+    """Spark fires the group's timer after its rows; the rows' call re-registers the timer
+    past the batch, but were the old one still to fire in that batch, the visit without
+    data emits nothing and leaves the log as it is (no segment written twice)."""
+    operator = bound("10 seconds")
+    handle = new_handle()
+    visit(operator, handle, keys("a", "b"), 1_000)
+    visit(operator, handle, keys("b"), 5_000)
+    assert visit(operator, handle, keys("b", "c"), 11_000) == [("b", 3, 1_002), ("c", 1, 11_000)]
+    log_after_rows = list(handle.log.items or [])
+    assert visit(operator, handle, None, 11_000) == []
+    assert handle.log.items == log_after_rows
+    assert set(live(operator, handle)) == {("b",), ("c",)}
+
+
+def test_a_replayed_batch_from_the_committed_log_writes_the_same_segment() -> None:
+    """A retried task or a replayed batch starts from the last committed log: it emits the
+    same rows and leaves the same log as the first attempt (TWS state is per attempt)."""
+    operator = bound("10 seconds")
+    handle = new_handle()
+    visit(operator, handle, keys("a", "b", "c"), 1_000)
+    committed = list(handle.log.items or [])
+    first = visit(operator, handle, keys("a", "d"), 2_000)
+    after_first = list(handle.log.items or [])
+    handle.log.items = list(committed)
+    assert visit(operator, handle, keys("a", "d"), 2_000) == first
+    assert handle.log.items == after_first
+    assert [pa.ipc.open_stream(b).read_all().num_rows for (b,) in after_first] == [3, 2]
