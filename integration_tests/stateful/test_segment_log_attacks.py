@@ -1,10 +1,15 @@
 """Attacks on the segment log (``state_layout="segment-log"``) in real streaming queries:
 a ttl changed on a segment-log checkpoint (raised, then lowered) is applied as on the
-key-groups layout, and the counts stay exact across the restarts."""
+key-groups layout, and the counts stay exact across the restarts; a task retried after
+the operator appended its segment leaves the log as one attempt would."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +29,7 @@ from integration_tests.stateful_parts import (
 )
 
 ROCKSDB = {**state_store_conf("rocksdb"), NO_DATA_BATCHES: "false"}
+RETRY_DRIVER = Path(__file__).resolve().parents[1] / "drivers" / "segment_log_retry_driver.py"
 
 
 @pytest.mark.timeout(600)
@@ -58,3 +64,36 @@ def test_ttl_raised_then_lowered_on_a_segment_log_checkpoint_keeps_counting(
         ("b", 1, first),
         ("c", 1, second),
     ]
+
+
+@pytest.mark.timeout(300)
+def test_a_task_retried_after_its_append_leaves_one_segment_per_batch(tmp_path: Any) -> None:
+    """HELD: every task's first attempt fails after the operator appended the batch's
+    segment (a UDF after it, same stage, ``local[2,4]`` in a driver process); the retry
+    starts from the committed log: counts exact, one 2-row segment per batch."""
+    directory, markers = tmp_path / "input", tmp_path / "markers"
+    directory.mkdir()
+    markers.mkdir()
+    row = {"n": 1, "v": 1.0, "t": T0}
+    write_batch(str(directory), 0, [{**row, "k": k} for k in "aab"])
+    write_batch(str(directory), 1, [{**row, "k": k} for k in "ac"])
+    out = tmp_path / "out.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(RETRY_DRIVER),
+            *("--input", str(directory), "--checkpoint", str(tmp_path / "cp")),
+            *("--markers", str(markers), "--out", str(out)),
+        ],
+        check=True,
+        timeout=240,
+    )
+    result = json.loads(out.read_text())
+    # One failed first attempt per batch (the one task whose partition holds the group).
+    assert len(list(markers.iterdir())) == 2
+    assert result["attempts"] == [
+        [0, [["a", 2, 1], ["b", 1, 1]]],
+        [1, [["a", 3, 2], ["c", 1, 1]]],
+    ]
+    assert result["segment_rows"] == [2, 2]
+    assert result["state"] == [["a", 3, 2], ["b", 1, 1], ["c", 1, 1]]
