@@ -5,15 +5,17 @@ visit in a batch that had rows, and a replayed batch."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pytest
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
-from eospack.stateful_ops import segment_log_state
+from eospack.stateful_ops import segment_log_state, state_codec
 from eospack.stateful_ops.base import SETTINGS_KEY_GROUP, Clock
 from eospack.stateful_ops.operators.running_count import RunningCount
 from eospack.stateful_ops.segment_log import fold
@@ -73,11 +75,11 @@ def visit(
     operator: RunningCount, handle: Any, rows: pd.DataFrame | None, at_ms: int
 ) -> list[tuple[Any, ...]]:
     """One key group's call (``rows`` None: its timer fired); the (keys..., count, version)
-    rows it emits, sorted."""
+    rows it emits (missing values as None), sorted."""
     frames = iter([rows]) if rows is not None else None
     emitted = list(segment_log_state.handle_rows(operator, LAYOUT, handle, 0, frames, at_ms))
     columns = [*operator.keys, "count", "version"]
-    out = [tuple(row) for frame in emitted for row in frame[columns].itertuples(index=False)]
+    out = [plain(row) for frame in emitted for row in frame[columns].itertuples(index=False)]
     return sorted(out, key=repr)
 
 
@@ -97,7 +99,12 @@ def live(operator: RunningCount, handle: Any) -> dict[Any, tuple[int, int, int]]
     }
 
 
-def keys(*values: str) -> pd.DataFrame:
+def plain(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row with every missing value (None, NaN, NA, NaT) as None, so rows compare."""
+    return tuple(None if value is None or pd.isna(value) else value for value in row)
+
+
+def keys(*values: str | None) -> pd.DataFrame:
     return pd.DataFrame({"k": list(values)})
 
 
@@ -194,3 +201,59 @@ def test_a_replayed_batch_from_the_committed_log_writes_the_same_segment() -> No
     assert visit(operator, handle, keys("a", "d"), 2_000) == first
     assert handle.log.items == after_first
     assert [pa.ipc.open_stream(b).read_all().num_rows for (b,) in after_first] == [3, 2]
+
+
+def key_groups_visit(
+    operator: RunningCount, row: tuple[Any, ...] | None, rows: pd.DataFrame | None, at_ms: int
+) -> tuple[tuple[Any, ...] | None, list[tuple[Any, ...]]]:
+    """The key-groups layout's store path for one visit, without GroupState: ``load_value``
+    (which moves expiries by a ttl change), ``step``, the encoded row (None: removed)."""
+    stored = operator.load_value(row) if row is not None else operator.empty_state()
+    folded = operator.fold(iter([rows])) if rows is not None else None
+    new_state, output = operator.step(folded, stored, Clock(at_ms, None))
+    emitted = [
+        plain(r) for r in output[[*operator.keys, "count", "version"]].itertuples(index=False)
+    ]
+    if not len(new_state):
+        return None, sorted(emitted, key=repr)
+    blob = state_codec.encode(
+        new_state[operator.arrow_state_schema.names], operator.stored_schema()
+    )
+    return (state_codec.STATE_FORMAT_VERSION, operator.name, blob), sorted(emitted, key=repr)
+
+
+@pytest.mark.parametrize("seed", [41, 4141, 414141])
+def test_many_batches_with_ttl_changes_equal_the_key_groups_path(seed: int) -> None:
+    """Random batches over null keys, timer visits and ttl changes (raised and lowered) on
+    one key group: the segment log emits what the key-groups path emits, folds to its state
+    (expiries included), and never holds more than twice its live keys (cleared when none
+    is left)."""
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    handle, row = new_handle(), None
+    ttls = ["4 seconds", "9 seconds", "2 seconds"]
+    operator = bound(ttls[0])
+    at_ms = 1_000
+    for _ in range(60):
+        at_ms += rng.choice([1, 300, 900, 2_500])
+        if rng.random() < 0.08:
+            operator = bound(rng.choice(ttls))
+        rows = None
+        if rng.random() < 0.8:
+            rows = keys(
+                *[rng.choice(["a", "b", "c", "d", "e", None]) for _ in range(rng.randint(1, 5))]
+            )
+        emitted = visit(operator, handle, rows, at_ms)
+        row, expected = key_groups_visit(operator, row, rows, at_ms)
+        assert emitted == expected, at_ms
+        model_state = (
+            {}
+            if row is None
+            else {
+                (r["k"],): (int(r["count"]), int(r["version"]), int(r[EXPIRES_COLUMN]))
+                for r in operator.load_value(row).to_dict("records")
+            }
+        )
+        assert live(operator, handle) == model_state, at_ms
+        logged = sum(pa.ipc.open_stream(b).read_all().num_rows for (b,) in handle.log.items or [])
+        assert logged <= 2 * len(model_state), at_ms
