@@ -9,13 +9,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from eospack.lab.testing import session_settings
+from eospack.lab.testing import session_settings, wait_until
 from eospack.stateful_ops import read_state, running_count
 from eospack.stateful_ops.state_store import state_store_conf
 from integration_tests.stateful_parts import (
@@ -97,3 +100,56 @@ def test_a_task_retried_after_its_append_leaves_one_segment_per_batch(tmp_path: 
     ]
     assert result["segment_rows"] == [2, 2]
     assert result["state"] == [["a", 3, 2], ["b", 1, 1], ["c", 1, 1]]
+
+
+@pytest.mark.timeout(600)
+def test_a_due_timer_in_a_batch_with_rows_for_its_group_expires_once(
+    spark: SparkSession, tmp_path: Any
+) -> None:
+    """One key group, ttl 1 s: x, y; after the ttl, x again. The batch has rows for the
+    group whose timer is due: x starts a new life (count 1, version the batch's
+    timestamp), y leaves, nothing else is emitted, and the log compacts to x alone."""
+    directory, checkpoint = str(tmp_path / "input"), str(tmp_path / "cp")
+    os.makedirs(directory)
+    row = {"n": 1, "v": 1.0, "t": T0}
+    write_batch(directory, 0, [{**row, "k": k} for k in ("x", "y")])
+    sink = Emitted()
+    ttl_ms = 1000
+
+    def start() -> Any:
+        result = running_count(
+            source(spark, directory),
+            "k",
+            key_groups=1,
+            ttl=f"{ttl_ms} ms",
+            state_layout="segment-log",
+        )
+        return run(result, checkpoint, "update", sink)
+
+    with session_settings(spark, ROCKSDB):
+        first = start()
+        batch_time = pd.Timestamp(first.lastProgress["timestamp"]).timestamp()
+        wait_until(lambda: time.time() > batch_time + 2 * ttl_ms / 1000, 10, "the ttl to pass")
+        write_batch(directory, 1, [{**row, "k": "x"}])
+        start()
+        segments = (
+            spark.read.format("statestore")
+            .option("stateVarName", "segments")
+            .load(checkpoint)
+            .select("list_element.segment")
+            .collect()
+        )
+        state = read_state(spark, checkpoint)
+
+    first_ms, second_ms = (batch_timestamp_ms(checkpoint, batch_id) for batch_id in (0, 1))
+    assert sink.final() == [
+        (0, [("x", 1, first_ms), ("y", 1, first_ms)]),
+        (1, [("x", 1, second_ms)]),
+    ]
+    logged = [pa.ipc.open_stream(bytes(r[0])).read_all() for r in segments]
+    assert [segment.select(["k", "count"]).to_pylist() for segment in logged] == [
+        [{"k": "x", "count": 1}]
+    ]
+    assert list(map(tuple, state[["k", "count", "version"]].itertuples(index=False))) == [
+        ("x", 1, second_ms)
+    ]
