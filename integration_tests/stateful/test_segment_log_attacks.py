@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,52 @@ def test_a_due_timer_in_a_batch_with_rows_for_its_group_expires_once(
     assert list(map(tuple, state[["k", "count", "version"]].itertuples(index=False))) == [
         ("x", 1, second_ms)
     ]
+
+
+@pytest.mark.timeout(600)
+def test_timestamp_and_null_composite_keys_equal_key_groups_across_batches(
+    spark: SparkSession, tmp_path: Any
+) -> None:
+    """(k, ts) keys, ts a timestamp, either null: three batches on both layouts (the
+    segment log restarted after each batch) emit the same rows and read_state holds the
+    same keys and counts; each key's last count is its number of rows."""
+    keys = [("a", T0), ("a", None), (None, T0), (None, None), ("b", T0 + 1)]
+    batches = [[0, 1, 2, 3, 4, 0], [1, 3, 3], [0, 2, 4, 4]]
+
+    def write(directory: str, batch_id: int) -> None:
+        rows = [{"k": keys[i][0], "n": 1, "v": 1.0, "t": keys[i][1]} for i in batches[batch_id]]
+        write_batch(directory, batch_id, rows)
+
+    def build(directory: str, layout: str) -> Any:
+        events = source(spark, directory).selectExpr("k", "timestamp_seconds(t) AS ts")
+        return running_count(events, ["k", "ts"], key_groups=2, state_layout=layout)
+
+    sinks = {layout: Emitted() for layout in ("key-groups", "segment-log")}
+    states = {}
+    with session_settings(spark, ROCKSDB):
+        for layout, sink in sinks.items():
+            directory, checkpoint = str(tmp_path / f"{layout}-in"), str(tmp_path / f"{layout}-cp")
+            os.makedirs(directory)
+            if layout == "key-groups":
+                for batch_id in range(len(batches)):
+                    write(directory, batch_id)
+                run(build(directory, layout), checkpoint, "update", sink)
+            else:
+                for batch_id in range(len(batches)):
+                    write(directory, batch_id)
+                    run(build(directory, layout), checkpoint, "update", sink)
+            states[layout] = read_state(spark, checkpoint)
+
+    def normal(rows: Any) -> list[tuple[Any, ...]]:
+        plain = (tuple(None if pd.isna(value) else value for value in row) for row in rows)
+        return sorted(plain, key=repr)
+
+    expected = [(batch_id, normal(rows)) for batch_id, rows in sinks["key-groups"].final()]
+    assert [(b, normal(rows)) for b, rows in sinks["segment-log"].final()] == expected
+    assert [batch_id for batch_id, _ in expected] == [0, 1, 2]
+    columns = ["k", "ts", "count", "version"]
+    assert normal(states["segment-log"][columns].itertuples(index=False)) == normal(
+        states["key-groups"][columns].itertuples(index=False)
+    )
+    last = {(row[0], row[1]): row[2] for _, rows in expected for row in rows}
+    assert sorted(last.values()) == sorted(Counter(i for batch in batches for i in batch).values())
