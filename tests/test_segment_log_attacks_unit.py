@@ -10,12 +10,19 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from eospack.stateful_ops import segment_log_state, state_codec
+from eospack.stateful_ops import (
+    FIRED_TIMER_COLUMN,
+    StatefulOperator,
+    register_timer,
+    segment_log_state,
+    state_codec,
+)
 from eospack.stateful_ops.base import SETTINGS_KEY_GROUP, Clock
 from eospack.stateful_ops.operators.running_count import RunningCount
 from eospack.stateful_ops.segment_log import fold
@@ -257,3 +264,80 @@ def test_many_batches_with_ttl_changes_equal_the_key_groups_path(seed: int) -> N
         assert live(operator, handle) == model_state, at_ms
         logged = sum(pa.ipc.open_stream(b).read_all().num_rows for (b,) in handle.log.items or [])
         assert logged <= 2 * len(model_state), at_ms
+
+
+class Pinger(StatefulOperator):
+    """Counts rows per key; a key's rows (re)set its timer 5 s after the batch, which
+    emits (key, count, due time) and drops the key."""
+
+    name = "pinger"
+    timers = "processing"
+    state_fields = StructType([StructField("count", LongType())])
+    output_fields = StructType(
+        [StructField("count", LongType()), StructField("fired_at_ms", LongType())]
+    )
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        keys = list(self.keys)
+        per_key = (
+            rows[keys].assign(new=1).groupby(keys, sort=False, dropna=False).sum().reset_index()
+        )
+        merged = state.merge(per_key, on=keys, how="outer", sort=False)
+        touched = merged["new"].notna().to_numpy()
+        merged["count"] = (merged["count"].fillna(0) + merged["new"].fillna(0)).astype("int64")
+        due = np.full(len(merged), clock.processing_time_ms + 5_000, dtype=np.int64)
+        return register_timer(merged.drop(columns=["new"]), touched, due), self.empty_output()
+
+    def on_timer(self, due_state: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        output = due_state[[*self.keys, "count"]].assign(fired_at_ms=due_state[FIRED_TIMER_COLUMN])
+        return due_state.iloc[0:0], output
+
+
+def pinger(ttl: str) -> Pinger:
+    operator = Pinger("k", ttl=ttl)
+    operator.bind(["k"], StructType([StructField("k", StringType())]))
+    return operator
+
+
+def test_ttl_lowered_with_timers_moves_expiries_not_timers_on_both_layouts() -> None:
+    """ttl 10 s then 3 s on an operator with timers: expiries move by the difference,
+    timers stay absolute; a key whose lowered ttl ran out before its timer is dropped
+    without firing. Both layouts emit the same rows and register the same wake-ups."""
+    handle, row = new_handle(), None
+
+    def both(operator: Pinger, rows: pd.DataFrame | None, at_ms: int) -> list[tuple[Any, ...]]:
+        nonlocal row
+        frames = iter([rows]) if rows is not None else None
+        emitted = segment_log_state.handle_rows(operator, LAYOUT, handle, 0, frames, at_ms)
+        columns = ["k", "count", "fired_at_ms"]
+        log_out = sorted(plain(r) for f in emitted for r in f[columns].itertuples(index=False))
+        stored = operator.load_value(row) if row is not None else operator.empty_state()
+        folded = operator.fold(iter([rows])) if rows is not None else None
+        new_state, output = operator.step(folded, stored, Clock(at_ms, None))
+        groups_out = sorted(plain(r) for r in output[columns].itertuples(index=False))
+        assert log_out == groups_out, at_ms
+        wake_up = (
+            operator.next_wake_up_ms(new_state, Clock(at_ms, None)) if len(new_state) else None
+        )
+        assert handle.timers.registered == ([] if wake_up is None else [max(wake_up, at_ms + 1)])
+        row = None
+        if len(new_state):
+            blob = state_codec.encode(
+                new_state[operator.arrow_state_schema.names], operator.stored_schema()
+            )
+            row = (state_codec.STATE_FORMAT_VERSION, operator.name, blob)
+        return log_out
+
+    slow, fast = pinger("10 seconds"), pinger("3 seconds")
+    assert both(slow, keys("a", "b"), 1_000) == []
+    assert both(slow, keys("a"), 2_000) == []
+    assert handle.timers.registered == [6_000]
+    assert both(slow, None, 6_000) == [("b", 1, 6_000)]
+    assert handle.timers.registered == [7_000]
+    # ttl lowered to 3 s: a (last rows at 2 s) expired at 5 s, before its timer at 7 s.
+    assert both(fast, keys("c"), 6_600) == []
+    assert handle.timers.registered == [9_600]  # c's expiry, before its timer at 11.6 s
+    assert both(fast, None, 9_600) == []
+    assert handle.log.items is None and handle.timers.registered == []
