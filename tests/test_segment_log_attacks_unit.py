@@ -341,3 +341,25 @@ def test_ttl_lowered_with_timers_moves_expiries_not_timers_on_both_layouts() -> 
     assert handle.timers.registered == [9_600]  # c's expiry, before its timer at 11.6 s
     assert both(fast, None, 9_600) == []
     assert handle.log.items is None and handle.timers.registered == []
+
+
+def test_a_key_groups_row_written_before_ttl_ms_keeps_its_expiries_when_ttl_changes() -> None:
+    """Pinned limit (documented): a key-groups row written before rows recorded ``ttl_ms``
+    says nothing of its ttl, so a ttl changed on such a checkpoint leaves its untouched
+    keys at their old expiry (raised: they leave at the old ttl); keys with rows since
+    live the new ttl, and rows written from then on record it."""
+    old = bound("10 seconds")
+    state, _ = old.update_live(
+        old.fold(iter([keys("a", "b")])), old.empty_state(), Clock(1_000, None)
+    )
+    legacy = old.stored_schema().remove_metadata()
+    legacy = legacy.with_metadata(old.arrow_state_schema.metadata)
+    row = (state_codec.STATE_FORMAT_VERSION, old.name, state_codec.encode(state, legacy))
+    raised = bound("20 seconds")
+    loaded = raised.load_value(row)
+    assert dict(zip(loaded["k"], loaded[EXPIRES_COLUMN], strict=True)) == {"a": 11_000, "b": 11_000}
+    new_state, _ = raised.update_live(raised.fold(iter([keys("b")])), loaded, Clock(2_000, None))
+    assert dict(zip(new_state["k"], new_state[EXPIRES_COLUMN], strict=True)) == {
+        "a": 11_000,
+        "b": 22_000,
+    }
