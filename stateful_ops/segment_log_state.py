@@ -138,19 +138,45 @@ def encode_segment(segment: pa.Table) -> bytes:
     return cast(bytes, sink.getvalue().to_pybytes())
 
 
+def checked_schema(operator: StatefulOperator) -> pa.Schema:
+    """What a stored segment is checked against: the state schema's checked settings and
+    columns plus the tombstone flag. The rest of ``segment_schema``'s metadata (the
+    operator's name, ``ttl_ms``, kind and key columns) is informational, as in the
+    key-groups layout: a name may be added and ttl changed on a checkpoint."""
+    state_schema = operator.arrow_state_schema
+    return state_schema.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=True)).with_metadata(
+        state_schema.metadata
+    )
+
+
+def with_current_ttl(operator: StatefulOperator, segment: pa.Table) -> pa.Table:
+    """``segment`` with its expiries moved by the change of ttl since it was written (its
+    ``TTL_MS``), as ``base.load_value`` moves a key-groups row's: every key lives the
+    current ttl from its last batch with rows. Tombstones' null expiries stay null."""
+    written = (segment.schema.metadata or {}).get(state_codec.TTL_MS)
+    if operator.ttl_ms is None or written is None or int(written) == operator.ttl_ms:
+        return segment
+    if state_codec.EXPIRES_COLUMN not in segment.column_names:
+        return segment
+    position = segment.schema.get_field_index(state_codec.EXPIRES_COLUMN)
+    expires = segment[state_codec.EXPIRES_COLUMN]
+    moved = pc.add(expires, pa.scalar(operator.ttl_ms - int(written), expires.type))
+    return segment.set_column(position, segment.schema.field(position), moved)
+
+
 def read_log(
     operator: StatefulOperator, values: Iterator[tuple[Any, ...]]
 ) -> tuple[list[pa.Table], int]:
-    """A key group's segments, each checked against the declared settings and schema, and
-    their encoded bytes."""
-    declared = segment_schema(operator)
+    """A key group's segments, each checked against the declared settings and schema and
+    with its expiries at the current ttl (``with_current_ttl``), and their encoded bytes."""
+    declared = checked_schema(operator)
     segments = []
     logged_bytes = 0
     for (blob,) in values:
         logged_bytes += len(blob)
         segment = pa.ipc.open_stream(bytes(blob)).read_all()
         state_codec.check_schema(operator.name, segment.schema, declared)
-        segments.append(segment)
+        segments.append(with_current_ttl(operator, segment))
     return segments, logged_bytes
 
 
