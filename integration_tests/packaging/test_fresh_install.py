@@ -25,10 +25,11 @@ files inside it are not processed, so this project's own install does not leak i
 by ``test_*_install_is_served_from_the_fresh_install``). Only eospack is built, with
 ``--no-deps``, in pip's isolated build environment with the ``setuptools>=68`` and
 ``setuptools-rust`` that pyproject.toml requires, as users' pip does: this needs the package
-index (pip caches the wheels). The Rust extension's dependencies compile once per test
-module (a shared ``CARGO_TARGET_DIR``); another install builds on a PATH without cargo, as
-on a machine without Rust. ``--no-build-isolation`` would build with this venv's setuptools, 65.5
-here, which cannot build wheels without the ``wheel`` package.
+index (pip caches the wheels). The Rust extension's dependencies come compiled from a copy
+of the checkout's ``native/target``, shared by the module's installs (``CARGO_TARGET_DIR``);
+another install builds on a PATH without cargo, as on a machine without Rust.
+``--no-build-isolation`` would build with this venv's setuptools, 65.5 here, which cannot
+build wheels without the ``wheel`` package.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from eospack.tools.doctor import FORMAT_MODULES, FORMATS_FOUND, FORMATS_NOT_FOUN
 from integration_tests.packaging.native_probe_parts import EXPECTED_VALUES, NATIVE_PROBE
 
 # A test's time includes its fixtures': the first install compiles the crate in release mode
-# (~2.5 min on 2 idle cores, twice that on a loaded machine).
+# (its dependencies come compiled from the checkout's target: ``cargo_target``).
 pytestmark = pytest.mark.timeout(900)
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -306,7 +307,15 @@ def pip(install: FreshInstall, *arguments: str) -> None:
 
 @pytest.fixture(scope="module")
 def cargo_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cargo-target")
+    """A copy of the checkout's cargo target (``make install`` built it in release mode), so
+    the crate's dependencies (arrow, zstd's C code, ...) are not compiled again: each install
+    still compiles the crate itself from its copy, and the probes check what it built. The cold
+    build, dependencies included, is ``make install``'s on a clean clone (``.ci/run``)."""
+    target = tmp_path_factory.mktemp("cargo-target")
+    built = PROJECT / "native" / "target" / "release"
+    if built.is_dir():
+        shutil.copytree(built, target / "release", symlinks=True)
+    return target
 
 
 @pytest.fixture(scope="module")
