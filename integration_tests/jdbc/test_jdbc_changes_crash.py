@@ -233,6 +233,7 @@ def run_debezium_recipe(
         assert database.leftovers(targets[table]) == (0, 0)
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_debezium_recipe_survives_driver_kills(kafka, postgres, tmp_path, unique_name):
     run_debezium_recipe(

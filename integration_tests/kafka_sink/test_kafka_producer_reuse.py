@@ -138,6 +138,7 @@ TASK_SLOTS = 2
 BATCHES = 1000
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_the_broker_keeps_a_bounded_number_of_the_sinks_transactional_ids(
     real_kafka: Any, unique_name: str

@@ -48,6 +48,7 @@ def test_a_decided_batch_survives_a_broker_kill_and_is_finished_by_the_restart(
     run.assert_each_row_once()
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_a_decided_batch_the_broker_timed_out_fails_the_restart_loudly(sink: KafkaSink) -> None:
     """The query stayed down longer than kafka.transaction.timeout.ms after deciding: the

@@ -210,6 +210,7 @@ def check_events_query(
     assert sink.open_transactions == [] and sink.leftovers == [] and sink.prepared_pieces == []
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_a_counts_query_with_its_checkpoint_on_s3a_survives_a_driver_sigkill_exactly_once(
     spark: Any,

@@ -70,6 +70,7 @@ def test_ttl_raised_then_lowered_on_a_segment_log_checkpoint_keeps_counting(
     ]
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_a_task_retried_after_its_append_leaves_one_segment_per_batch(tmp_path: Any) -> None:
     """HELD: every task's first attempt fails after the operator appended the batch's
