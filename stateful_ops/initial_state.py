@@ -14,6 +14,9 @@ state fields, as ``eospack savepoint create`` writes it) bootstraps on first use
   A key group without state loads its keys from the split and goes on as usual; once
   visited it keeps a state row even when it holds no key, so it never loads twice.
 - Nothing is stored until that batch commits: a crash before it bootstraps again.
+- On the segment log (``state_layout="segment-log"``) the same: a key group without a
+  log loads its keys and writes them as its first segment (an empty one too), and
+  "holds state" means holds a log (``held_key_groups``).
 - Bootstrapping stops once every key group holds state: a query started on a restored
   checkpoint whose last committed batch has a state row for each key group (read
   through Spark's state data source) sends no bootstrap markers, and records that in the

@@ -21,9 +21,24 @@ refuses TWS on another provider; so do we, before the query starts).
 Processing-time timeouts (``ttl``, ``timers="processing"``, deduplicate without event
 time) fire through one TWS timer per key group at its next wake-up, into the shared
 ``step``. Limits (refused in one line when asked for): event time (ttl, timers,
-deduplicate, sessionize), ``initial_state``, and savepoints (``state_reader.state_frame``);
-``read_state`` folds the logs. pyspark's streaming imports are heavy, so the
+deduplicate, sessionize). pyspark's streaming imports are heavy, so the
 StatefulProcessor class is built on first use.
+
+Savepoints: ``read_state`` and savepoints read a log folded (``folded_log``), the latter
+on the executors as the key-groups layout's state rows (``state_reader.stored_groups``),
+so a savepoint's rows and format are the key-groups layout's and it restores into
+either layout. Restores (``initial_state``) run the key-groups bootstrap
+(``initial_state``): the same split by key group (rescaling), bootstrap markers to every
+key group, and a group without a log loads its split and writes it as its first segment
+(``handle_rows``); ``initial_state.bootstrap_needed`` reads which groups hold a log.
+Why not TWS's own ``initialState`` + ``handleInitialState`` (pyspark 4.0+), though it
+would need no markers: Spark groups the initial state by the grouping key inside the
+query's first batch, so every start before that batch commits shuffles the whole
+savepoint again (the split is one job, written once and reused by every restart), and it
+would be a second restore path beside the key-groups one, with its own handling of ttl,
+timers and settings through a savepoint (``with_expiry_of``, ``with_timer_column_of``,
+the settings checks of ``split_by_key_group``) to keep equal; one path serves both
+layouts, and the crash and rescaling cases tested for it hold for both.
 """
 
 from __future__ import annotations

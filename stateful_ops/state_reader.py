@@ -4,7 +4,9 @@ Uses Spark's state data source (``format("statestore")``) and decodes each key g
 table on the executors (``mapInArrow``), so operators' state stays inspectable although keys
 are packed into key groups, and a state of any size is read without passing through the
 driver: ``state_frame`` is a DataFrame, one row per key. Only the key groups' schemas (a few
-hundred bytes each) reach the driver, to type the frame and name the operator.
+hundred bytes each) reach the driver, to type the frame and name the operator. A state on
+the segment log (``state_layout="segment-log"``) is read alike: the executors fold each key
+group's log into the key-groups layout's state row first (``segment_log_groups``).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from pyspark.sql import SparkSession
 from eospack.cli import main
 from eospack.lab.testing import session_settings, wait_until
 from eospack.stateful_ops import TIMER_COLUMN, read_state, running_count
+from eospack.stateful_ops.state_codec import EXPIRES_COLUMN
 from eospack.stateful_ops.state_store import state_store_conf
 from eospack.tools.savepoint import RestoredCheckpoint
 from integration_tests.stateful_parts import (
@@ -309,3 +310,72 @@ def test_a_restored_processing_time_timer_fires_once_at_its_time(
     assert list(state["k"]) == ["b"]
     assert int(state["count"].iloc[0]) == 2
     assert int(state[TIMER_COLUMN].iloc[0]) == batch_timestamp_ms(restored, 1) + 600_000
+
+
+@pytest.mark.timeout(600)
+def test_a_named_segment_log_operator_restores_by_name_and_stops_bootstrapping(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A named operator's savepoint state, claimed by name (``initial_states``): its
+    restored checkpoint's state is found by that name (the settings ValueState), so the
+    second start stops bootstrapping and the savepoint operator counts as held."""
+    old_input, old = tmp_path / "old-input", tmp_path / "old"
+    old_input.mkdir()
+    for index, keys in enumerate(OLD_BATCHES):
+        write_batch(str(old_input), index, rows_of(keys))
+
+    def counts(directory: Path, initial_state: Any = None) -> Any:
+        return running_count(
+            source(spark, str(directory)),
+            "k",
+            key_groups=4,
+            name="counts",
+            state_layout="segment-log",
+            initial_state=initial_state,
+        )
+
+    with session_settings(spark, ROCKSDB):
+        run(counts(old_input), str(old), "update", Emitted())
+    savepoint, restored, new_input = tmp_path / "savepoint", tmp_path / "restored", tmp_path / "in"
+    assert savepointed(old, savepoint)["operator_name"] == "counts"
+    assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+    new_input.mkdir()
+    sink = Emitted()
+    for index, keys in enumerate([NEXT_BATCH, ["x"]]):
+        write_batch(str(new_input), index, rows_of(keys))
+        with session_settings(spark, ROCKSDB):
+            [initial_state] = (
+                RestoredCheckpoint(restored, spark).initial_states(["counts"]).values()
+            )
+            run(counts(new_input, initial_state), str(restored), "update", sink)
+    assert sink.final() == [(0, NEXT_OUTPUT), (1, [("x", 2, 2)])]
+    split = restored / "eospack-savepoint" / "operator-counts-split"
+    assert (split / "_bootstrapped-4").exists()
+
+
+@pytest.mark.timeout(600)
+def test_a_savepoint_holds_expiries_at_the_ttl_of_the_key_groups_last_write(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """x and y in one key group with a ttl of 1 hour, then x alone with 2 hours: the
+    key-groups layout rewrites the group's row with y's expiry moved to the new ttl
+    (``load_value``); the log keeps y's segment as written, so the savepoint moves it:
+    both keys' expiries are at 2 hours from their last batch with rows."""
+    inputs, checkpoint = tmp_path / "in", tmp_path / "old"
+    inputs.mkdir()
+    for index, (keys, ttl) in enumerate([(["x", "y"], "1 hour"), (["x"], "2 hours")]):
+        write_batch(str(inputs), index, rows_of(keys))
+        with session_settings(spark, ROCKSDB):
+            counts = running_count(
+                source(spark, str(inputs)), "k", key_groups=1, ttl=ttl, state_layout="segment-log"
+            )
+            run(counts, str(checkpoint), "update", Emitted())
+    savepoint = tmp_path / "savepoint"
+    operator = savepointed(checkpoint, savepoint)
+    table = pq.read_table(str(savepoint / operator["file"])).to_pandas()
+    expires = dict(zip(table["k"], table[EXPIRES_COLUMN], strict=True))
+    two_hours = 2 * 3600 * 1000
+    assert expires == {
+        "x": batch_timestamp_ms(checkpoint, 1) + two_hours,
+        "y": batch_timestamp_ms(checkpoint, 0) + two_hours,
+    }
