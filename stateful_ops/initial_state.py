@@ -344,7 +344,11 @@ def held_key_groups(spark: SparkSession, checkpoint: str, operator_id: int) -> s
     row (key groups), a log (segment log: its ListState of segments, which a bootstrap
     never clears)."""
     reader = spark.read.format("statestore").option("operatorId", operator_id)
-    if operator_layout(spark, checkpoint, operator_id) == SEGMENT_LOG:
+    try:
+        layout = operator_layout(spark, checkpoint, operator_id)
+    except Exception:  # no operator metadata: a key-groups checkpoint of an older Spark
+        layout = "key-groups"
+    if layout == SEGMENT_LOG:
         reader = reader.option("stateVarName", LOG_STATE)
     rows = reader.load(checkpoint).selectExpr("key.*").collect()
     return {int(row[0]) for row in rows if row[0] is not None and row[0] >= 0}
