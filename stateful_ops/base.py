@@ -413,11 +413,7 @@ class StatefulOperator:
         self.bind(keys, without_marker(prepared.schema))
         if self.state_layout == "segment-log":
             segment_log_state.refuse_unsupported(self)
-            layout = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock)
-            result = segment_log_state.apply(
-                self, self.bucketed(prepared), KEY_GROUP_COLUMN, layout
-            )
-            return self.finish(result)
+            segment_log_state.refuse_other_store(df)
         if self.initial_state is not None:
             self.emit_settings_markers = True
             self.restored_watermarks = (
@@ -428,6 +424,12 @@ class StatefulOperator:
                 self.bootstrap_directory = split_by_key_group(
                     df.sparkSession, self.initial_state, self
                 )
+        if self.state_layout == "segment-log":
+            layout = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock, MARKER_COLUMN)
+            result = segment_log_state.apply(
+                self, self.bucketed(prepared), KEY_GROUP_COLUMN, layout
+            )
+            return self.finish(result)
         result = (
             self.bucketed(prepared)
             .groupBy(KEY_GROUP_COLUMN)
@@ -845,11 +847,16 @@ class StatefulOperator:
         """The bucket's stored keys; for a bucket without state, its initial state if any."""
         if state.exists:
             return self.load_value(state.get)
-        if self.bootstrap_directory is not None:
-            initial = load_key_group(self.bootstrap_directory, key_group, self.arrow_state_schema)
-            if initial is not None:
-                return self.canonical_state(initial)
-        return self.empty_state()
+        initial = self.initial_state_of(key_group)
+        return self.empty_state() if initial is None else initial
+
+    def initial_state_of(self, key_group: int) -> pd.DataFrame | None:
+        """While bootstrapping, ``key_group``'s keys in the split (None: none, or not
+        bootstrapping); both layouts load a key group without state through it."""
+        if self.bootstrap_directory is None:
+            return None
+        initial = load_key_group(self.bootstrap_directory, key_group, self.arrow_state_schema)
+        return None if initial is None else self.canonical_state(initial)
 
     def load_value(self, value: tuple[Any, ...]) -> pd.DataFrame:
         """Decode a stored group state row into the per-key state table; with ttl, the

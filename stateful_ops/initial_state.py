@@ -14,6 +14,9 @@ state fields, as ``eospack savepoint create`` writes it) bootstraps on first use
   A key group without state loads its keys from the split and goes on as usual; once
   visited it keeps a state row even when it holds no key, so it never loads twice.
 - Nothing is stored until that batch commits: a crash before it bootstraps again.
+- On the segment log (``state_layout="segment-log"``) the same: a key group without a
+  log loads its keys and writes them as its first segment (an empty one too), and
+  "holds state" means holds a log (``held_key_groups``).
 - Bootstrapping stops once every key group holds state: a query started on a restored
   checkpoint whose last committed batch has a state row for each key group (read
   through Spark's state data source) sends no bootstrap markers, and records that in the
@@ -68,6 +71,8 @@ from pyspark.sql.types import DataType
 from eospack.core.checkpoint_files import checkpoint_files, spark_path
 
 from .errors import OperatorDefinitionError
+from .segment_log_state import LAYOUT as SEGMENT_LOG
+from .segment_log_state import LOG_STATE, operator_layout, settings_rows
 from .state_codec import (
     EXPIRES_COLUMN,
     EXPIRY_CLOCK,
@@ -322,22 +327,31 @@ def bootstrap_needed(spark: SparkSession, initial_state: InitialState, key_group
         operator_id = operator_id_of(spark, checkpoint, initial_state.operator_name)
         if operator_id is None:
             return True
+    assert operator_id is not None
     try:
-        rows = (
-            spark.read.format("statestore")
-            .option("operatorId", operator_id)
-            .load(checkpoint)
-            .selectExpr("key.*")
-            .collect()
-        )
+        held = held_key_groups(spark, checkpoint, operator_id)
     except Exception:  # no state of this operator yet (Spark's reader refuses)
         return True
-    held = {row[0] for row in rows if row[0] is not None and row[0] >= 0}
     if held != set(range(key_groups)):
         return True
     done.parent.mkdir(parents=True, exist_ok=True)
     done.touch()
     return False
+
+
+def held_key_groups(spark: SparkSession, checkpoint: str, operator_id: int) -> set[int]:
+    """The key groups holding state after ``checkpoint``'s last committed batch: a state
+    row (key groups), a log (segment log: its ListState of segments, which a bootstrap
+    never clears)."""
+    reader = spark.read.format("statestore").option("operatorId", operator_id)
+    try:
+        layout = operator_layout(spark, checkpoint, operator_id)
+    except Exception:  # no operator metadata: a key-groups checkpoint of an older Spark
+        layout = "key-groups"
+    if layout == SEGMENT_LOG:
+        reader = reader.option("stateVarName", LOG_STATE)
+    rows = reader.load(checkpoint).selectExpr("key.*").collect()
+    return {int(row[0]) for row in rows if row[0] is not None and row[0] >= 0}
 
 
 def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | None:
@@ -346,15 +360,17 @@ def operator_id_of(spark: SparkSession, checkpoint: str, name: str) -> int | Non
     files = checkpoint_files(checkpoint, spark)
     for operator in sorted((entry for entry in files.names("state") if entry.isdigit()), key=int):
         try:
-            rows = (
-                spark.read.format("statestore")
-                .option("operatorId", int(operator))
-                .load(checkpoint)
-                .selectExpr("key.*", "value.groupState.*")
-                .toDF("key_group", "format_version", "operator", "blob")
-                .where(F.col("key_group") == SETTINGS_ROW)
-                .collect()
-            )
+            if operator_layout(spark, checkpoint, int(operator)) == SEGMENT_LOG:
+                stored = settings_rows(spark, checkpoint, None, int(operator))
+            else:
+                stored = (
+                    spark.read.format("statestore")
+                    .option("operatorId", int(operator))
+                    .load(checkpoint)
+                    .selectExpr("key.*", "value.groupState.*")
+                    .toDF("key_group", "format_version", "operator", "blob")
+                )
+            rows = stored.where(F.col("key_group") == SETTINGS_ROW).collect()
         except Exception:  # not a stateful_ops operator, or nothing stored yet
             continue
         settings = [(version, kind, blob) for _, version, kind, blob in rows]

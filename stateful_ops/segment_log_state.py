@@ -21,9 +21,24 @@ refuses TWS on another provider; so do we, before the query starts).
 Processing-time timeouts (``ttl``, ``timers="processing"``, deduplicate without event
 time) fire through one TWS timer per key group at its next wake-up, into the shared
 ``step``. Limits (refused in one line when asked for): event time (ttl, timers,
-deduplicate, sessionize), ``initial_state``, and savepoints (``state_reader.state_frame``);
-``read_state`` folds the logs. pyspark's streaming imports are heavy, so the
+deduplicate, sessionize). pyspark's streaming imports are heavy, so the
 StatefulProcessor class is built on first use.
+
+Savepoints: ``read_state`` and savepoints read a log folded (``folded_log``), the latter
+on the executors as the key-groups layout's state rows (``state_reader.stored_groups``),
+so a savepoint's rows and format are the key-groups layout's and it restores into
+either layout. Restores (``initial_state``) run the key-groups bootstrap
+(``initial_state``): the same split by key group (rescaling), bootstrap markers to every
+key group, and a group without a log loads its split and writes it as its first segment
+(``handle_rows``); ``initial_state.bootstrap_needed`` reads which groups hold a log.
+Why not TWS's own ``initialState`` + ``handleInitialState`` (pyspark 4.0+), though it
+would need no markers: Spark groups the initial state by the grouping key inside the
+query's first batch, so every start before that batch commits shuffles the whole
+savepoint again (the split is one job, written once and reused by every restart), and it
+would be a second restore path beside the key-groups one, with its own handling of ttl,
+timers and settings through a savepoint (``with_expiry_of``, ``with_timer_column_of``,
+the settings checks of ``split_by_key_group``) to keep equal; one path serves both
+layouts, and the crash and rescaling cases tested for it hold for both.
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from . import state_codec
 from .errors import OperatorDefinitionError
@@ -53,10 +68,11 @@ LAYOUT = "segment-log"
 
 class Layout(NamedTuple):
     """What the segment log takes from ``base`` (which imports this module): the settings
-    key group and the clock type."""
+    key group, the clock type and the column flagging bootstrap markers."""
 
     settings_key_group: int
     clock: Callable[[int, int | None], Clock]
+    marker_column: str
 
 
 LOG_STATE = "segments"
@@ -78,8 +94,6 @@ def refuse_unsupported(operator: StatefulOperator) -> None:
         asked = "timers='event'"
     elif operator.timeout == "event":
         asked = f"event-time timeouts ({operator.name})"
-    elif operator.initial_state is not None:
-        asked = "initial_state (restore from a savepoint)"
     if asked is not None:
         raise OperatorDefinitionError(
             f"{operator.name}: {asked} is not supported yet with state_layout='{LAYOUT}';"
@@ -153,15 +167,83 @@ def with_current_ttl(operator: StatefulOperator, segment: pa.Table) -> pa.Table:
     """``segment`` with its expiries moved by the change of ttl since it was written (its
     ``TTL_MS``), as ``base.load_value`` moves a key-groups row's: every key lives the
     current ttl from its last batch with rows. Tombstones' null expiries stay null."""
+    return with_ttl(segment, operator.ttl_ms)
+
+
+def with_ttl(segment: pa.Table, ttl_ms: int | None) -> pa.Table:
+    """``segment`` with its expiries moved from the ttl it was written with (its
+    ``TTL_MS``) to ``ttl_ms`` (None, or a segment without ttl: unchanged)."""
     written = (segment.schema.metadata or {}).get(state_codec.TTL_MS)
-    if operator.ttl_ms is None or written is None or int(written) == operator.ttl_ms:
+    if ttl_ms is None or written is None or int(written) == ttl_ms:
         return segment
     if state_codec.EXPIRES_COLUMN not in segment.column_names:
         return segment
     position = segment.schema.get_field_index(state_codec.EXPIRES_COLUMN)
     expires = segment[state_codec.EXPIRES_COLUMN]
-    moved = pc.add(expires, pa.scalar(operator.ttl_ms - int(written), expires.type))
+    moved = pc.add(expires, pa.scalar(ttl_ms - int(written), expires.type))
     return segment.set_column(position, segment.schema.field(position), moved)
+
+
+def folded_log(segments: list[pa.Table]) -> pa.Table:
+    """A stored log's live rows (``fold``) without the operator: what ``read_state`` and
+    savepoints read. Its schema metadata is the last segment's (the stored schema, the
+    operator's kind) without the key columns; expiries are at that segment's ttl, as a
+    key-groups row holds all its keys' at the ttl of its last write (a log keeps the
+    segments written before a change of ttl as they were)."""
+    metadata = dict(segments[-1].schema.metadata or {})
+    keys = json.loads(metadata.pop(KEY_COLUMNS_METADATA_KEY).decode())
+    written = metadata.get(state_codec.TTL_MS)
+    if written is not None:
+        segments = [with_ttl(segment, int(written)) for segment in segments]
+    return fold(segments, keys).replace_schema_metadata(metadata)
+
+
+def operator_layout(spark: SparkSession, checkpoint_location: str, operator_id: int) -> str:
+    """The operator's state layout: "segment-log" when Spark's operator metadata names it
+    ``transformWithStateInPandasExec``, else "key-groups"."""
+    operators = (
+        spark.read.format("state-metadata")
+        .load(checkpoint_location)
+        .where(f"operatorId = {int(operator_id)}")
+        .select("operatorName")
+        .distinct()
+        .collect()
+    )
+    if any(str(row[0]).startswith("transformWithState") for row in operators):
+        return LAYOUT
+    return "key-groups"
+
+
+def state_variable(
+    spark: SparkSession,
+    checkpoint_location: str,
+    batch_id: int | None,
+    operator_id: int,
+    name: str,
+) -> DataFrame:
+    """Spark's state data source on state variable ``name`` (``LOG_STATE`` as one row per
+    key group holding its whole list, ``SETTINGS_STATE``) of a segment-log operator."""
+    reader = (
+        spark.read.format("statestore")
+        .option("operatorId", operator_id)
+        .option("stateVarName", name)
+        .option("flattenCollectionTypes", "false")
+    )
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    return reader.load(checkpoint_location)
+
+
+def settings_rows(
+    spark: SparkSession, checkpoint_location: str, batch_id: int | None, operator_id: int
+) -> DataFrame:
+    """The settings ValueState of a segment-log operator as the key-groups layout's state
+    rows (``key_group, format_version, operator, blob``): the settings key group's row."""
+    values = state_variable(spark, checkpoint_location, batch_id, operator_id, SETTINGS_STATE)
+    rows = values.selectExpr("key.*", "value.*").toDF(
+        "key_group", "format_version", "operator", "blob"
+    )
+    return rows.withColumn("key_group", rows["key_group"].cast("long"))
 
 
 def read_log(
@@ -250,10 +332,16 @@ def handle_rows(
     processing_time_ms: int,
 ) -> Iterator[pd.DataFrame]:
     """One key group's call: the key-groups layout's ``_call`` with the segment log as
-    store (no bootstrap: refused with this layout). ``frames`` None: the group's timer
-    fired (a visit without data: ``step`` expires what is due). Without a time mode Spark
-    gives no batch timestamp: the clock's processing time is ``processing_time_ms`` as
-    Spark passes it (-1), its watermark None."""
+    store. ``frames`` None: the group's timer fired (a visit without data: ``step``
+    expires what is due). Without a time mode Spark gives no batch timestamp: the clock's
+    processing time is ``processing_time_ms`` as Spark passes it (-1), its watermark None.
+
+    Bootstrapping (``operator.bootstrap_directory``: restored, some key group without a
+    log yet): bootstrap markers visit every key group; a group without a log loads its
+    keys from the split, and its first segment is its whole state after the call (empty
+    too: a log, even of one empty segment, says the group loaded its keys, so it never
+    loads them again, and a log is never cleared meanwhile). A group with a log that gets
+    markers alone is left as it is (its TWS timer, unlike GroupState's timeout, stays)."""
     if key_group == layout.settings_key_group:
         for _ in frames or ():
             pass
@@ -263,24 +351,42 @@ def handle_rows(
         from eospack.core.metrics import RECORDER
 
         RECORDER.point_at(operator.metrics_directory)
+    bootstrap = operator.bootstrap_directory
+    if frames is not None and bootstrap is not None:
+        marker = layout.marker_column
+        frames = (frame.loc[~frame[marker].to_numpy(dtype=bool)] for frame in frames)
     rows = operator.fold(frames) if frames is not None else None
-    if rows is not None and not len(rows):
+    log = handle.log
+    logged = bool(log.exists())
+    first = bootstrap is not None and not logged
+    if rows is not None and not len(rows) and not first:
         return
     clock = layout.clock(processing_time_ms, None)
-    log = handle.log
-    segments, logged_bytes = read_log(operator, log.get()) if log.exists() else ([], 0)
+    segments, logged_bytes = read_log(operator, log.get()) if logged else ([], 0)
     empty = as_segment(operator.arrow_state_schema.empty_table())
     stored_table = fold(segments or [empty], list(operator.keys)).cast(operator.arrow_state_schema)
     stored = operator.canonical_state(stored_table.to_pandas())
-    new_state, output = operator.step(rows, stored, clock)
+    if first:
+        initial = operator.initial_state_of(key_group)
+        if initial is not None:
+            stored = initial
+    if rows is not None and not len(rows):
+        # Markers alone (a first visit): a visit without data, as the key-groups layout's.
+        if operator.due(stored, clock):
+            new_state, output = operator.step(None, stored, clock)
+        else:
+            new_state, output = stored, operator.empty_output()
+    else:
+        new_state, output = operator.step(rows, stored, clock)
     new_table = live_table(operator, new_state)
+    # A first segment holds every key (``stored_table`` is the empty log's).
     changed_rows, removed = change(operator, stored_table, new_table)
-    if changed_rows.num_rows or removed.num_rows:
+    if changed_rows.num_rows or removed.num_rows or first:
         schema = segment_schema(operator)
         segment = as_segment(changed_rows, removed).cast(schema)
         logged_rows = sum(s.num_rows for s in segments)
         write = next_write(logged_rows, new_table, segment)
-        if write.replace and not new_table.num_rows:
+        if write.replace and not new_table.num_rows and bootstrap is None:
             log.clear()
             logged_bytes = 0
         else:

@@ -4,12 +4,13 @@ Uses Spark's state data source (``format("statestore")``) and decodes each key g
 table on the executors (``mapInArrow``), so operators' state stays inspectable although keys
 are packed into key groups, and a state of any size is read without passing through the
 driver: ``state_frame`` is a DataFrame, one row per key. Only the key groups' schemas (a few
-hundred bytes each) reach the driver, to type the frame and name the operator.
+hundred bytes each) reach the driver, to type the frame and name the operator. A state on
+the segment log (``state_layout="segment-log"``) is read alike: the executors fold each key
+group's log into the key-groups layout's state row first (``segment_log_groups``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -25,13 +26,22 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from .base import SETTINGS_KEY_GROUP
-from .errors import StatefulOpsError, StateSchemaMismatchError
-from .segment_log import fold
-from .segment_log_state import KEY_COLUMNS_METADATA_KEY, LOG_STATE
+from .errors import StateSchemaMismatchError
+from .segment_log_state import LAYOUT as SEGMENT_LOG
+from .segment_log_state import (
+    LOG_STATE,
+    OPERATOR_METADATA_KEY,
+    encode_segment,
+    folded_log,
+    operator_layout,
+    settings_rows,
+    state_variable,
+)
 from .state_codec import CHECKED_WHEN_PRESENT, SETTING_DEFAULTS, STATE_FORMAT_VERSION
 from .validation import OPERATOR_NAME_METADATA_KEY
 
 GROUP_COLUMNS = ("key_group", "format_version", "operator", "blob")
+GROUP_DDL = "key_group long, format_version int, operator string, blob binary"
 DESCRIPTION_DDL = "key_group long, format_version int, operator string, schema binary, rows long"
 
 
@@ -201,8 +211,12 @@ def described_state(
 def stored_groups(
     spark: SparkSession, checkpoint_location: str, batch_id: int | None, operator_id: int
 ) -> DataFrame:
-    """The operator's raw state rows: one per key group (``GROUP_COLUMNS``)."""
-    refuse_segment_log(spark, checkpoint_location, operator_id)
+    """The operator's raw state rows: one per key group (``GROUP_COLUMNS``). On the segment
+    log, each key group's log folded by the executors (``segment_log_groups``), so what
+    reads state rows (``state_frame``, ``write_state_files``, savepoints) reads either
+    layout alike."""
+    if operator_layout(spark, checkpoint_location, operator_id) == SEGMENT_LOG:
+        return segment_log_groups(spark, checkpoint_location, batch_id, operator_id)
     reader = spark.read.format("statestore").option("operatorId", operator_id)
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
@@ -211,31 +225,53 @@ def stored_groups(
     return named.withColumn("key_group", named["key_group"].cast("long"))
 
 
-def operator_layout(spark: SparkSession, checkpoint_location: str, operator_id: int) -> str:
-    """The operator's state layout: "segment-log" when Spark's operator metadata names it
-    ``transformWithStateInPandasExec``, else "key-groups"."""
-    operators = (
-        spark.read.format("state-metadata")
-        .load(checkpoint_location)
-        .where(f"operatorId = {int(operator_id)}")
-        .select("operatorName")
-        .distinct()
-        .collect()
+def segment_log_groups(
+    spark: SparkSession, checkpoint_location: str, batch_id: int | None, operator_id: int
+) -> DataFrame:
+    """A segment-log operator's state as the key-groups layout's state rows: per key group
+    with a log, one row whose blob is its folded log (``folded_logs``, on the executors:
+    the driver never holds keys), and the settings ValueState's row. The format version is
+    the key-groups layout's, the segments' encoding (``segment_schema``) being its table's
+    plus the tombstone flag the fold drops."""
+    logs = state_variable(spark, checkpoint_location, batch_id, operator_id, LOG_STATE)
+    logs = logs.selectExpr("key.*", "list_value").toDF("key_group", "segments")
+    groups = logs.withColumn("key_group", logs["key_group"].cast("long")).mapInArrow(
+        folded_logs, GROUP_DDL
     )
-    if any(str(row[0]).startswith("transformWithState") for row in operators):
-        return "segment-log"
-    return "key-groups"
+    return groups.unionByName(settings_rows(spark, checkpoint_location, batch_id, operator_id))
 
 
-def refuse_segment_log(spark: SparkSession, checkpoint_location: str, operator_id: int) -> None:
-    """Refuse, in one line, a state on the segment log where only the key-groups layout is
-    read (``state_frame``, and so savepoints)."""
-    if operator_layout(spark, checkpoint_location, operator_id) == "segment-log":
-        raise StatefulOpsError(
-            f"operator {operator_id} keeps its state with state_layout='segment-log':"
-            " savepoints (state_frame) of it are not supported yet; read_state reads it, or"
-            " use state_layout='key-groups' for state you need to savepoint"
-        )
+def folded_logs(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` function folding each key group's log (``folded_log``) into a state
+    row of ``GROUP_DDL`` (the kind from the segments' metadata). An executor holds one key
+    group's log at a time."""
+    for batch in batches:
+        key_groups = batch.column("key_group").to_pylist()
+        logs = batch.column("segments")
+        rows: list[tuple[int, str, bytes]] = []
+        for index in range(batch.num_rows):
+            elements = logs[index].values
+            if elements is None or not len(elements):
+                continue
+            blobs = elements.field("segment")
+            segments = [pa.ipc.open_stream(blob.as_buffer()).read_all() for blob in blobs]
+            table = folded_log(segments)
+            metadata = dict(table.schema.metadata or {})
+            kind = metadata.pop(OPERATOR_METADATA_KEY, b"").decode()
+            rows.append(
+                (key_groups[index], kind, encode_segment(table.replace_schema_metadata(metadata)))
+            )
+        if rows:
+            columns = list(zip(*rows, strict=True))
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(columns[0], pa.int64()),
+                    pa.array([STATE_FORMAT_VERSION] * len(rows), pa.int32()),
+                    pa.array(columns[1], pa.string()),
+                    pa.array(columns[2], pa.binary()),
+                ],
+                names=list(GROUP_COLUMNS),
+            )
 
 
 def segment_log_table(
@@ -243,22 +279,12 @@ def segment_log_table(
 ) -> pa.Table | None:
     """``read_state_table`` of an operator on the segment log: each key group's ListState
     (in list order, through the state data source) folded to its live rows."""
-    reader = (
-        spark.read.format("statestore")
-        .option("operatorId", operator_id)
-        .option("stateVarName", LOG_STATE)
-        .option("flattenCollectionTypes", "false")
-    )
-    if batch_id is not None:
-        reader = reader.option("batchId", batch_id)
+    logs = state_variable(spark, checkpoint_location, batch_id, operator_id, LOG_STATE)
     tables = []
-    for row in reader.load(checkpoint_location).select("list_value").collect():
+    for row in logs.select("list_value").collect():
         segments = [pa.ipc.open_stream(bytes(element[0])).read_all() for element in row[0]]
-        if not segments:
-            continue
-        metadata = dict(segments[0].schema.metadata or {})
-        keys = json.loads(metadata.pop(KEY_COLUMNS_METADATA_KEY).decode())
-        tables.append(fold(segments, keys).replace_schema_metadata(metadata))
+        if segments:
+            tables.append(folded_log(segments))
     if not tables:
         return None
     return pa.concat_tables(tables)

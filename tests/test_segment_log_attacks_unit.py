@@ -23,12 +23,12 @@ from eospack.stateful_ops import (
     segment_log_state,
     state_codec,
 )
-from eospack.stateful_ops.base import SETTINGS_KEY_GROUP, Clock
+from eospack.stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, Clock
 from eospack.stateful_ops.operators.running_count import RunningCount
 from eospack.stateful_ops.segment_log import fold
 from eospack.stateful_ops.state_codec import EXPIRES_COLUMN
 
-LAYOUT = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock)
+LAYOUT = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock, MARKER_COLUMN)
 
 
 class ListState:
@@ -363,3 +363,38 @@ def test_a_key_groups_row_written_before_ttl_ms_keeps_its_expiries_when_ttl_chan
         "a": 11_000,
         "b": 22_000,
     }
+
+
+def test_a_bootstrap_loads_a_group_once_expires_what_is_due_and_never_clears_its_log(
+    tmp_path: Any,
+) -> None:
+    """Restored (``bootstrap_directory``): a group without a log visited by markers alone
+    loads its split, expires its due key (a visit without data) and writes the rest as its
+    first segment, its timer at the next expiry; markers alone on a group with a log change
+    nothing; a group whose keys all expire keeps a log (an empty segment), so it never
+    loads its split again."""
+    import pyarrow.parquet as pq
+
+    operator = bound("1000 ms")
+    schema = operator.arrow_state_schema
+    for group, keys, expiries in [(0, ["a", "b"], [500, 5000]), (1, ["c"], [500])]:
+        split = tmp_path / f"__so_key_group={group}"
+        split.mkdir()
+        ones = [1] * len(keys)
+        columns = {"k": keys, "count": ones, "version": ones, EXPIRES_COLUMN: expiries}
+        pq.write_table(pa.table(columns, schema=schema), str(split / "part.parquet"))
+    operator.bootstrap_directory = str(tmp_path)
+    markers = pd.DataFrame({"k": ["z"], MARKER_COLUMN: [True]})
+    handle = new_handle()
+    assert visit(operator, handle, markers, 1000) == []
+    assert live(operator, handle) == {("b",): (1, 1, 5000)}
+    assert handle.timers.registered == [5000]
+    assert visit(operator, handle, markers, 9000) == []
+    assert live(operator, handle) == {("b",): (1, 1, 5000)}
+    assert visit(operator, handle, None, 9000) == []  # b's timer
+    assert handle.log.exists() and live(operator, handle) == {}
+
+    emptied = new_handle()
+    frames = iter([markers])
+    assert list(segment_log_state.handle_rows(operator, LAYOUT, emptied, 1, frames, 1000)) == []
+    assert emptied.log.exists() and live(operator, emptied) == {}

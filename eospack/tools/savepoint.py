@@ -14,7 +14,8 @@ Neither create nor restore passes the state through the driver: ``create_savepoi
 it with Spark's state data source, the executors decode the key groups and write the
 Parquet files straight to the savepoint's path, in one Spark job for a local savepoint
 (``state_reader.write_state_files``), through Spark's Parquet writer elsewhere
-(``state_reader.state_frame``); a restore
+(``state_reader.state_frame``); a segment-log state is folded into the key-groups
+layout's rows first, so the savepoint does not depend on the layout; a restore
 splits it by key group in a Spark job (``initial_state.split_by_key_group``). The driver
 holds each key group's schema only, so its memory does not grow with the number of keys.
 

@@ -6,6 +6,7 @@ the JSON files of ``--input`` on ``--checkpoint``, a checkpoint ``eospack savepo
 restore`` prepared, with the savepoint's initial state. ``--kill-at split``: once the
 executors have written the split by key group, before it is renamed into place complete.
 ``--kill-at batch``: in the sink of the first batch (state loaded, nothing committed).
+``--state-layout segment-log``: the operator on the segment log (RocksDB state store).
 It prints ``KILLING`` first; a start that is not killed prints ``NOT KILLED``.
 """
 
@@ -20,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from eospack.stateful_ops import configure_state_store, running_count
 from eospack.stateful_ops import initial_state as initial_state_module
-from eospack.stateful_ops import running_count
 from eospack.tools.savepoint import RestoredCheckpoint
 from eospack.tools.spark import local_session
 from integration_tests.stateful_parts import run, source
@@ -38,8 +39,13 @@ def main() -> int:
     parser.add_argument("--input", required=True)
     parser.add_argument("--key-groups", type=int, required=True)
     parser.add_argument("--kill-at", choices=("split", "batch"), required=True)
+    parser.add_argument(
+        "--state-layout", choices=("key-groups", "segment-log"), default="key-groups"
+    )
     arguments = parser.parse_args()
     spark = local_session("eospack-restore-kill")
+    if arguments.state_layout == "segment-log":
+        configure_state_store(spark, "rocksdb")
     if arguments.kill_at == "split":
         rename = os.rename
 
@@ -55,6 +61,7 @@ def main() -> int:
         "k",
         key_groups=arguments.key_groups,
         initial_state=restored.initial_state(),
+        state_layout=arguments.state_layout,
     )
 
     def sink(batch: Any, batch_id: int) -> None:

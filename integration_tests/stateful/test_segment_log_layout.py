@@ -24,14 +24,12 @@ from pyspark.sql.streaming import StreamingQuery
 from eospack.lab.testing import session_settings, wait_until
 from eospack.stateful_ops import (
     OperatorDefinitionError,
-    StatefulOpsError,
     deduplicate,
     read_state,
     running_aggregate,
     running_count,
 )
 from eospack.stateful_ops.segment_log import TOMBSTONE_COLUMN, fold
-from eospack.stateful_ops.state_reader import state_frame
 from eospack.stateful_ops.state_store import state_store_conf
 from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
@@ -339,20 +337,3 @@ def test_processing_time_ttl_on_the_segment_log_forgets_idle_keys(
     start()
     assert sink.final()[1] == (1, with_batch_timestamps(second_batch, checkpoint))
     assert sorted(read_state(spark, checkpoint)["k"]) == ["u", "x"]
-
-
-@pytest.mark.timeout(600)
-def test_savepoint_of_a_segment_log_state_is_refused_naming_the_layout(
-    spark: SparkSession, tmp_path: Any
-) -> None:
-    """state_frame, which savepoints read through, refuses in one line."""
-    directory, checkpoint = str(tmp_path / "input"), str(tmp_path / "cp")
-    os.makedirs(directory)
-    write_batch(directory, 0, [{"k": "a", "n": 1, "v": 1.0, "t": T0}])
-    with session_settings(spark, ROCKSDB):
-        result = running_count(source(spark, directory), "k", state_layout="segment-log")
-        run(result, checkpoint, "update", Emitted())
-    refused = r"^operator 0 keeps its state with state_layout='segment-log': savepoints .*"
-    refused += "not supported yet"
-    with pytest.raises(StatefulOpsError, match=refused):
-        state_frame(spark, checkpoint)
