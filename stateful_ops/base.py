@@ -412,7 +412,6 @@ class StatefulOperator:
             )
         self.bind(keys, without_marker(prepared.schema))
         if self.state_layout == "segment-log":
-            segment_log_state.refuse_unsupported(self)
             segment_log_state.refuse_other_store(df)
         if self.initial_state is not None:
             self.emit_settings_markers = True
@@ -783,13 +782,22 @@ class StatefulOperator:
 
     def clock(self, state: GroupState) -> Clock:
         """This call's clock; restored, the watermark is at least the old query's next one."""
-        watermark = None
-        if self.timeout == "event":
-            watermark = state.getCurrentWatermarkMs()
-            floor = self.restored_watermarks[1]
-            if floor is not None:
-                watermark = max(watermark, floor)
-        return Clock(state.getCurrentProcessingTimeMs(), watermark)
+        watermark = state.getCurrentWatermarkMs() if self.timeout == "event" else None
+        return Clock(state.getCurrentProcessingTimeMs(), self.floored_watermark(watermark))
+
+    def floored_watermark(self, watermark_ms: int | None) -> int | None:
+        """The watermark a call's clock holds: None without event-time timeouts; restored,
+        at least the old query's next one (both layouts clock batches with this)."""
+        if self.timeout != "event" or watermark_ms is None:
+            return None
+        floor = self.restored_watermarks[1]
+        return watermark_ms if floor is None else max(watermark_ms, floor)
+
+    def log_key_columns(self) -> tuple[str, ...]:
+        """What identifies one state row in the segment log (``segment_log_state``): the key
+        columns, unless a key holds several rows (then a subclass adds what tells them
+        apart)."""
+        return self.keys
 
     def without_late_rows(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         """Drop rows at or behind the watermark the old query would have dropped them with

@@ -18,10 +18,18 @@ Guarantees: as the key-groups layout's. TWS state is committed with the batch (R
 so after a restart every key group's log is the log at the last committed batch, and a
 replayed batch (same batch timestamp) rewrites the same segments. Needs RocksDB (Spark
 refuses TWS on another provider; so do we, before the query starts).
-Processing-time timeouts (``ttl``, ``timers="processing"``, deduplicate without event
-time) fire through one TWS timer per key group at its next wake-up, into the shared
-``step``. Limits (refused in one line when asked for): event time (ttl, timers,
-deduplicate, sessionize). pyspark's streaming imports are heavy, so the
+Timeouts (``ttl`` in either time, ``timers``, deduplicate, sessionize) fire through one
+TWS timer per key group at its next wake-up, into the shared ``step``, in the TWS time
+mode of the operator's timeout: "ProcessingTime", or "EventTime", where the timer fires
+once the watermark reaches the wake-up, Spark drops the rows at or behind the previous
+batch's watermark and runs a no-data batch when the watermark moves, all as it does for
+GroupState's EventTimeTimeout; the clock's watermark is TWS's (the batch's, as
+GroupState's), floored by a restored query's watermark, and a restored query drops the
+rows the old query would have dropped (``without_late_rows``), as the key-groups layout
+does. So event-time results equal the key-groups layout's, row for row
+(integration_tests/stateful/test_segment_log_event_time.py). A key group's log keeps one
+row per ``log_key_columns`` (the key columns; sessionize adds ``session_start_us``, as a
+key may hold several open sessions). pyspark's streaming imports are heavy, so the
 StatefulProcessor class is built on first use.
 
 Savepoints: ``read_state`` and savepoints read a log folded (``folded_log``), the latter
@@ -80,25 +88,12 @@ LOG_STATE = "segments"
 SETTINGS_STATE = "settings"
 """The ValueState of the settings key group: the key-groups layout's settings row."""
 SEGMENT_DDL = "segment binary"
+TIME_MODES = {"none": "None", "processing": "ProcessingTime", "event": "EventTime"}
+"""TWS's time mode for an operator's ``timeout``."""
 OPERATOR_METADATA_KEY = b"operator"
 KEY_COLUMNS_METADATA_KEY = b"key_columns"
-"""A segment's schema metadata: the key columns (a JSON list), which ``fold`` needs."""
-
-
-def refuse_unsupported(operator: StatefulOperator) -> None:
-    """One line naming the layout for what it does not do yet (checked before any query)."""
-    asked = None
-    if operator.timeout == "event" and operator.ttl_ms is not None:
-        asked = "ttl_time='event'"
-    elif operator.timeout == "event" and operator.timers != "none":
-        asked = "timers='event'"
-    elif operator.timeout == "event":
-        asked = f"event-time timeouts ({operator.name})"
-    if asked is not None:
-        raise OperatorDefinitionError(
-            f"{operator.name}: {asked} is not supported yet with state_layout='{LAYOUT}';"
-            " use state_layout='key-groups' (the default)"
-        )
+"""A segment's schema metadata: the columns ``fold`` keeps a row per (a JSON list): the key
+columns, plus ``session_start_us`` for sessionize (``log_key_columns``)."""
 
 
 def refuse_other_store(df: DataFrame) -> None:
@@ -122,11 +117,14 @@ def apply(
         processor_class()(operator, tuple(bucketed.columns), layout),
         operator.out_schema,
         operator.output_mode.capitalize(),
-        # Processing-time timeouts (ttl, timers, deduplicate) fire through one TWS timer
-        # per key group. Without them no time mode: Spark's "ProcessingTime" mode runs a
-        # no-data batch after every batch (as GroupState's processing-time timeout does),
-        # and the clock's processing time is then -1 (see ``handle_rows``).
-        "ProcessingTime" if operator.timeout == "processing" else "None",
+        # Timeouts (ttl, timers, deduplicate, sessionize) fire through one TWS timer per
+        # key group, in the operator's time. In "EventTime" mode Spark drops the rows at or
+        # behind the watermark, as it does before GroupState's event-time timeout, and
+        # runs a no-data batch when the watermark moves. Without timeouts no time mode:
+        # Spark's "ProcessingTime" mode runs a no-data batch after every batch (as
+        # GroupState's processing-time timeout does), and the clock's processing time is
+        # then -1 (see ``handle_rows``).
+        TIME_MODES[operator.timeout],
     )
 
 
@@ -138,7 +136,7 @@ def segment_schema(operator: StatefulOperator) -> pa.Schema:
     metadata = {
         **(stored.metadata or {}),
         OPERATOR_METADATA_KEY: operator.name.encode(),
-        KEY_COLUMNS_METADATA_KEY: json.dumps(list(operator.keys)).encode(),
+        KEY_COLUMNS_METADATA_KEY: json.dumps(list(operator.log_key_columns())).encode(),
     }
     return stored.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=True)).with_metadata(
         metadata
@@ -274,8 +272,9 @@ def change(
     operator: StatefulOperator, stored: pa.Table, new: pa.Table
 ) -> tuple[pa.Table, pa.Table]:
     """(rows of ``new`` whose key is new or whose state row differs from ``stored``'s, the
-    key columns of the keys of ``stored`` that ``new`` no longer holds)."""
-    keys = list(operator.keys)
+    key columns of the keys of ``stored`` that ``new`` no longer holds); a key here is the
+    operator's ``log_key_columns``."""
+    keys = list(operator.log_key_columns())
     both = pd.concat(
         [stored.select(keys).to_pandas(), new.select(keys).to_pandas()], ignore_index=True
     )
@@ -330,18 +329,23 @@ def handle_rows(
     key_group: int,
     frames: Iterator[pd.DataFrame] | None,
     processing_time_ms: int,
+    watermark_ms: int | None = None,
 ) -> Iterator[pd.DataFrame]:
     """One key group's call: the key-groups layout's ``_call`` with the segment log as
     store. ``frames`` None: the group's timer fired (a visit without data: ``step``
     expires what is due). Without a time mode Spark gives no batch timestamp: the clock's
-    processing time is ``processing_time_ms`` as Spark passes it (-1), its watermark None.
+    processing time is ``processing_time_ms`` as Spark passes it (-1). The clock's
+    watermark is ``watermark_ms`` (TWS's, the batch's watermark for eviction, as
+    GroupState's) with event-time timeouts, else None.
 
     Bootstrapping (``operator.bootstrap_directory``: restored, some key group without a
     log yet): bootstrap markers visit every key group; a group without a log loads its
     keys from the split, and its first segment is its whole state after the call (empty
     too: a log, even of one empty segment, says the group loaded its keys, so it never
     loads them again, and a log is never cleared meanwhile). A group with a log that gets
-    markers alone is left as it is (its TWS timer, unlike GroupState's timeout, stays)."""
+    markers alone is left as it is (its TWS timer, unlike GroupState's timeout, stays).
+    Restored with event-time timeouts, rows the old query would have dropped as late are
+    dropped (``without_late_rows``)."""
     if key_group == layout.settings_key_group:
         for _ in frames or ():
             pass
@@ -355,16 +359,19 @@ def handle_rows(
     if frames is not None and bootstrap is not None:
         marker = layout.marker_column
         frames = (frame.loc[~frame[marker].to_numpy(dtype=bool)] for frame in frames)
+    if frames is not None and operator.watermarked_column() is not None:
+        frames = operator.without_late_rows(frames)
     rows = operator.fold(frames) if frames is not None else None
     log = handle.log
     logged = bool(log.exists())
     first = bootstrap is not None and not logged
     if rows is not None and not len(rows) and not first:
         return
-    clock = layout.clock(processing_time_ms, None)
+    clock = layout.clock(processing_time_ms, operator.floored_watermark(watermark_ms))
     segments, logged_bytes = read_log(operator, log.get()) if logged else ([], 0)
     empty = as_segment(operator.arrow_state_schema.empty_table())
-    stored_table = fold(segments or [empty], list(operator.keys)).cast(operator.arrow_state_schema)
+    log_keys = list(operator.log_key_columns())
+    stored_table = fold(segments or [empty], log_keys).cast(operator.arrow_state_schema)
     stored = operator.canonical_state(stored_table.to_pandas())
     if first:
         initial = operator.initial_state_of(key_group)
@@ -397,7 +404,7 @@ def handle_rows(
             else:
                 log.appendValue((blob,))
                 logged_bytes += len(blob)
-    if operator.timeout == "processing":
+    if operator.timeout != "none":
         set_timer(operator, handle.timers, new_state, clock)
     # The gauge of the group's stored bytes: its log's encoded segments.
     operator.record_state(key_group, new_state, logged_bytes)
@@ -406,16 +413,28 @@ def handle_rows(
 
 
 def set_timer(operator: StatefulOperator, timers: Any, state: pd.DataFrame, clock: Clock) -> None:
-    """The group's one timer at its next wake-up (``next_wake_up_ms``), none without keys.
-    Spark fires it at the first batch whose timestamp reaches it, after the batch's rows
-    (a group with rows then has expired its due keys itself, in ``step``); a fired timer
-    is gone, so exactly the group's current wake-up is registered."""
+    """The group's one timer for its next wake-up (``next_wake_up_ms``), none without keys;
+    a fired timer is gone, so exactly the group's current wake-up is registered. Spark
+    fires a timer after the batch's rows (a group with rows then has expired its due keys
+    itself, in ``step``), at the first batch whose timestamp, or watermark, is at or past
+    it (checked on Spark 4.0.5, 4.1.4 and 4.3.0: a timer at the watermark fires in that
+    batch).
+
+    Processing time: at the wake-up, after this batch's time. Event time: at the wake-up,
+    so it fires once the watermark reaches it, as ``set_timeout``'s GroupState timeout
+    does; past the current watermark, so a wake-up this batch has reached (a timer
+    ``on_timer`` set) fires at the next advance, again as GroupState's."""
     for registered in list(timers.listTimers()):
         timers.deleteTimer(registered)
     if not len(state):
         return
     wake_up = operator.next_wake_up_ms(state, clock)
-    if wake_up is not None:
+    if wake_up is None:
+        return
+    if operator.timeout == "event":
+        watermark = clock.watermark_ms if clock.watermark_ms is not None else 0
+        timers.registerTimer(max(wake_up, watermark + 1))
+    else:
         timers.registerTimer(max(wake_up, clock.processing_time_ms + 1))
 
 
@@ -465,6 +484,7 @@ def processor_class() -> type:
                 int(key[0]),
                 named(rows, self.columns),
                 timerValues.getCurrentProcessingTimeInMs(),
+                timerValues.getCurrentWatermarkInMs(),
             )
 
         def handleExpiredTimer(
@@ -477,6 +497,7 @@ def processor_class() -> type:
                 int(key[0]),
                 None,
                 timerValues.getCurrentProcessingTimeInMs(),
+                timerValues.getCurrentWatermarkInMs(),
             )
 
         def close(self) -> None:

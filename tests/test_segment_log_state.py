@@ -15,7 +15,12 @@ SCHEMA = pa.schema([("k", pa.string()), ("n", pa.int64()), ("count", pa.int64())
 
 
 def operator() -> Any:
-    return cast(Any, SimpleNamespace(keys=("k", "n"), arrow_state_schema=SCHEMA))
+    return cast(
+        Any,
+        SimpleNamespace(
+            keys=("k", "n"), log_key_columns=lambda: ("k", "n"), arrow_state_schema=SCHEMA
+        ),
+    )
 
 
 def table(rows: list[tuple[Any, Any, Any]]) -> pa.Table:

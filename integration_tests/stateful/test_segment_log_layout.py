@@ -249,20 +249,11 @@ def test_segment_log_refusals_name_the_option(spark: SparkSession, tmp_path: Any
         ),
     ):
         running_count(df, "k", state_layout="segment-log")
+    # Event time is supported (test_segment_log_event_time): defining it is not refused.
     watermarked = with_watermark(df)
     with session_settings(spark, ROCKSDB):
-        with pytest.raises(
-            OperatorDefinitionError,
-            match="ttl_time='event' is not supported yet with state_layout='segment-log'",
-        ):
-            running_count(
-                watermarked, "k", ttl="1 hour", ttl_time="event", state_layout="segment-log"
-            )
-        with pytest.raises(
-            OperatorDefinitionError,
-            match="event-time timeouts .deduplicate. is not supported yet with state_layout",
-        ):
-            deduplicate(watermarked, "k", "1 hour", event_time="ts", state_layout="segment-log")
+        running_count(watermarked, "k", ttl="1 hour", ttl_time="event", state_layout="segment-log")
+        deduplicate(watermarked, "k", "1 hour", event_time="ts", state_layout="segment-log")
 
 
 FIRST_BATCH, SECOND_BATCH = "<batch 0 timestamp>", "<batch 1 timestamp>"

@@ -170,8 +170,8 @@ def running_count(
     count, as without ttl.
 
     ``state_layout``: ``"key-groups"`` (default) or ``"segment-log"`` (opt-in, RocksDB
-    only: a batch writes only the keys it changed; no event-time ttl, initial_state or
-    savepoints yet). See docs/stateful-operators.md, "The segment log".
+    only: a batch writes only the keys it changed; no initial_state or savepoints yet).
+    See docs/stateful-operators.md, "The segment log".
     """
     return RunningCount(
         key,

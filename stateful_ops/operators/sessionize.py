@@ -88,6 +88,11 @@ class Sessionize(StatefulOperator):
     def wake_up_ms(self, state: pd.DataFrame, clock: Clock) -> int | None:
         return -(-int(state["session_end_us"].min()) // 1000)
 
+    def log_key_columns(self) -> tuple[str, ...]:
+        """A key's open sessions are disjoint, so their starts tell them apart (a merge that
+        moves a start replaces the old session by the merged one in the segment log)."""
+        return (*self.keys, "session_start_us")
+
     def keys_in(self, state: pd.DataFrame) -> int:
         """A key may hold several open sessions (one state row each)."""
         return len(state[list(self.keys)].drop_duplicates())
