@@ -18,7 +18,13 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from eospack.stateful_ops import StatefulOperator, segment_log_state, state_codec
-from eospack.stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, Clock
+from eospack.stateful_ops.base import (
+    EVENT_TIME_COLUMN,
+    MARKER_COLUMN,
+    SETTINGS_KEY_GROUP,
+    WATERMARK_METADATA_KEY,
+    Clock,
+)
 from eospack.stateful_ops.operators.deduplicate import Deduplicate
 from eospack.stateful_ops.operators.sessionize import Sessionize
 from eospack.stateful_ops.operators.shared import EVENT_US
@@ -204,3 +210,41 @@ def test_event_time_on_the_segment_log_equals_key_groups(make: Any, seed: int) -
             [] if group_state.timeout_ms is None else [group_state.timeout_ms + 1]
         )
         watermark_ms = max(watermark_ms, (latest_s - rng.randint(0, 6)) * 1000)
+
+
+def test_a_restored_event_time_query_drops_the_old_querys_late_rows_on_both_layouts() -> None:
+    """Restored from a savepoint whose next batch watermark is 12 s, a row at 11 s is one
+    the old query would have dropped: both layouts drop it (before the fix the segment log
+    counted it), a row at 13 s goes through."""
+    watermarked = StructType(
+        [
+            StructField("k", StringType()),
+            StructField("ts", TimestampType(), metadata={WATERMARK_METADATA_KEY: 5_000}),
+            StructField(EVENT_US, LongType()),
+        ]
+    )
+    seconds = {"late": 11, "kept": 13}
+    rows = pd.DataFrame(
+        {
+            "k": list(seconds),
+            "ts": pd.to_datetime([s * 1_000_000_000 for s in seconds.values()]),
+            EVENT_US: [s * 1_000_000 for s in seconds.values()],
+            EVENT_TIME_COLUMN: [s * 1_000_000 for s in seconds.values()],
+        }
+    )
+    outputs = {}
+    for layout in ("segment-log", "key-groups"):
+        operator = Deduplicate("k", "5 seconds", event_time="ts", state_layout=layout)
+        operator.bind(["k"], watermarked)
+        operator.restored_watermarks = (10_000, 12_000)
+        if layout == "segment-log":
+            handle = SimpleNamespace(log=ListState(), timers=Timers(), settings=None)
+            frames = segment_log_state.handle_rows(
+                operator, LAYOUT, handle, 0, iter([rows.copy()]), 1_000, 12_000
+            )
+        else:
+            group_state = EventTimeGroupState()
+            group_state.watermark_ms = 12_000
+            frames = operator._call((0,), iter([rows.copy()]), group_state)  # type: ignore[arg-type]
+        outputs[layout] = sorted(key for frame in frames for key in frame["k"])
+    assert outputs == {"segment-log": ["kept"], "key-groups": ["kept"]}
