@@ -18,15 +18,19 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
+from eospack.cli import main
 from eospack.lab.testing import session_settings, wait_until
-from eospack.stateful_ops import read_state, running_count
+from eospack.stateful_ops import deduplicate, read_state, running_count, sessionize
 from eospack.stateful_ops.state_store import state_store_conf
+from eospack.tools.savepoint import RestoredCheckpoint
 from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
     T0,
     Emitted,
     batch_timestamp_ms,
+    countdown,
     run,
     source,
     write_batch,
@@ -204,3 +208,122 @@ def test_timestamp_and_null_composite_keys_equal_key_groups_across_batches(
     )
     last = {(row[0], row[1]): row[2] for _, rows in expected for row in rows}
     assert sorted(last.values()) == sorted(Counter(i for batch in batches for i in batch).values())
+
+
+# A savepoint of an event-time query restored into either layout (issue 41). The old
+# query runs RESTORE_OLD on the segment log (watermark 5 s behind the latest event): after
+# it, Spark's watermark of the savepoint's batch is T0+1 s and of the next batch T0+11 s.
+# The restored query's Spark watermark starts afresh (0, then its own rows' latest event
+# minus 5 s, which stays behind the old query's), so only the restored watermarks
+# (``without_late_rows``, ``floored_watermark``) make it drop and close what the old query
+# would have: restored batch 0 drops at or behind T0+1 s (g@1) and keeps h@5 and d@10
+# (behind T0+11 s, which an off-by-one batch would drop); batch 1 drops at or behind
+# T0+11 s (i@11, which Spark's own watermark of T0+10 s keeps); batch 2 keeps m@12.
+RESTORE_OLD: list[list[tuple[str, int, int]]] = [
+    [("a", 0, 1), ("b", 2, 1), ("a", 1, 1), ("c", 3, 2), ("e", 6, 1)],
+    [("c", 16, 1), ("a", 4, 1), ("b", 14, 1), ("e", 2, 1)],
+]
+RESTORE_NEXT: list[list[tuple[str, int, int]]] = [
+    [("g", 1, 1), ("h", 5, 1), ("b", 15, 1), ("d", 10, 1)],
+    [("i", 11, 1), ("j", 12, 1), ("l", 40, 1)],
+    [("m", 12, 1), ("n", 41, 1)],
+]
+RESTORE_CASES: dict[str, tuple[Any, str]] = {
+    "sessionize": (
+        lambda df, layout, groups, initial: sessionize(
+            df,
+            "k",
+            "ts",
+            "5 seconds",
+            key_groups=groups,
+            state_layout=layout,
+            initial_state=initial,
+        ),
+        "append",
+    ),
+    "deduplicate_event_time": (
+        lambda df, layout, groups, initial: deduplicate(
+            df,
+            "k",
+            "10 seconds",
+            event_time="ts",
+            key_groups=groups,
+            state_layout=layout,
+            initial_state=initial,
+        ),
+        "append",
+    ),
+    "timers_event": (
+        lambda df, layout, groups, initial: countdown("event")(
+            "k", key_groups=groups, state_layout=layout, initial_state=initial
+        ).apply(df),
+        "update",
+    ),
+}
+
+
+def write_event_batch(directory: Path, index: int, events: list[tuple[str, int, int]]) -> None:
+    rows = [{"k": key, "n": n, "v": second / 2, "t": T0 + second} for key, second, n in events]
+    write_batch(str(directory), index, rows)
+
+
+def event_query(
+    spark: SparkSession, directory: Path, case: str, layout: str, groups: int, initial: Any
+) -> tuple[Any, str]:
+    build, mode = RESTORE_CASES[case]
+    events = source(spark, str(directory))
+    events = events.withColumn("ts", F.timestamp_seconds("t")).withWatermark("ts", "5 seconds")
+    return build(events, layout, groups, initial), mode
+
+
+@pytest.mark.chaos  # six queries, ~2 min on a loaded machine
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case", sorted(RESTORE_CASES))
+def test_an_event_time_savepoint_restored_rescaled_down_continues_as_the_old_query(
+    spark: SparkSession, tmp_path: Path, case: str
+) -> None:
+    """Segment-log savepoint of an event-time query (sessionize: b holds two open
+    sessions), restored into 2 key groups (from 4) on each layout, one start per batch:
+    every restored batch emits what the uninterrupted query emitted for it, row for row.
+    Writes the test ``without_late_rows`` was merged without."""
+    with session_settings(spark, ROCKSDB):
+        old_input, old_cp = tmp_path / "old-input", tmp_path / "old"
+        old_input.mkdir()
+        for index, events in enumerate(RESTORE_OLD):
+            write_event_batch(old_input, index, events)
+        result, mode = event_query(spark, old_input, case, "segment-log", 4, None)
+        run(result, str(old_cp), mode, Emitted())
+        savepoint = tmp_path / "savepoint"
+        assert main(["savepoint", "create", str(old_cp), str(savepoint)]) == 0
+
+        whole_input = tmp_path / "whole-input"
+        whole_input.mkdir()
+        for index, events in enumerate([*RESTORE_OLD, *RESTORE_NEXT]):
+            write_event_batch(whole_input, index, events)
+        uninterrupted = Emitted()
+        result, mode = event_query(spark, whole_input, case, "key-groups", 4, None)
+        run(result, str(tmp_path / "whole"), mode, uninterrupted)
+
+        restored_sinks = {}
+        for layout in ("segment-log", "key-groups"):
+            restored, inputs = tmp_path / f"{layout}-restored", tmp_path / f"{layout}-input"
+            assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+            inputs.mkdir()
+            sink = Emitted()
+            for index, events in enumerate(RESTORE_NEXT):
+                write_event_batch(inputs, index, events)
+                initial = RestoredCheckpoint(restored, spark).initial_state()
+                result, mode = event_query(spark, inputs, case, layout, 2, initial)
+                run(result, str(restored), mode, sink)
+            restored_sinks[layout] = sink.final()
+
+    expected = [
+        (batch_id - len(RESTORE_OLD), rows)
+        for batch_id, rows in uninterrupted.final()
+        if batch_id >= len(RESTORE_OLD)
+    ]
+    assert [batch_id for batch_id, _ in expected] == [0, 1, 2]
+    emitted_keys = {row[0] for _, rows in expected for row in rows}
+    assert "h" in emitted_keys and not emitted_keys & {"g", "i"}, emitted_keys  # teeth
+    assert restored_sinks["key-groups"] == expected
+    assert restored_sinks["segment-log"] == expected
