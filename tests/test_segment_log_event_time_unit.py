@@ -18,13 +18,13 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from eospack.stateful_ops import StatefulOperator, segment_log_state, state_codec
-from eospack.stateful_ops.base import SETTINGS_KEY_GROUP, Clock
+from eospack.stateful_ops.base import MARKER_COLUMN, SETTINGS_KEY_GROUP, Clock
 from eospack.stateful_ops.operators.deduplicate import Deduplicate
 from eospack.stateful_ops.operators.sessionize import Sessionize
 from eospack.stateful_ops.operators.shared import EVENT_US
 from eospack.stateful_ops.segment_log import fold
 
-LAYOUT = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock)
+LAYOUT = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock, MARKER_COLUMN)
 INPUT = StructType(
     [
         StructField("k", StringType()),
