@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -327,3 +328,86 @@ def test_an_event_time_savepoint_restored_rescaled_down_continues_as_the_old_que
     assert "h" in emitted_keys and not emitted_keys & {"g", "i"}, emitted_keys  # teeth
     assert restored_sinks["key-groups"] == expected
     assert restored_sinks["segment-log"] == expected
+
+
+# Sessionize in one key group, so that every batch writes its log: sessions close
+# (tombstones) in batches 1-4 and the log compacts; after batch 4, a holds two open
+# sessions ([40, 45) and [60, 65)). The next batches close and merge across the restore.
+SESSIONS_OLD: list[list[tuple[str, int, int]]] = [
+    [("a", 0, 1), ("b", 2, 1), ("b", 14, 1)],
+    [("a", 20, 1), ("c", 21, 1)],
+    [("b", 30, 1), ("d", 31, 1), ("a", 22, 1)],
+    [("a", 40, 1), ("e", 40, 1), ("c", 22, 1)],
+    [("f", 45, 1), ("b", 33, 1), ("a", 60, 1)],
+]
+SESSIONS_NEXT: list[list[tuple[str, int, int]]] = [
+    [("a", 58, 1), ("g", 57, 1), ("h", 80, 1)],
+    [("i", 81, 1)],
+]
+
+
+def sessions_savepoint(spark: SparkSession, root: Path, layout: str) -> tuple[Path, set[Any]]:
+    """``SESSIONS_OLD`` through sessionize on ``layout`` (one key group), savepointed: the
+    savepoint and its rows."""
+    inputs, checkpoint, savepoint = root / f"{layout}-in", root / f"{layout}-cp", root / layout
+    inputs.mkdir()
+    for index, events in enumerate(SESSIONS_OLD):
+        write_event_batch(inputs, index, events)
+    result, mode = event_query(spark, inputs, "sessionize", layout, 1, None)
+    run(result, str(checkpoint), mode, Emitted())
+    assert main(["savepoint", "create", str(checkpoint), str(savepoint)]) == 0
+    manifest = json.loads((savepoint / "manifest.json").read_text())
+    [operator] = manifest["operators"]
+    rows = pq.read_table(str(savepoint / operator["file"])).to_pandas()
+    return savepoint, set(map(tuple, rows.astype(object).itertuples(index=False)))
+
+
+@pytest.mark.chaos  # five queries, ~2 min on a loaded machine
+@pytest.mark.timeout(900)
+def test_a_sessionize_savepoint_after_tombstones_and_compaction_equals_key_groups_and_restores(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """HELD: a segment-log savepoint taken after closed sessions (tombstones) and
+    compaction holds the key-groups savepoint's rows (a's two open sessions included); the
+    key-groups savepoint restored into the segment log with 3 key groups (from 1) emits
+    what the uninterrupted query emitted next, batch by batch."""
+    with session_settings(spark, ROCKSDB):
+        _, log_rows = sessions_savepoint(spark, tmp_path, "segment-log")
+        groups_savepoint, groups_rows = sessions_savepoint(spark, tmp_path, "key-groups")
+        segments = (
+            spark.read.format("statestore")
+            .option("stateVarName", "segments")
+            .load(str(tmp_path / "segment-log-cp"))
+            .collect()
+        )
+
+        whole_input = tmp_path / "whole-input"
+        whole_input.mkdir()
+        for index, events in enumerate([*SESSIONS_OLD, *SESSIONS_NEXT]):
+            write_event_batch(whole_input, index, events)
+        uninterrupted = Emitted()
+        result, mode = event_query(spark, whole_input, "sessionize", "key-groups", 1, None)
+        run(result, str(tmp_path / "whole"), mode, uninterrupted)
+
+        restored, inputs = tmp_path / "restored", tmp_path / "restored-input"
+        assert main(["savepoint", "restore", str(groups_savepoint), str(restored)]) == 0
+        inputs.mkdir()
+        sink = Emitted()
+        for index, events in enumerate(SESSIONS_NEXT):
+            write_event_batch(inputs, index, events)
+            initial = RestoredCheckpoint(restored, spark).initial_state()
+            result, mode = event_query(spark, inputs, "sessionize", "segment-log", 3, initial)
+            run(result, str(restored), mode, sink)
+
+    assert log_rows == groups_rows
+    assert len([row for row in log_rows if row[0] == "a"]) == 2  # a's two open sessions
+    # The log compacted: fewer segments than the five batches that wrote it.
+    assert 0 < len(segments) < len(SESSIONS_OLD)
+    expected = [
+        (batch_id - len(SESSIONS_OLD), rows)
+        for batch_id, rows in uninterrupted.final()
+        if batch_id >= len(SESSIONS_OLD)
+    ]
+    assert [batch_id for batch_id, _ in expected] == [0, 1]
+    assert all(rows for _, rows in expected)
+    assert sink.final() == expected
