@@ -411,3 +411,57 @@ def test_a_sessionize_savepoint_after_tombstones_and_compaction_equals_key_group
     assert [batch_id for batch_id, _ in expected] == [0, 1]
     assert all(rows for _, rows in expected)
     assert sink.final() == expected
+
+
+@pytest.mark.chaos  # five queries, ~80 s on a loaded machine
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case", ["sessionize", "timers_event"])
+def test_an_event_time_restore_replayed_before_its_first_commit_bootstraps_once(
+    spark: SparkSession, tmp_path: Path, case: str
+) -> None:
+    """HELD: the segment-log savepoint of ``RESTORE_OLD`` restored into the segment log;
+    restored batch 0 runs, its commit is forgotten (a crash between the state commit and
+    the commit log), the next start replays it (bootstrapping again, dropping late rows by
+    the savepoint batch's watermark, as batch 0) and runs batch 1, a third start (after the
+    first commit) runs batch 2: the same rows as the uninterrupted query, the replay equal
+    to the first attempt."""
+    with session_settings(spark, ROCKSDB):
+        old_input, old_cp = tmp_path / "old-input", tmp_path / "old"
+        old_input.mkdir()
+        for index, events in enumerate(RESTORE_OLD):
+            write_event_batch(old_input, index, events)
+        result, mode = event_query(spark, old_input, case, "segment-log", 4, None)
+        run(result, str(old_cp), mode, Emitted())
+        savepoint = tmp_path / "savepoint"
+        assert main(["savepoint", "create", str(old_cp), str(savepoint)]) == 0
+
+        whole_input = tmp_path / "whole-input"
+        whole_input.mkdir()
+        for index, events in enumerate([*RESTORE_OLD, *RESTORE_NEXT]):
+            write_event_batch(whole_input, index, events)
+        uninterrupted = Emitted()
+        result, mode = event_query(spark, whole_input, case, "key-groups", 4, None)
+        run(result, str(tmp_path / "whole"), mode, uninterrupted)
+
+        restored, inputs = tmp_path / "restored", tmp_path / "restored-input"
+        assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+        inputs.mkdir()
+        sink = Emitted()
+        for index, events in enumerate(RESTORE_NEXT):
+            write_event_batch(inputs, index, events)
+            initial = RestoredCheckpoint(restored, spark).initial_state()
+            result, mode = event_query(spark, inputs, case, "segment-log", 4, initial)
+            run(result, str(restored), mode, sink)
+            if index == 0:
+                for name in ("0", ".0.crc"):
+                    (restored / "commits" / name).unlink()
+
+    expected = [
+        (batch_id - len(RESTORE_OLD), rows)
+        for batch_id, rows in uninterrupted.final()
+        if batch_id >= len(RESTORE_OLD)
+    ]
+    attempts = [rows for batch_id, rows in sink.attempts if batch_id == 0]
+    assert len(attempts) == 2 and attempts[0] == attempts[1]
+    assert sink.final() == expected
+    assert any(rows for _, rows in expected)
