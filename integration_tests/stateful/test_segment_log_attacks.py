@@ -465,3 +465,55 @@ def test_an_event_time_restore_replayed_before_its_first_commit_bootstraps_once(
     assert len(attempts) == 2 and attempts[0] == attempts[1]
     assert sink.final() == expected
     assert any(rows for _, rows in expected)
+
+
+def spark_own_processor() -> type:
+    """A user's own StatefulProcessor (not stateful_ops): counts rows per key in a
+    ValueState. Defined in a function, so that Spark's workers receive the class itself."""
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class CountPerKey(StatefulProcessor):  # type: ignore[misc]
+        def init(self, handle: Any) -> None:
+            self.count = handle.getValueState("count", "count bigint")
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            seen = sum(len(frame) for frame in rows)
+            total = (self.count.get()[0] if self.count.exists() else 0) + seen
+            self.count.update((total,))
+            yield pd.DataFrame({"k": [key[0]], "count": [total]})
+
+        def close(self) -> None:
+            return None
+
+    return CountPerKey
+
+
+@pytest.mark.timeout(600)
+def test_inspect_state_of_a_checkpoint_with_a_users_own_transform_with_state_operator(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Failed before the fix (SparkRuntimeException STDS_INVALID_OPTION_VALUE: state
+    variable segments is not defined): ``checkpoint inspect --state`` leaves Spark's own
+    operators as they are (no keys), but a user's transformWithStateInPandas operator is
+    named transformWithState* in Spark's operator metadata, as the segment log's is, so it
+    was read as a segment log and the inspect failed."""
+    from eospack.tools.checkpoint import inspect_checkpoint
+
+    inputs, checkpoint = tmp_path / "in", tmp_path / "cp"
+    inputs.mkdir()
+    write_batch(str(inputs), 0, [{"k": k, "n": 1, "v": 1.0, "t": T0} for k in "aab"])
+    with session_settings(spark, ROCKSDB):
+        counts = (
+            source(spark, str(inputs))
+            .select("k")
+            .groupBy("k")
+            .transformWithStateInPandas(
+                spark_own_processor()(), "k string, count bigint", "Update", "None"
+            )
+        )
+        sink = Emitted()
+        run(counts, str(checkpoint), "update", sink)
+        report = inspect_checkpoint(str(checkpoint), spark=spark)
+    assert sink.final() == [(0, [("a", 2), ("b", 1)])]
+    [operator] = report.operators
+    assert operator.name is None and operator.keys is None
