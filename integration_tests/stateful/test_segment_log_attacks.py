@@ -514,6 +514,12 @@ def test_inspect_state_of_a_checkpoint_with_a_users_own_transform_with_state_ope
         sink = Emitted()
         run(counts, str(checkpoint), "update", sink)
         report = inspect_checkpoint(str(checkpoint), spark=spark)
+        ours = tmp_path / "ours"
+        logged = running_count(source(spark, str(inputs)), "k", state_layout="segment-log")
+        run(logged, str(ours), "update", Emitted())
+        our_report = inspect_checkpoint(str(ours), spark=spark)
     assert sink.final() == [(0, [("a", 2), ("b", 1)])]
     [operator] = report.operators
     assert operator.name is None and operator.keys is None
+    [our_operator] = our_report.operators  # the segment log's is still read
+    assert (our_operator.name, our_operator.keys) == ("running_count", 2)
