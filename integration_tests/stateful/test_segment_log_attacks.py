@@ -277,7 +277,7 @@ def event_query(
     return build(events, layout, groups, initial), mode
 
 
-@pytest.mark.chaos  # six queries, ~2 min on a loaded machine
+@pytest.mark.chaos  # six queries per case: 17-20 s each idle, 55 s total; ~75 s each loaded
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", sorted(RESTORE_CASES))
 def test_an_event_time_savepoint_restored_rescaled_down_continues_as_the_old_query(
@@ -362,7 +362,7 @@ def sessions_savepoint(spark: SparkSession, root: Path, layout: str) -> tuple[Pa
     return savepoint, set(map(tuple, rows.astype(object).itertuples(index=False)))
 
 
-@pytest.mark.chaos  # five queries, ~2 min on a loaded machine
+# five queries: 23 s idle (70 s on a loaded machine)
 @pytest.mark.timeout(900)
 def test_a_sessionize_savepoint_after_tombstones_and_compaction_equals_key_groups_and_restores(
     spark: SparkSession, tmp_path: Path
@@ -413,7 +413,7 @@ def test_a_sessionize_savepoint_after_tombstones_and_compaction_equals_key_group
     assert sink.final() == expected
 
 
-@pytest.mark.chaos  # five queries, ~80 s on a loaded machine
+@pytest.mark.chaos  # five queries per case: 15-16 s each idle, ~40 s each loaded
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", ["sessionize", "timers_event"])
 def test_an_event_time_restore_replayed_before_its_first_commit_bootstraps_once(
