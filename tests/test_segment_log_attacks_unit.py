@@ -1,7 +1,9 @@
 """Attacks on the segment log's store side without Spark (``segment_log_state.handle_rows``
 on an in-memory ListState and timer list): a changed ttl, a name added on a checkpoint,
 tombstones of null / composite / timestamp keys, a group emptied by its timer, a timer
-visit in a batch that had rows, and a replayed batch."""
+visit in a batch that had rows, and a replayed batch; and, restored with the old query's
+watermark, a timer on_timer re-registers at a reached time against the key-groups
+layout's GroupState path (OPEN there)."""
 
 from __future__ import annotations
 

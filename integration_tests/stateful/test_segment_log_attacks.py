@@ -1,7 +1,12 @@
 """Attacks on the segment log (``state_layout="segment-log"``) in real streaming queries:
 a ttl changed on a segment-log checkpoint (raised, then lowered) is applied as on the
 key-groups layout, and the counts stay exact across the restarts; a task retried after
-the operator appended its segment leaves the log as one attempt would."""
+the operator appended its segment leaves the log as one attempt would. Savepoints and
+restores (issue 41): an event-time savepoint restored rescaled down into either layout
+drops late rows and closes, fires and expires as the uninterrupted query (the test
+``without_late_rows`` lacked), also with batch 0's commit lost and replayed; a sessionize
+savepoint after tombstones and compaction equals the key-groups one and restores; and
+``checkpoint inspect --state`` beside a user's own transformWithState operator."""
 
 from __future__ import annotations
 
