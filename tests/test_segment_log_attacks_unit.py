@@ -1,7 +1,9 @@
 """Attacks on the segment log's store side without Spark (``segment_log_state.handle_rows``
 on an in-memory ListState and timer list): a changed ttl, a name added on a checkpoint,
 tombstones of null / composite / timestamp keys, a group emptied by its timer, a timer
-visit in a batch that had rows, and a replayed batch."""
+visit in a batch that had rows, and a replayed batch; and, restored with the old query's
+watermark, a timer on_timer re-registers at a reached time against the key-groups
+layout's GroupState path (OPEN there)."""
 
 from __future__ import annotations
 
@@ -398,3 +400,145 @@ def test_a_bootstrap_loads_a_group_once_expires_what_is_due_and_never_clears_its
     frames = iter([markers])
     assert list(segment_log_state.handle_rows(operator, LAYOUT, emptied, 1, frames, 1000)) == []
     assert emptied.log.exists() and live(operator, emptied) == {}
+
+
+class EventTimeGroupState:
+    """GroupState with EventTimeTimeout, as the key-groups layout's ``_call`` uses it."""
+
+    def __init__(self) -> None:
+        self.row: tuple[Any, ...] | None = None
+        self.timeout_ms: int | None = None
+        self.hasTimedOut = False
+        self.watermark_ms = 0
+
+    @property
+    def exists(self) -> bool:
+        return self.row is not None
+
+    @property
+    def get(self) -> tuple[Any, ...]:
+        assert self.row is not None
+        return self.row
+
+    def update(self, row: tuple[Any, ...]) -> None:
+        self.row = row
+
+    def remove(self) -> None:
+        self.row = None
+
+    def setTimeoutTimestamp(self, at_ms: int) -> None:
+        assert at_ms >= self.watermark_ms, "Spark refuses a timeout behind the watermark"
+        self.timeout_ms = at_ms
+
+    def getCurrentWatermarkMs(self) -> int:
+        return self.watermark_ms
+
+    def getCurrentProcessingTimeMs(self) -> int:
+        return 1_000
+
+
+class Repeater(StatefulOperator):
+    """Event-time timers; a key's first firing re-registers its timer at the time it fired
+    at (already reached: it fires again at the next watermark advance, ``step``), adding
+    100 to its count; its second firing drops it. Emits (k, count, fired_at_ms)."""
+
+    name = "repeater"
+    timers = "event"
+    state_fields = StructType([StructField("count", LongType())])
+    output_fields = StructType(
+        [StructField("count", LongType()), StructField("fired_at_ms", LongType())]
+    )
+
+    def update(
+        self, rows: pd.DataFrame, state: pd.DataFrame, clock: Clock
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return state, self.empty_output()
+
+    def on_timer(self, due_state: pd.DataFrame, clock: Clock) -> tuple[pd.DataFrame, pd.DataFrame]:
+        fired_at = due_state[FIRED_TIMER_COLUMN].astype("int64")
+        output = due_state[["k", "count"]].assign(fired_at_ms=fired_at)
+        again = (due_state["count"] < 100).to_numpy()
+        kept = due_state.assign(count=due_state["count"] + 100)
+        kept = register_timer(kept, None, fired_at.to_numpy())[again]
+        return kept.reset_index(drop=True), output
+
+
+def restored_repeater(split: Any) -> Repeater:
+    """A Repeater restored with the old query's next watermark 10 s, bootstrapping from
+    ``split``, whose key group 0 holds r (count 1) with its timer at 5 s: due at the floor."""
+    import pyarrow.parquet as pq
+
+    operator = Repeater("k")
+    operator.bind(["k"], StructType([StructField("k", StringType())]))
+    directory = split / f"__so_key_group={0}"
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / "part.parquet").exists():
+        table = pa.table(
+            {"k": ["r"], "count": [1], state_codec.TIMER_COLUMN: [5_000]},
+            schema=operator.arrow_state_schema,
+        )
+        pq.write_table(table, str(directory / "part.parquet"))
+    operator.bootstrap_directory = str(split)
+    operator.restored_watermarks = (0, 10_000)
+    return operator
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN (stateful_ops/base.py StatefulOperator._call, key-groups layout): restored"
+    " and bootstrapping, a visit by bootstrap markers alone (or, restored, by rows"
+    " without_late_rows drops) fires a timer on_timer re-registered at a time already"
+    " reached, by the floored clock, in a batch whose watermark did not advance; the"
+    " segment log (its TWS timer) and the uninterrupted query fire it at the next advance."
+    " Fix: keep in the state row the watermark a re-armed timeout was set at and fire on"
+    " such a visit only keys due by a watermark past it (or fire only restored keys on the"
+    " first visit and re-arm otherwise)",
+)
+def test_a_restored_timer_reregistered_at_the_floor_fires_at_the_next_advance_on_both(
+    tmp_path: Any,
+) -> None:
+    """Restored with the old query's next watermark 10 s (Spark's own starts at 0): r's
+    timer (5 s) fires at the first visit on both layouts and on_timer re-registers it at
+    5 s. The next batch (markers alone, Spark's watermark still behind the floor: no
+    advance) must fire nothing: r fires again when the watermark advances (batch 2)."""
+    markers = pd.DataFrame({"k": ["z"], MARKER_COLUMN: [True]})
+    log_operator = restored_repeater(tmp_path)
+    groups_operator = restored_repeater(tmp_path)
+    handle = new_handle()
+    group_state = EventTimeGroupState()
+
+    def segment_log_batch(spark_watermark_ms: int, with_markers: bool) -> list[tuple[Any, ...]]:
+        frames = iter([markers]) if with_markers else None
+        out = []
+        if frames is not None:
+            out += list(
+                segment_log_state.handle_rows(
+                    log_operator, LAYOUT, handle, 0, frames, 1_000, spark_watermark_ms
+                )
+            )
+        for at in [at for at in handle.timers.registered if at <= spark_watermark_ms]:
+            out += list(
+                segment_log_state.handle_rows(
+                    log_operator, LAYOUT, handle, 0, None, 1_000, spark_watermark_ms
+                )
+            )
+            if at in handle.timers.registered:
+                handle.timers.deleteTimer(at)
+        return sorted(tuple(row) for f in out for row in f.itertuples(index=False))
+
+    def key_groups_batch(spark_watermark_ms: int, with_markers: bool) -> list[tuple[Any, ...]]:
+        group_state.watermark_ms = spark_watermark_ms
+        timeout = group_state.timeout_ms
+        timed_out = timeout is not None and spark_watermark_ms > timeout
+        if not with_markers and not timed_out:
+            return []
+        group_state.hasTimedOut = not with_markers
+        group_state.timeout_ms = None  # Spark clears it on every call
+        frames = iter([markers])
+        out = list(groups_operator._call((0,), frames, group_state))  # type: ignore[arg-type]
+        return sorted(tuple(row) for f in out for row in f.itertuples(index=False))
+
+    batches = [(0, True), (0, True), (20_000, True)]
+    expected = [[("r", 1, 5_000)], [], [("r", 101, 5_000)]]
+    assert [segment_log_batch(*batch) for batch in batches] == expected
+    assert [key_groups_batch(*batch) for batch in batches] == expected

@@ -236,8 +236,11 @@ def _with_keys(
     spark: SparkSession, directory: str, operator: OperatorState, batch_id: int | None
 ) -> OperatorState:
     """``operator`` with its stateful_ops keys and key groups (unchanged for Spark's own
-    operators, whose state is not eospack's group-state table)."""
-    from pyspark.errors import AnalysisException
+    operators, whose state is not eospack's group-state table, and for a user's own
+    transformWithState operator, which Spark's operator metadata names as it names the
+    segment log's, but which holds no ``segments`` state variable: the state data source
+    refuses it with a STDS_ error)."""
+    from pyspark.errors import AnalysisException, SparkRuntimeException
 
     from eospack.stateful_ops.state_reader import state_frame
 
@@ -247,6 +250,11 @@ def _with_keys(
         stored = state_frame(spark, directory, batch_id, int(operator.operator_id))
     except AnalysisException:  # not a group-state table: another kind of operator
         return operator
+    except SparkRuntimeException as error:
+        condition = getattr(error, "getCondition", error.getErrorClass)()
+        if not str(condition or "").startswith("STDS_"):
+            raise
+        return operator  # the state data source refuses it as ours: another kind of operator
     if stored is None:
         return operator
     return replace(
