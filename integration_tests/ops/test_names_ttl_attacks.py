@@ -300,3 +300,39 @@ def test_open_a_double_key_counts_null_and_nan_apart_as_spark_does(
     (rows,) = seen.values()
     expected = [(None, 1, 1), (float("nan"), 2, 1), (1.5, 1, 1)]  # NaN != NaN: compare reprs
     assert sorted(map(repr, rows)) == sorted(map(repr, expected))
+
+
+@pytest.mark.timeout(300)
+def test_fixed_ttl_turned_off_on_a_restored_checkpoint_is_refused_through_its_initial_state(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A restored query hands its operators ``RestoredCheckpoint(...).initial_states``,
+    which know the checkpoint: once the restored query committed with ttl, restarting it
+    without ttl is refused when the operator is defined (no ``checkpoint_location``
+    needed), in one line; with ttl it goes on."""
+    source = tmp_path / "in"
+    write_batch(source, 0, ["a"])
+    run(running_count(events(spark, source), "k", key_groups=2, name="counts"), tmp_path / "old")
+    savepoint, checkpoint = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(tmp_path / "old"), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(checkpoint)]) == 0
+
+    def restored(ttl: str | None) -> DataFrame:
+        states = RestoredCheckpoint(checkpoint).initial_states(["counts"])
+        return running_count(
+            events(spark, source / "new"),
+            "k",
+            key_groups=2,
+            name="counts",
+            ttl=ttl,
+            initial_state=states["counts"],
+        )
+
+    write_batch(source / "new", 0, ["a"])
+    seen, _ = run(restored("1 hour"), checkpoint)
+    assert seen == {0: [("a", 2, 2)]}
+    write_batch(source / "new", 1, ["a"])
+    with pytest.raises(StateSchemaMismatchError, match="ttl \\(or timers\\) was turned off"):
+        restored(None)
+    seen, _ = run(restored("1 hour"), checkpoint)
+    assert seen == {1: [("a", 3, 3)]}
