@@ -50,8 +50,8 @@ def stored_timeout(
 ) -> tuple[str, bool] | None:
     """The layout and whether Spark keeps a timeout with the state of this package's
     operator in ``checkpoint_location`` (after its last committed batch): the operator
-    ``operator_id``, else the one that ``operator_name`` names, else the checkpoint's only
-    stateful operator of this package. None when that is unknown: no committed batch, no
+    ``operator_id``, else the checkpoint's only stateful operator of this package, else
+    the one that ``operator_name`` names. None when that is unknown: no committed batch, no
     such operator, or several with none chosen."""
     files = checkpoint_files(checkpoint_location, spark)
     if not any(name.isdigit() for name in files.names("commits")):
@@ -64,10 +64,12 @@ def stored_timeout(
         }
     except Exception:  # no operator metadata (a checkpoint of an older Spark): not checked
         return None
-    if operator_id is None and operator_name is not None:
-        operator_id = operator_id_of(spark, checkpoint_location, operator_name)
     if operator_id is None and len(operators) == 1:
         operator_id = next(iter(operators))
+    elif operator_id is None and operator_name is not None:
+        # several (Spark's unsupportedOperationCheck off): found by the settings rows' name,
+        # a scan of each operator's state, paid only then
+        operator_id = operator_id_of(spark, checkpoint_location, operator_name)
     if operator_id is None or operator_id not in operators:
         return None
     kind, properties = operators[operator_id]
