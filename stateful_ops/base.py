@@ -69,6 +69,7 @@ from .initial_state import (
     split_by_key_group,
 )
 from .operators.shared import key_codes
+from .restart_check import refuse_timeout_switch
 from .state_codec import EXPIRES_COLUMN, TIMER_COLUMN
 from .validation import (
     INTEGRAL_TYPES,
@@ -194,6 +195,11 @@ class StatefulOperator:
     appends only the changed keys to a ListState (``segment_log_state``). The layout is
     part of the checkpoint: restart a checkpoint with the layout it was written with.
 
+    ``checkpoint_location`` (optional): the query's ``checkpointLocation``; given (or known
+    from a restored ``initial_state``), ``apply`` refuses ttl or timers turned on or off
+    for that checkpoint in one line before the query starts (``restart_check``), where
+    Spark would fail the first batch with a multi-line error naming no setting of ours.
+
     ``name`` (the constructor argument, kept as ``operator_name``; the class attribute
     ``name`` is the operator's kind) is the operator's stable name, Flink's uid: stored in
     every state row it writes (Arrow metadata ``operator_name``), listed by ``savepoint
@@ -222,8 +228,10 @@ class StatefulOperator:
         ttl: object | None = None,
         ttl_time: str = "processing",
         state_layout: str = "key-groups",
+        checkpoint_location: str | None = None,
     ) -> None:
         self.operator_name = operator_name(self.name, name)
+        self.checkpoint_location = checkpoint_location
         if state_layout not in STATE_LAYOUTS:
             raise OperatorDefinitionError(
                 f"{self.name}: state_layout={state_layout!r}; use 'key-groups' (the default)"
@@ -411,6 +419,7 @@ class StatefulOperator:
                 " carry no event time); use running_count or running_aggregate"
             )
         self.bind(keys, without_marker(prepared.schema))
+        self.refuse_timeout_switch(df)
         if self.state_layout == "segment-log":
             segment_log_state.refuse_other_store(df)
         if self.initial_state is not None:
@@ -441,6 +450,18 @@ class StatefulOperator:
             )
         )
         return self.finish(result)
+
+    def refuse_timeout_switch(self, df: DataFrame) -> None:
+        """Refuse ttl or timers turned on or off for the query's checkpoint, when known:
+        ``checkpoint_location``, else a restored ``initial_state``'s checkpoint (its
+        operator by name, else by position)."""
+        checkpoint, operator_id = self.checkpoint_location, None
+        restored = self.initial_state
+        if checkpoint is None and restored is not None and restored.checkpoint_location:
+            checkpoint = restored.checkpoint_location
+            operator_id = restored.operator_id if restored.operator_name is None else None
+        if checkpoint is not None:
+            refuse_timeout_switch(df.sparkSession, self, checkpoint, operator_id)
 
     def bind(self, keys: Sequence[str], input_schema: StructType) -> None:
         """Fix key, input, state and output schemas (pure: no Spark session needed)."""

@@ -78,6 +78,7 @@ from .state_codec import (
     EXPIRY_CLOCK,
     SETTING_DEFAULTS,
     TIMER_COLUMN,
+    TTL_MS,
     expiry_clock_change,
     stored_name,
 )
@@ -120,7 +121,8 @@ class InitialState:
     operator_name: str | None = None
     state_settings: dict[str, str] | None = None
     """The checked settings the savepoint's state was written with where not at their
-    default (``ttl_time``, ``timers``); None: unknown (a savepoint of format 1-3)."""
+    default (``ttl_time``, ``timers``), and the ttl its expiries count with (``ttl_ms``,
+    see ``with_expiry_of``); None: unknown (a savepoint of format 1-3)."""
 
     def stored_setting(self, name: str) -> str | None:
         """The savepoint's value of checked setting ``name``, None when unknown."""
@@ -142,7 +144,9 @@ def split_by_key_group(
     state. The work directory must be one every executor can read and write (local mode,
     one host, or a shared mount)."""
     refuse_another_expiry_clock(operator, initial_state)
-    directory = Path(initial_state.work_directory) / split_name(operator)
+    directory = Path(initial_state.work_directory) / split_name(
+        operator, stored_ttl_ms(initial_state) is not None
+    )
     if (directory / SPLIT_COMPLETE).exists():
         return str(directory)
     try:
@@ -156,7 +160,13 @@ def split_by_key_group(
     watermark_ms = initial_state.next_batch_watermark_ms
     if watermark_ms is None:
         watermark_ms = initial_state.batch_watermark_ms
-    frame = with_expiry_of(operator, frame, watermark_ms, initial_state.stored_setting("ttl_time"))
+    frame = with_expiry_of(
+        operator,
+        frame,
+        watermark_ms,
+        initial_state.stored_setting("ttl_time"),
+        stored_ttl_ms(initial_state),
+    )
     frame = with_timer_column_of(
         operator, frame, initial_state.path, initial_state.stored_setting("timers")
     )
@@ -188,6 +198,14 @@ def split_by_key_group(
         pass
     shutil.rmtree(staging, ignore_errors=True)
     return str(directory)
+
+
+def stored_ttl_ms(initial_state: InitialState) -> int | None:
+    """The ttl (ms) the savepoint's expiries are counted with (``OperatorSnapshot.settings``
+    ``ttl_ms``), None when it has no expiries or does not say (a savepoint written before
+    it recorded its reference ttl)."""
+    value = initial_state.stored_setting(TTL_MS.decode())
+    return None if value is None else int(value)
 
 
 def refuse_another_expiry_clock(operator: StatefulOperator, initial_state: InitialState) -> None:
@@ -266,7 +284,7 @@ def split_writer(directory: str) -> Callable[[Iterator[pa.RecordBatch]], Iterato
     return write
 
 
-def split_name(operator: StatefulOperator) -> str:
+def split_name(operator: StatefulOperator, ttl_moved: bool = False) -> str:
     """The split's directory: per ``key_groups`` and stored columns, so a restart with
     another ``ttl`` setting (or columns) before the first commit splits again rather than
     loading a split of other columns; and per partition column, so a split written by an
@@ -275,7 +293,9 @@ def split_name(operator: StatefulOperator) -> str:
     are the same in either time, and a split of processing-time expiries or timers loaded
     as event times would expire or fire by the other clock (unchecked: the restore checks
     the settings only while it splits). Settings at their defaults add nothing, so such a
-    split keeps its name."""
+    split keeps its name. With ``ttl_moved`` (the savepoint records the ttl its expiries
+    count with, which the split moves to the operator's), per ttl value too: a restart
+    with another ttl before the first commit splits again with that ttl."""
     columns = ",".join(f"{field.name}:{field.type}" for field in operator.arrow_state_schema)
     columns = f"{KEY_GROUP_PARTITION};{columns}"
     metadata = operator.arrow_state_schema.metadata or {}
@@ -284,6 +304,8 @@ def split_name(operator: StatefulOperator) -> str:
         for name in SETTING_DEFAULTS
         if name in metadata
     ]
+    if ttl_moved and operator.ttl_ms is not None:
+        settings.append(f"ttl_ms={operator.ttl_ms}")
     if settings:
         columns = f"{columns};{','.join(settings)}"
     digest = hashlib.sha256(columns.encode()).hexdigest()[:12]
@@ -384,6 +406,7 @@ def with_expiry_of(
     frame: DataFrame,
     watermark_ms: int | None = None,
     stored_ttl_time: str | None = None,
+    stored_ttl_ms: int | None = None,
 ) -> DataFrame:
     """A savepoint's state as the operator keeps it with or without ``ttl``: turning ttl on
     through a savepoint gives every restored key the full ttl from the restore (the split
@@ -400,6 +423,13 @@ def with_expiry_of(
     savepoint of format 1-3, taken as processing time): turning ttl off drops the keys run
     out by the restore in that time, and a ttl kept in the other time (processing to event
     or back) first drops those, then gives the others the full ttl, as turning it on does.
+
+    A ttl kept in the same time but of another value (``stored_ttl_ms``: the ttl the
+    savepoint's expiries count with) applies to the restored keys as it does on one
+    checkpoint (Flink's rule): every kept expiry moves by the new ttl minus the stored one,
+    so each key lives the new ttl from its last batch with rows (or latest event), and the
+    keys whose new ttl ran out by the restore are dropped. Unknown (None: a savepoint
+    written before it recorded its ttl), the expiries are kept as they are.
     """
     wall_clock_ms = int(time.time() * 1000)
 
@@ -428,6 +458,11 @@ def with_expiry_of(
     if operator.ttl_ms is not None and not has_expiry:
         expires = counted_from(operator.ttl_time) + operator.ttl_ms
         return frame.withColumn(EXPIRES_COLUMN, F.lit(expires).cast("long"))
+    if has_expiry and stored_ttl_ms is not None and stored_ttl_ms != operator.ttl_ms:
+        assert operator.ttl_ms is not None  # without ttl the expiries were dropped above
+        moved = (F.col(EXPIRES_COLUMN) + F.lit(operator.ttl_ms - stored_ttl_ms)).cast("long")
+        frame = frame.withColumn(EXPIRES_COLUMN, moved)
+        return frame.where(F.col(EXPIRES_COLUMN) > restored_at(operator.ttl_time))
     return frame
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -37,7 +38,13 @@ from .segment_log_state import (
     settings_rows,
     state_variable,
 )
-from .state_codec import CHECKED_WHEN_PRESENT, SETTING_DEFAULTS, STATE_FORMAT_VERSION
+from .state_codec import (
+    CHECKED_WHEN_PRESENT,
+    EXPIRES_COLUMN,
+    SETTING_DEFAULTS,
+    STATE_FORMAT_VERSION,
+    TTL_MS,
+)
 from .validation import OPERATOR_NAME_METADATA_KEY
 
 GROUP_COLUMNS = ("key_group", "format_version", "operator", "blob")
@@ -65,12 +72,22 @@ class DescribedState:
     def checked_settings(self) -> dict[str, str]:
         """The checked settings the state was written with, as a savepoint records them:
         ``state_codec.SETTING_DEFAULTS``'s where not at their default, and those of
-        ``CHECKED_WHEN_PRESENT`` where present."""
+        ``CHECKED_WHEN_PRESENT`` where present; with ttl, ``ttl_ms``: the one ttl every
+        key's expiry is counted with (``reference_ttl_ms``), informational, so that a
+        restore with another ttl moves them by the difference."""
         return {
             name.decode(): self.metadata[name].decode()
-            for name in (*SETTING_DEFAULTS, *CHECKED_WHEN_PRESENT)
+            for name in (*SETTING_DEFAULTS, *CHECKED_WHEN_PRESENT, TTL_MS)
             if name in self.metadata
         }
+
+    @property
+    def reference_ttl_ms(self) -> int | None:
+        """The ttl (ms) the state's expiries are counted with, as read (``decoded_rows``,
+        ``write_state_files``): each key group's moved to it from the ttl its rows
+        recorded; None without ttl, or when no row recorded its ttl."""
+        value = self.metadata.get(TTL_MS)
+        return None if value is None else int(value)
 
     @property
     def key_groups(self) -> int:
@@ -156,7 +173,8 @@ def state_frame(
         return None
     schema, metadata, rows = described
     spark_schema = from_arrow_schema(schema, prefer_timestamp_ntz=True)
-    frame = groups.mapInArrow(decoded_rows(schema), spark_schema)
+    reference = DescribedState(schema, metadata, rows).reference_ttl_ms
+    frame = groups.mapInArrow(decoded_rows(schema, reference), spark_schema)
     return StoredState(schema, metadata, rows, frame)
 
 
@@ -176,6 +194,8 @@ def described_state(
     columns: dict[pa.Schema, int] = {}
     metadata: dict[bytes, bytes] = {}
     rows = 0
+    data_ttls: set[int] = set()
+    settings_ttls: set[int] = set()
     for key_group, format_version, operator, schema_bytes, group_rows in descriptions:
         rows += group_rows
         if format_version != STATE_FORMAT_VERSION:
@@ -186,10 +206,15 @@ def described_state(
         found = dict(schema.metadata or {})
         stored = found.pop(OPERATOR_NAME_METADATA_KEY, None)
         name = stored.decode() if stored is not None else None
+        written_ttl = found.pop(TTL_MS, None)
         if key_group == SETTINGS_KEY_GROUP:
             settings_names.append(name)
         else:
             names.add(name)
+        if written_ttl is not None:
+            ttls = settings_ttls if key_group == SETTINGS_KEY_GROUP else data_ttls
+            if key_group == SETTINGS_KEY_GROUP or group_rows:
+                ttls.add(int(written_ttl))
         metadata = {**found, **metadata, b"operator": str(operator).encode()}
         plain = schema.remove_metadata()
         columns[plain] = key_group
@@ -205,7 +230,33 @@ def described_state(
         name = next(iter(names))
     if name is not None:
         metadata[OPERATOR_NAME_METADATA_KEY] = name.encode()
-    return next(iter(columns)), metadata, rows
+    schema = next(iter(columns))
+    reference = max(data_ttls or settings_ttls, default=None)
+    if reference is not None and EXPIRES_COLUMN in schema.names:
+        metadata[TTL_MS] = str(reference).encode()
+    return schema, metadata, rows
+
+
+def written_ttl_ms(schema: pa.Schema) -> int | None:
+    """The ttl (ms) a state row recorded with its expiries (``TTL_MS``), None when it has
+    no expiries or recorded none (a row written before rows recorded their ttl)."""
+    value = (schema.metadata or {}).get(TTL_MS)
+    if value is None or EXPIRES_COLUMN not in schema.names:
+        return None
+    return int(value)
+
+
+def moved_to(table: pa.Table, reference_ttl_ms: int | None) -> pa.Table:
+    """``table`` (one key group's rows) with its expiries counted with ``reference_ttl_ms``
+    instead of the ttl the rows recorded: each key's expiry is its last batch with rows
+    (or latest event) plus the ttl, so it moves by the difference. Unchanged without a
+    reference or a recorded ttl."""
+    written = written_ttl_ms(table.schema)
+    if reference_ttl_ms is None or written is None or written == reference_ttl_ms:
+        return table
+    index = table.schema.get_field_index(EXPIRES_COLUMN)
+    moved = pc.add(table.column(index), pa.scalar(reference_ttl_ms - written, pa.int64()))
+    return table.set_column(index, table.schema.field(index), moved)
 
 
 def stored_groups(
@@ -318,10 +369,12 @@ def describe_groups(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
 
 
 def decoded_rows(
-    schema: pa.Schema,
+    schema: pa.Schema, reference_ttl_ms: int | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function turning state rows into their keys' rows of ``schema``; an
-    executor holds one key group's table at a time."""
+    executor holds one key group's table at a time. With ``reference_ttl_ms`` (the state's
+    ``DescribedState.reference_ttl_ms``) each group's expiries are moved to that ttl from
+    the one its rows recorded (``moved_to``), so all keys' expiries count with one ttl."""
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -329,6 +382,7 @@ def decoded_rows(
             for index in range(batch.num_rows):
                 table = pa.ipc.open_stream(blobs[index].as_buffer()).read_all()
                 if table.num_rows:
+                    table = moved_to(table, reference_ttl_ms)
                     yield from table.replace_schema_metadata(None).cast(schema).to_batches()
 
     return decode
@@ -348,7 +402,9 @@ def write_state_files(
 ) -> DescribedState | None:
     """Write the state of operator ``operator_id`` after ``batch_id`` (default last) into
     ``directory`` as Parquet (one row per key: key columns and state fields, what
-    ``state_frame`` reads) and describe it, in one Spark job; None (and no directory) when
+    ``state_frame`` reads, each key's expiry counted with the state's reference ttl) and
+    describe it, in one Spark job (a second, ``move_expiries``, only when a ttl changed on
+    the checkpoint left key groups written with another ttl); None (and no directory) when
     the operator has stored nothing. Refused as ``state_frame`` refuses, leaving no
     directory.
 
@@ -375,6 +431,7 @@ def write_state_files(
         shutil.rmtree(directory, ignore_errors=True)
         return None
     schema, metadata, keys = described
+    state = DescribedState(schema, metadata, keys)
     kept = {row["file"] for row in rows if row["file"]}
     directory.mkdir(parents=True, exist_ok=True)
     for path in directory.iterdir():
@@ -382,7 +439,64 @@ def write_state_files(
             path.unlink()
     if not kept:
         pq.write_table(schema.empty_table(), str(directory / "part-empty.parquet"))
-    return DescribedState(schema, metadata, keys)
+    moves = {
+        row["file"]: state.reference_ttl_ms - written
+        for row in rows
+        if row["file"] and state.reference_ttl_ms is not None
+        if (written := written_ttl_ms(pa.ipc.read_schema(pa.py_buffer(row["schema"])))) is not None
+        and written != state.reference_ttl_ms
+    }
+    if moves:
+        move_expiries(spark, directory, moves)
+    return state
+
+
+MOVE_DDL = "file string, delta long"
+
+
+def move_expiries(spark: SparkSession, directory: Path, moves: dict[str, int]) -> None:
+    """Move the expiries of the files ``moves`` names (each holds the key groups of one
+    written ttl: ``written_groups``) by its delta (ms), so that every key's expiry counts
+    with the state's reference ttl, as ``decoded_rows`` reads them. Only after a ttl change
+    on the checkpoint left key groups with another ttl; one Spark job, the executors
+    rewriting each file into one of a new name.
+
+    Commit as for ``write_state_files``: a task attempt writes files of new names and
+    reports them with the file each replaces; the driver deletes the replaced files and
+    any file no successful attempt reported, so no expiry is moved twice."""
+    root = str(directory)
+
+    def rewrite(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        done: list[tuple[str, str]] = []
+        for batch in batches:
+            for file, delta in zip(
+                batch.column("file").to_pylist(), batch.column("delta").to_pylist(), strict=True
+            ):
+                table = pq.read_table(os.path.join(root, file), partitioning=None)
+                index = table.schema.get_field_index(EXPIRES_COLUMN)
+                moved = pc.add(table.column(index), pa.scalar(delta, pa.int64()))
+                table = table.set_column(index, table.schema.field(index), moved)
+                written = f"part-{uuid.uuid4().hex}.parquet"
+                pq.write_table(
+                    table,
+                    os.path.join(root, written),
+                    coerce_timestamps="us",
+                    allow_truncated_timestamps=True,
+                )
+                done.append((file, written))
+        if done:
+            old, new = zip(*done, strict=True)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(old, pa.string()), pa.array(new, pa.string())], names=["old", "new"]
+            )
+
+    unmoved = {path.name for path in directory.iterdir()} - set(moves)
+    files = spark.createDataFrame(sorted(moves.items()), MOVE_DDL)
+    replaced = files.repartition(len(moves)).mapInArrow(rewrite, "old string, new string")
+    kept = unmoved | {row["new"] for row in replaced.collect()}
+    for path in directory.iterdir():
+        if path.name not in kept:  # replaced, or a failed task attempt's
+            path.unlink()
 
 
 def written_groups(
@@ -390,12 +504,13 @@ def written_groups(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function writing each state row's keys into a Parquet file of this
     task attempt in ``directory`` (one per distinct columns: key groups of other columns,
-    which ``described_state`` refuses, never share a file) and yielding, once the files are
+    which ``described_state`` refuses, never share a file; and per recorded ttl, so that
+    ``move_expiries`` moves a file's expiries by one difference) and yielding, once the files are
     closed, ``describe_groups``' description of each state row and its file's name. An
     executor holds one key group's table at a time."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        writers: dict[pa.Schema, tuple[str, pq.ParquetWriter]] = {}
+        writers: dict[tuple[pa.Schema, int | None], tuple[str, pq.ParquetWriter]] = {}
         described: list[tuple[Any, ...]] = []
         try:
             for batch in batches:
@@ -412,10 +527,11 @@ def written_groups(
                     name = ""
                     if table.num_rows:
                         plain = table.schema.remove_metadata()
-                        if plain not in writers:
+                        written = (plain, written_ttl_ms(table.schema))
+                        if written not in writers:
                             file = f"part-{uuid.uuid4().hex}.parquet"
                             os.makedirs(directory, exist_ok=True)
-                            writers[plain] = (
+                            writers[written] = (
                                 file,
                                 pq.ParquetWriter(
                                     os.path.join(directory, file),
@@ -424,7 +540,7 @@ def written_groups(
                                     allow_truncated_timestamps=True,
                                 ),
                             )
-                        name, writer = writers[plain]
+                        name, writer = writers[written]
                         writer.write_table(table.replace_schema_metadata(None))
                     schema = table.schema.serialize().to_pybytes()
                     described.append((*row, schema, table.num_rows, name))

@@ -398,25 +398,52 @@ def test_held_an_unnamed_event_ttl_savepoint_claimed_by_a_new_name_rescaled_and_
     assert found == groups and len(found) == 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/state_reader.py decoded_rows, initial_state.py with_expiry_of):"
-    " a savepoint keeps each key's absolute expiry and records no ttl value, so ttl lowered"
-    " (or raised) through a savepoint leaves every restored key with the old ttl until its"
-    " next row: a key idle for 2 hours restored with ttl='1 hour' lives on for 28 days (on"
-    " one checkpoint a changed ttl applies: each key group's rows record their ttl_ms)."
-    " Fix: in decoded_rows move each group's expiries to one reference ttl (its rows'"
-    " ttl_ms) recorded in OperatorSnapshot.settings, and in with_expiry_of move kept"
-    " expiries by the new ttl minus that reference (same ttl_time), dropping those then"
-    " run out",
-)
-def test_open_ttl_lowered_through_a_savepoint_applies_to_the_restored_keys(spark: Any) -> None:
+def test_fixed_ttl_lowered_through_a_savepoint_applies_to_the_restored_keys(spark: Any) -> None:
+    """A savepoint records the ttl its expiries count with (``ttl_ms``); restored with a
+    lower ttl every kept key lives the new ttl from its last batch with rows (Flink's rule,
+    as on one checkpoint): a key idle for 2 hours restored with ttl='1 hour' is gone, not
+    kept for the rest of its 30 days, and the recent key's expiry moves to its last row +
+    1 hour."""
     now = int(time.time() * 1000)
     month_ms, hour_ms = 30 * 86_400_000, 3_600_000
     last_rows = {"idle": now - 2 * hour_ms, "recent": now - 60_000}
     saved = saved_counts(spark, *[(key, at + month_ms) for key, at in last_rows.items()])
-    restored = with_expiry_of(counter("1 hour"), saved, None, stored_ttl_time="processing")
+    restored = with_expiry_of(
+        counter("1 hour"), saved, None, stored_ttl_time="processing", stored_ttl_ms=month_ms
+    )
     assert expiries(restored) == {"recent": last_rows["recent"] + hour_ms}
+
+
+def test_fixed_ttl_raised_through_a_savepoint_keeps_every_key_the_new_ttl(spark: Any) -> None:
+    """Raised: a key whose old ttl ran out by the restore (still in the stopped query's
+    state: its group was not visited) lives on under the new one, as on one checkpoint."""
+    now = int(time.time() * 1000)
+    hour_ms = 3_600_000
+    last_rows = {"run-out": now - 2 * hour_ms, "recent": now - 60_000}
+    saved = saved_counts(spark, *[(key, at + hour_ms) for key, at in last_rows.items()])
+    restored = with_expiry_of(counter("3 hours"), saved, None, "processing", hour_ms)
+    assert expiries(restored) == {key: at + 3 * hour_ms for key, at in last_rows.items()}
+    assert restored.columns == saved.columns
+
+
+def test_fixed_event_ttl_lowered_through_a_savepoint_counts_from_the_old_watermark(
+    spark: Any,
+) -> None:
+    """Event time: the restore's time is the old query's next watermark, so the key whose
+    latest event + the new ttl is at or behind it is dropped, whatever the wall clock."""
+    latest = {"gone": OLD_WATERMARK_MS - TTL_MS, "kept": OLD_WATERMARK_MS - TTL_MS + 1}
+    saved = saved_counts(spark, *[(key, at + 60_000) for key, at in latest.items()])
+    restored = with_expiry_of(counter(TTL, "event"), saved, OLD_WATERMARK_MS, "event", 60_000)
+    assert expiries(restored) == {"kept": latest["kept"] + TTL_MS}
+
+
+def test_held_a_savepoint_without_its_ttl_restores_its_expiries_unmoved(spark: Any) -> None:
+    """A savepoint written before it recorded its ttl (no ``ttl_ms``): the restore cannot
+    know the old ttl, so every key keeps the expiry it had (documented), as before."""
+    now = int(time.time() * 1000)
+    saved = saved_counts(spark, ("a", now + 86_400_000))
+    restored = with_expiry_of(counter("1 hour"), saved, None, "processing", None)
+    assert expiries(restored) == {"a": now + 86_400_000}
 
 
 def test_fixed_deduplicate_switched_between_event_and_processing_time_through_a_savepoint(
@@ -490,3 +517,60 @@ def test_fixed_a_restored_checkpoints_savepoint_records_the_watermarks_its_opera
         30_000 if batch_id == 0 else 35_000,
         35_000,
     )
+
+
+def test_fixed_a_savepoint_read_remotely_counts_every_expiry_with_one_recorded_ttl() -> None:
+    """``state_frame`` (how a savepoint onto object storage reads the state): key groups
+    written with 2 and 3 hours (a ttl raised on the checkpoint, group 0 not visited since)
+    are described with the reference 3 hours, and ``decoded_rows`` moves group 0's
+    expiries to it, so ``ttl_ms`` in the savepoint holds for every key."""
+    from eospack.stateful_ops.state_codec import STATE_FORMAT_VERSION, encode
+    from eospack.stateful_ops.state_reader import (
+        DescribedState,
+        decoded_rows,
+        describe_groups,
+        described_state,
+    )
+
+    hour_ms = 3_600_000
+    operator = counter("2 hours")
+    two_hours = operator.stored_schema()
+    three_hours = counter("3 hours").stored_schema()
+    group_0 = pd.DataFrame(
+        {"k": ["a"], "count": [1], "version": [1], EXPIRES_COLUMN: [2 * hour_ms]}
+    )
+    group_1 = pd.DataFrame(
+        {"k": ["b"], "count": [1], "version": [1], EXPIRES_COLUMN: [4 * hour_ms]}
+    )
+    settings = operator.empty_state()
+    rows = pa.RecordBatch.from_pylist(
+        [
+            {
+                "key_group": key_group,
+                "format_version": STATE_FORMAT_VERSION,
+                "operator": "x",
+                "blob": encode(table, schema),
+            }
+            for key_group, table, schema in [
+                (-1, settings, two_hours),
+                (0, group_0, two_hours),
+                (1, group_1, three_hours),
+            ]
+        ]
+    )
+    descriptions = [
+        row.values() for batch in describe_groups(iter([rows])) for row in batch.to_pylist()
+    ]
+    described = described_state(0, descriptions)
+    assert described is not None
+    schema, metadata, keys = described
+    state = DescribedState(schema, metadata, keys)
+    assert state.reference_ttl_ms == 3 * hour_ms
+    assert state.checked_settings == {"ttl_ms": str(3 * hour_ms)}
+    decoded = pa.Table.from_batches(list(decoded_rows(schema, 3 * hour_ms)(iter([rows]))))
+    assert dict(
+        zip(decoded["k"].to_pylist(), decoded[EXPIRES_COLUMN].to_pylist(), strict=True)
+    ) == {
+        "a": 3 * hour_ms,
+        "b": 4 * hour_ms,
+    }

@@ -110,7 +110,9 @@ READABLE_VERSIONS = (1, 2, 3, 4)
 """Version 2 adds the old query's watermarks; a version 1 savepoint restores without them.
 Version 3 adds operator names (``OperatorSnapshot.operator_name``); older savepoints have
 none, so their operators map by position. Version 4 adds each operator's checked settings
-(``OperatorSnapshot.settings``: ttl_time, timers), which older savepoints leave unknown."""
+(``OperatorSnapshot.settings``: ttl_time, timers), which older savepoints leave unknown;
+since 2026-11-29 it also holds ``ttl_ms`` (the ttl the expiries count with) for an operator
+with ttl, without a version change: a savepoint without it restores its expiries unmoved."""
 MANIFEST = "manifest.json"
 RESTORE_OPTIONS = "restore-options.json"
 """Written by ``restore_savepoint`` next to the restored manifest: the restore's options
@@ -140,7 +142,10 @@ class OperatorSnapshot:
     settings: dict[str, str] | None = None
     """The checked settings its state was written with where not at their default
     (``ttl_time``: "event", ``timers``: "event"); None for a savepoint written before they
-    were recorded (format version 1-3): unknown, so a restore cannot check them."""
+    were recorded (format version 1-3): unknown, so a restore cannot check them. With ttl
+    also ``ttl_ms``: the one ttl every key's expiry in the file counts with (key groups
+    written with another ttl are moved to it), so that a restore with another ttl moves
+    them by the difference; absent in savepoints written before 2026-11-29."""
 
     def label(self) -> str:
         """How errors and the CLI name the operator: its name, else its position."""

@@ -3,9 +3,10 @@
 Two ttl cases, each a few Trigger.AvailableNow runs of ``running_count`` over JSON files (one
 file per batch), output collected with foreachBatch:
 
-- ttl turned on for ONE checkpoint (no savepoint): refused before the batch runs, and back
-  on the old setting the query resumes with exact counts; turned off, the refusal should
-  be one line naming ttl (OPEN: it is Spark's schema error, advising to disable its check).
+- ttl turned on for ONE checkpoint (no savepoint): refused by Spark before the batch runs,
+  and back on the old setting the query resumes with exact counts; turned on or off with
+  the checkpoint given to the operator (``checkpoint_location``), on either layout, the
+  refusal is one line naming ttl, before the query starts.
 - ttl turned on through a savepoint restored with other ``key_groups``, the restored query
   started twice before its first commit: the restored keys should expire ttl after the
   first start's split (not refreshed by the second start), a key that gets rows ttl after
@@ -34,9 +35,10 @@ from pyspark.sql import DataFrame
 from eospack.cli import main
 from eospack.core.checkpoint_files import checkpoint_files
 from eospack.lab.testing import await_query, session_settings
-from eospack.stateful_ops import running_count
+from eospack.stateful_ops import StateSchemaMismatchError, running_count
 from eospack.stateful_ops.base import EXPIRES_COLUMN
 from eospack.stateful_ops.state_reader import read_state
+from eospack.stateful_ops.state_store import state_store_conf
 from eospack.tools.savepoint import (
     Manifest,
     OperatorSnapshot,
@@ -123,31 +125,46 @@ def test_held_ttl_turned_on_for_one_checkpoint_is_refused_before_its_batch_and_r
     assert stored(spark, checkpoint) == {"a": (3, 2), "b": (1, 1), "c": (1, 1)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (stateful_ops/base.py, docs/stateful-operators.md): turning ttl on or off"
-    " for one checkpoint is refused by Spark's STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE, a"
-    " multi-line error about timeoutTimestamp that advises setting"
-    " spark.sql.streaming.stateStore.stateSchemaCheck=false (which then fails loading the"
-    " state), not by the one-line StateSchemaMismatchError the docs promise. Fix: check"
-    " before the query starts (the operator or RestoredCheckpoint reading the checkpoint's"
-    " state schema of the operator) and refuse in one line: 'ttl was turned off for this"
-    " checkpoint: keep ttl=..., or take a savepoint and restore it into the query without"
-    " ttl'; at least document Spark's error and that its advice must not be followed",
-)
 @pytest.mark.timeout(300)
-def test_open_ttl_turned_off_for_one_checkpoint_is_refused_in_one_line_naming_ttl(
-    spark: Any, tmp_path: Path
+@pytest.mark.parametrize("layout", ["key-groups", "segment-log"])
+@pytest.mark.parametrize(("old_ttl", "new_ttl"), [("1 hour", None), (None, "1 hour")])
+def test_fixed_ttl_turned_on_or_off_for_one_checkpoint_is_refused_in_one_line_naming_ttl(
+    spark: Any, tmp_path: Path, layout: str, old_ttl: str | None, new_ttl: str | None
 ) -> None:
+    """Spark refuses ttl turned on or off in the restarted query's first batch, with
+    STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE (key-groups: multi-line, advising to switch its
+    schema check off) or "Cannot change timeMode" (segment-log), naming no setting of
+    ours. Given the checkpoint, the operator refuses it when defined, in one line naming
+    ttl and the savepoint fix; nothing runs, and the old setting goes on exactly."""
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
-    write_batch(source, 0, ["a"])
-    run(running_count(events(spark, source), "k", key_groups=4, ttl="1 hour"), checkpoint)
-    write_batch(source, 1, ["a"])
-    with pytest.raises(StreamingQueryException) as refused:
-        run(running_count(events(spark, source), "k", key_groups=4), checkpoint)
-    message = str(refused.value)
-    assert "stateSchemaCheck" not in message
-    assert "ttl" in message and "savepoint" in message
+    store = state_store_conf("rocksdb") if layout == "segment-log" else {}
+
+    def counts(ttl: str | None) -> DataFrame:
+        return running_count(
+            events(spark, source),
+            "k",
+            key_groups=4,
+            ttl=ttl,
+            state_layout=layout,
+            checkpoint_location=str(checkpoint),
+        )
+
+    with session_settings(spark, store):
+        write_batch(source, 0, ["a", "b"])
+        run(counts(old_ttl), checkpoint)
+        write_batch(source, 1, ["a"])
+        with pytest.raises(StateSchemaMismatchError) as refused:
+            counts(new_ttl)
+        message = str(refused.value)
+        assert "\n" not in message and "stateSchemaCheck" not in message
+        turned = "off" if new_ttl is None else "on"
+        assert f"ttl (or timers) was turned {turned} for checkpoint {checkpoint}" in message
+        assert "savepoint" in message
+        assert not (checkpoint / "commits" / "1").exists()
+
+        seen, _ = run(counts(old_ttl), checkpoint)
+    first_version = 1 if old_ttl is None else batch_timestamp_ms(checkpoint, 0)
+    assert seen == {1: [("a", 2, first_version + 1)]}
 
 
 @pytest.mark.timeout(300)
@@ -283,3 +300,39 @@ def test_open_a_double_key_counts_null_and_nan_apart_as_spark_does(
     (rows,) = seen.values()
     expected = [(None, 1, 1), (float("nan"), 2, 1), (1.5, 1, 1)]  # NaN != NaN: compare reprs
     assert sorted(map(repr, rows)) == sorted(map(repr, expected))
+
+
+@pytest.mark.timeout(300)
+def test_fixed_ttl_turned_off_on_a_restored_checkpoint_is_refused_through_its_initial_state(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A restored query hands its operators ``RestoredCheckpoint(...).initial_states``,
+    which know the checkpoint: once the restored query committed with ttl, restarting it
+    without ttl is refused when the operator is defined (no ``checkpoint_location``
+    needed), in one line; with ttl it goes on."""
+    source = tmp_path / "in"
+    write_batch(source, 0, ["a"])
+    run(running_count(events(spark, source), "k", key_groups=2, name="counts"), tmp_path / "old")
+    savepoint, checkpoint = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(tmp_path / "old"), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(checkpoint)]) == 0
+
+    def restored(ttl: str | None) -> DataFrame:
+        states = RestoredCheckpoint(checkpoint).initial_states(["counts"])
+        return running_count(
+            events(spark, source / "new"),
+            "k",
+            key_groups=2,
+            name="counts",
+            ttl=ttl,
+            initial_state=states["counts"],
+        )
+
+    write_batch(source / "new", 0, ["a"])
+    seen, _ = run(restored("1 hour"), checkpoint)
+    assert seen == {0: [("a", 2, 2)]}
+    write_batch(source / "new", 1, ["a"])
+    with pytest.raises(StateSchemaMismatchError, match="ttl \\(or timers\\) was turned off"):
+        restored(None)
+    seen, _ = run(restored("1 hour"), checkpoint)
+    assert seen == {1: [("a", 3, 3)]}

@@ -13,14 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from eospack.cli import main
 from eospack.lab.testing import session_settings
 from eospack.stateful_ops import read_state, running_count
-from eospack.tools.savepoint import RestoredCheckpoint
+from eospack.stateful_ops.base import EXPIRES_COLUMN
+from eospack.tools.savepoint import Manifest, RestoredCheckpoint
 from integration_tests.stateful_parts import (
     NO_DATA_BATCHES,
+    T0,
     Emitted,
     batch_timestamp_ms,
     events_at,
@@ -128,3 +131,53 @@ def test_fixed_event_time_ttl_restored_as_processing_time_ttl_gives_live_keys_th
     z_life = batch_timestamp_ms(tmp_path / "old", 1)
     a_life = batch_timestamp_ms(restored, 0)
     assert sink.final() == [(0, [("a", 1, a_life), ("z", 2, z_life + 1)])]
+
+
+@pytest.mark.timeout(300)
+def test_fixed_event_time_ttl_lowered_through_a_savepoint_applies_to_the_restored_keys(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Flink's rule through a savepoint: the restored query's ttl applies to every restored
+    key from its latest event. The old checkpoint ran with ttl='2 hours' (idle at 0 s,
+    recent at 6000 s, both in key group 1), then with ttl='3 hours' (other at 6001 s, key
+    group 3): group 1 still records 2 hours. The savepoint counts every expiry with one
+    ttl (3 hours, recorded as ``ttl_ms``); restored with ttl='1 hour' at the old next
+    watermark (5996 s), idle (0 s + 1 hour) is gone and comes back at count 1, recent and
+    other expire 1 hour after their latest event. Without the fix idle was kept (its 2
+    hours ran to 7200 s) and counted 2."""
+    hour_ms, t0_ms = 3_600_000, T0 * 1000
+    old_input, old = tmp_path / "old-input", tmp_path / "old"
+    old_input.mkdir()
+    write_batch(str(old_input), 0, events_at(("idle", 0), ("recent", 6000)))
+    counts(spark, old_input, old, "2 hours", Emitted())
+    write_batch(str(old_input), 1, events_at(("other", 6001)))
+    counts(spark, old_input, old, "3 hours", Emitted())
+    savepoint, restored = tmp_path / "savepoint", tmp_path / "restored"
+    assert main(["savepoint", "create", str(old), str(savepoint)]) == 0
+    assert main(["savepoint", "restore", str(savepoint), str(restored)]) == 0
+    (snapshot,) = Manifest.read(savepoint).operators
+    assert snapshot.settings == {"ttl_time": "event", "ttl_ms": str(3 * hour_ms)}
+    saved = pd.read_parquet(savepoint / snapshot.file)
+    assert dict(zip(saved["k"], saved[EXPIRES_COLUMN], strict=True)) == {
+        "idle": t0_ms + 3 * hour_ms,
+        "recent": t0_ms + 6_000_000 + 3 * hour_ms,
+        "other": t0_ms + 6_001_000 + 3 * hour_ms,
+    }
+
+    new_input = tmp_path / "new-input"
+    new_input.mkdir()
+    write_batch(str(new_input), 0, events_at(("idle", 6010)))
+    sink = Emitted()
+    counts(spark, new_input, restored, "1 hour", sink)
+    assert sink.final() == [(0, [("idle", 1, batch_timestamp_ms(restored, 0))])]
+    state = read_state(spark, str(restored))
+    assert {
+        key: (count, expires)
+        for key, count, expires in zip(
+            state["k"], state["count"], state[EXPIRES_COLUMN], strict=True
+        )
+    } == {
+        "idle": (1, t0_ms + 6_010_000 + hour_ms),
+        "recent": (1, t0_ms + 6_000_000 + hour_ms),
+        "other": (1, t0_ms + 6_001_000 + hour_ms),
+    }

@@ -87,7 +87,8 @@ def test_fixed_event_ttl_turned_on_from_a_query_without_watermark_keeps_the_rest
     restored = tmp_path / "restored"
     manifest = savepoint_and_restore(old, tmp_path / "savepoint", restored)
     assert (manifest["batch_watermark_ms"], manifest["next_batch_watermark_ms"]) == (0, 0)
-    assert manifest["operators"][0]["settings"] == {}
+    recorded_ttl = {} if old_ttl is None else {"ttl_ms": "3600000"}  # what expiries count with
+    assert manifest["operators"][0]["settings"] == recorded_ttl
     new_input = inputs(tmp_path / "new-input", events_at(("c", 50)), events_at(("b", 52)))
     sink = Emitted()
     event_ttl_counts(spark, new_input, restored, sink)
@@ -186,7 +187,7 @@ def test_fixed_processing_to_event_to_processing_ttl_through_two_savepoints_keep
     assert event_sink.final() == [(0, [("c", 1)])]
     processing = tmp_path / "processing"
     manifest = savepoint_and_restore(event, tmp_path / "savepoint-2", processing)
-    assert manifest["operators"][0]["settings"] == {"ttl_time": "event"}
+    assert manifest["operators"][0]["settings"] == {"ttl_time": "event", "ttl_ms": "10000"}
     assert manifest["next_batch_watermark_ms"] == (T0 + 45) * 1000
     last_input = inputs(tmp_path / "last-input", events_at(("a", 60), ("b", 60), ("c", 60)))
     output = running_count(

@@ -53,9 +53,18 @@ class RunningAggregate(StatefulOperator):
         ttl: object | None = None,
         ttl_time: str = "processing",
         state_layout: str = "key-groups",
+        checkpoint_location: str | None = None,
     ) -> None:
         super().__init__(
-            key, key_groups, output_mode, initial_state, name, ttl, ttl_time, state_layout
+            key,
+            key_groups,
+            output_mode,
+            initial_state,
+            name,
+            ttl,
+            ttl_time,
+            state_layout,
+            checkpoint_location,
         )
         if not isinstance(aggs, Mapping) or not aggs:
             raise OperatorDefinitionError(
@@ -264,11 +273,12 @@ def running_aggregate(
     ttl: object | None = None,
     ttl_time: str = "processing",
     state_layout: str = "key-groups",
+    checkpoint_location: str | None = None,
 ) -> DataFrame:
     """Key column(s), ``<column>_<aggregate>`` per requested aggregate, and ``version``.
 
-    ``output_mode``, ``initial_state``, ``name``, ``ttl``, ``ttl_time``: as for
-    ``running_count``.
+    ``output_mode``, ``initial_state``, ``name``, ``ttl``, ``ttl_time``,
+    ``checkpoint_location``: as for ``running_count``.
     """
     return RunningAggregate(
         key,
@@ -280,4 +290,5 @@ def running_aggregate(
         ttl=ttl,
         ttl_time=ttl_time,
         state_layout=state_layout,
+        checkpoint_location=checkpoint_location,
     ).apply(df)

@@ -139,6 +139,7 @@ def running_count(
     ttl: object | None = None,
     ttl_time: str = "processing",
     state_layout: str = "key-groups",
+    checkpoint_location: str | None = None,
 ) -> DataFrame:
     """Key column(s), ``count`` and ``version`` per key changed in the batch.
 
@@ -170,8 +171,13 @@ def running_count(
     count, as without ttl.
 
     ``state_layout``: ``"key-groups"`` (default) or ``"segment-log"`` (opt-in, RocksDB
-    only: a batch writes only the keys it changed; no initial_state or savepoints yet).
-    See docs/stateful-operators.md, "The segment log".
+    only: a batch writes only the keys it changed). See docs/stateful-operators.md, "The
+    segment log".
+
+    ``checkpoint_location``: the query's ``checkpointLocation``, optional. Given, a restart
+    that turns ``ttl`` on or off for that checkpoint is refused here, before the query
+    starts, in one line naming ttl and the fix (Spark refuses it in its first batch with a
+    multi-line error that names no setting of this operator); see ``restart_check``.
     """
     return RunningCount(
         key,
@@ -182,4 +188,5 @@ def running_count(
         ttl=ttl,
         ttl_time=ttl_time,
         state_layout=state_layout,
+        checkpoint_location=checkpoint_location,
     ).apply(df)
