@@ -20,17 +20,14 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from eospack.stateful_ops import StatefulOperator, segment_log_state, state_codec
 from eospack.stateful_ops.base import (
     EVENT_TIME_COLUMN,
-    MARKER_COLUMN,
-    SETTINGS_KEY_GROUP,
     WATERMARK_METADATA_KEY,
-    Clock,
 )
 from eospack.stateful_ops.operators.deduplicate import Deduplicate
 from eospack.stateful_ops.operators.sessionize import Sessionize
 from eospack.stateful_ops.operators.shared import EVENT_US
 from eospack.stateful_ops.segment_log import fold
+from tests.state_handle_fakes import LAYOUT, EventTimeGroupState, ListState, Timers
 
-LAYOUT = segment_log_state.Layout(SETTINGS_KEY_GROUP, Clock, MARKER_COLUMN)
 INPUT = StructType(
     [
         StructField("k", StringType()),
@@ -38,75 +35,6 @@ INPUT = StructType(
         StructField(EVENT_US, LongType()),
     ]
 )
-
-
-class ListState:
-    def __init__(self) -> None:
-        self.items: list[tuple[bytes]] | None = None
-
-    def exists(self) -> bool:
-        return self.items is not None
-
-    def get(self) -> Iterator[tuple[bytes]]:
-        return iter(list(self.items or []))
-
-    def appendValue(self, value: tuple[bytes]) -> None:
-        self.items = [*(self.items or []), value]
-
-    def put(self, values: list[tuple[bytes]]) -> None:
-        self.items = list(values)
-
-    def clear(self) -> None:
-        self.items = None
-
-
-class Timers:
-    def __init__(self) -> None:
-        self.registered: list[int] = []
-
-    def listTimers(self) -> Iterator[int]:
-        return iter(list(self.registered))
-
-    def deleteTimer(self, at_ms: int) -> None:
-        self.registered.remove(at_ms)
-
-    def registerTimer(self, at_ms: int) -> None:
-        self.registered.append(at_ms)
-
-
-class EventTimeGroupState:
-    """GroupState with EventTimeTimeout, as ``_call`` uses it."""
-
-    def __init__(self) -> None:
-        self.row: tuple[Any, ...] | None = None
-        self.timeout_ms: int | None = None
-        self.hasTimedOut = False
-        self.watermark_ms = 0
-
-    @property
-    def exists(self) -> bool:
-        return self.row is not None
-
-    @property
-    def get(self) -> tuple[Any, ...]:
-        assert self.row is not None
-        return self.row
-
-    def update(self, row: tuple[Any, ...]) -> None:
-        self.row = row
-
-    def remove(self) -> None:
-        self.row = None
-
-    def setTimeoutTimestamp(self, at_ms: int) -> None:
-        assert at_ms >= self.watermark_ms, "Spark refuses a timeout behind the watermark"
-        self.timeout_ms = at_ms
-
-    def getCurrentWatermarkMs(self) -> int:
-        return self.watermark_ms
-
-    def getCurrentProcessingTimeMs(self) -> int:
-        return 1_000
 
 
 def sessionize() -> StatefulOperator:
