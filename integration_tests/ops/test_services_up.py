@@ -4,7 +4,9 @@ for either run as written; a taken port falls back to a free one and its setting
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 import boto3
 import psycopg
@@ -17,6 +19,28 @@ from eospack.connectors.jdbc.options import parse_options as parse_jdbc_options
 from eospack.lab.services.base import free_port
 
 pytestmark = pytest.mark.integration
+
+
+def unclaimed_ports(count: int) -> list[int]:
+    """``count`` free ports below the kernel's ephemeral range: a port ``free_port`` picks
+    is ephemeral, and between choosing it and a service binding it an outgoing connection of
+    another process (the other test worker's) may take it (seen in CI: PostgreSQL refused its
+    port while Kafka started). Ports below that range are only ever bound on purpose. The scan
+    starts at a place that depends on this process, so two workers start apart."""
+    range_file = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(range_file.read_text().split()[0]) if range_file.exists() else 32768
+    ports: list[int] = []
+    candidate = 20_000 + os.getpid() % 5_000
+    while len(ports) < count and candidate < low:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", candidate))
+                ports.append(candidate)
+            except OSError:
+                pass
+        candidate += 1
+    assert len(ports) == count, f"no {count} free ports between 20000 and {low}"
+    return ports
 
 
 def test_a_free_preferred_port_is_used_and_a_taken_one_falls_back_with_a_note() -> None:
@@ -37,12 +61,8 @@ def test_services_listen_on_the_preferred_ports_and_a_taken_one_is_named_in_its_
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        ports = {
-            "kafka": taken,
-            "postgresql": free_port(),
-            "mariadb": free_port(),
-            "s3": free_port(),
-        }
+        postgresql, mariadb, s3 = unclaimed_ports(3)
+        ports = {"kafka": taken, "postgresql": postgresql, "mariadb": mariadb, "s3": s3}
         started, lines = start_services(ports)
     try:
         kafka_line = next(line for line in lines if line.startswith("kafka.bootstrap.servers"))
